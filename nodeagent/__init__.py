@@ -1,0 +1,1 @@
+"""gpupool-agent: the node agent. Imports nothing from Django or the portal."""

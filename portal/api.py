@@ -1,0 +1,103 @@
+"""Shared API plumbing: the stable error shape ``{"code": ..., "detail": ...}`` and domain errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+
+class DomainError(Exception):
+    """An error a user caused. Services raise it; the API answers 400 (or ``status_code``) with ``code``."""
+
+    code = "invalid"
+    status_code = 400
+
+    def __init__(self, message: str, *, code: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        self.field = field
+
+
+class NotFoundError(DomainError):
+    """Missing or not visible to the caller: both look the same on purpose."""
+
+    code = "not_found"
+    status_code = 404
+
+
+class ConflictError(DomainError):
+    code = "conflict"
+    status_code = 409
+
+
+class PermissionDeniedError(DomainError):
+    code = "permission_denied"
+    status_code = 403
+
+
+def _code_of(exc: exceptions.APIException) -> str:
+    codes = exc.get_codes()
+    if isinstance(codes, str):
+        return codes
+    return "invalid"
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Every API error has the same shape: ``code`` (stable, machine-readable) and ``detail`` (for people).
+
+    Field errors from serializers go in ``errors``.
+    """
+    if isinstance(exc, DomainError):
+        body: dict[str, Any] = {"code": exc.code, "detail": exc.message}
+        if exc.field:
+            body["errors"] = {exc.field: [exc.message]}
+        return Response(body, status=exc.status_code)
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        )
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    if isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        errors = response.data
+        if isinstance(errors, list):
+            errors = {"non_field_errors": errors}
+        first = _first_message(errors)
+        response.data = {"code": "invalid", "detail": first or "Invalid input.", "errors": errors}
+    elif isinstance(exc, exceptions.APIException):
+        detail = response.data.get("detail", str(exc)) if isinstance(response.data, dict) else str(exc)
+        response.data = {"code": _code_of(exc), "detail": str(detail)}
+    if response.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+        response.data["code"] = "method_not_allowed"
+    return response
+
+
+def _first_message(errors: Any, prefix: str = "") -> str:
+    if isinstance(errors, dict):
+        for key, value in errors.items():
+            label = key if key != "non_field_errors" else ""
+            message = _first_message(value, f"{prefix}{label}: " if label else prefix)
+            if message:
+                return message
+    elif isinstance(errors, list):
+        for value in errors:
+            message = _first_message(value, prefix)
+            if message:
+                return message
+    elif errors:
+        return f"{prefix}{errors}"
+    return ""

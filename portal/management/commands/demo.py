@@ -1,0 +1,113 @@
+"""``gpupool demo``: everything in one process tree — migrate, demo data, ASGI server, Celery worker and
+beat, simulated node agents — and a clean stop on Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from portal import demo, embedded
+
+
+class Command(BaseCommand):
+    help = "Run gpupool in one process tree with demo data and simulated nodes (stop with Ctrl-C)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--agents", type=int, default=settings.GPUPOOL_DEMO_AGENTS, help="number of simulated node agents to start"
+        )
+        parser.add_argument("--no-migrate", action="store_true")
+
+    def handle(self, *args, host: str, port: int, agents: int, no_migrate: bool, **options) -> None:
+        settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+        if not no_migrate:
+            call_command("migrate", interactive=False, verbosity=0)
+        created = demo.load_demo_data()
+        self.stdout.write("demo data " + ("loaded" if created else "already present"))
+
+        children: list[subprocess.Popen] = []
+        if settings.EMBEDDED_MODE:
+            embedded.start_worker()
+            embedded.start_beat()
+        else:
+            # With Redis the worker and beat are real separate processes, as in production.
+            children.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "portal",
+                        "worker",
+                        "--loglevel",
+                        "WARNING",
+                        "--concurrency",
+                        "2",
+                    ]
+                )
+            )
+            children.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "portal",
+                        "beat",
+                        "--loglevel",
+                        "WARNING",
+                        "--schedule",
+                        str(settings.DATA_DIR / "celerybeat-schedule"),
+                    ]
+                )
+            )
+
+        url = f"http://{host}:{port}/"
+        children.extend(demo.start_demo_agents(server_url=url, count=agents))
+        self.stdout.write(self.style.SUCCESS(f"gpupool is running at {url}"))
+        self.stdout.write(f"mode: {'embedded (SQLite, in-process broker)' if settings.EMBEDDED_MODE else 'redis'}")
+        self.stdout.write(f"demo logins (password for all: {demo.DEMO_PASSWORD}):")
+        for login in demo.DEMO_LOGINS:
+            self.stdout.write(f"  {login.username:<10} {login.role}")
+        self.stdout.write("press Ctrl-C to stop")
+        self.stdout.flush()
+        try:
+            self._serve(host, port)
+        finally:
+            self._stop(children)
+            self.stdout.write("gpupool stopped")
+
+    def _serve(self, host: str, port: int) -> None:
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+
+        from portal.asgi import application
+
+        # Twisted's handlers stop the reactor on SIGINT and SIGTERM; run() then returns here.
+        Server(
+            application=application,
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            signal_handlers=True,
+            verbosity=0,
+        ).run()
+
+    def _stop(self, children: list[subprocess.Popen]) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        embedded.stop()

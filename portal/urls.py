@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import importlib
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from portal import health, views
+
+# Each app's REST endpoints live in <app>/api/urls.py and are mounted under /api/v1/.
+API_APPS = ["tenants", "scheduler", "audit"]
+
+
+def _api_includes() -> list:
+    includes = []
+    for app in API_APPS:
+        module_name = f"{app}.api.urls"
+        try:
+            importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        includes.append(path("api/v1/", include(module_name)))
+    return includes
+
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("api/v1/", views.api_root, name="api-root"),
+    *_api_includes(),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("admin/", admin.site.urls),
+    path("", include("frontend.urls")),
+]

@@ -1,0 +1,28 @@
+"""The API root: a map of the v1 API for people browsing it and for clients discovering it."""
+
+from __future__ import annotations
+
+from django.urls import NoReverseMatch, reverse
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+# name shown in the root → URL name of the list endpoint. Apps add their entries here as they grow.
+API_ROOT_LINKS: dict[str, str] = {
+    "schema": "api-schema",
+    "docs": "api-docs",
+    "health": "healthz",
+}
+
+
+@api_view(["GET"])
+@permission_classes([IsAuthenticated])
+def api_root(request: Request) -> Response:
+    links = {}
+    for label, url_name in API_ROOT_LINKS.items():
+        try:
+            links[label] = request.build_absolute_uri(reverse(url_name))
+        except NoReverseMatch:
+            continue
+    return Response({"version": "v1", "user": request.user.username, "links": links})

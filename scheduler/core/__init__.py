@@ -1,0 +1,1 @@
+"""The scheduling algorithm: pure Python, deterministic, no Django import. See ``plan``."""
