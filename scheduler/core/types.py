@@ -1,0 +1,315 @@
+"""The contract of the scheduling engine: what goes in (``Snapshot``, ``Policy``) and what comes out (``Plan``).
+
+Plain frozen dataclasses, standard library only, no Django. The Django side converts models into a
+``Snapshot`` and the decisions of a ``Plan`` back into rows; the simulator feeds synthetic snapshots.
+
+Units, everywhere:
+- compute in *millis* (milli-devices): 1000 is one whole card, a fraction is 100..900 in steps of 100;
+  a request of N whole cards is ``N * 1000`` and takes N cards exclusively;
+- device memory in MiB;
+- time in seconds as a float (``Snapshot.now`` is the only clock the engine sees).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+MILLIS_PER_DEVICE = 1000
+MIN_FRACTION_MILLIS = 100
+FRACTION_STEP_MILLIS = 100
+
+
+class PriorityClass(IntEnum):
+    """Named priority classes; any int works, higher wins."""
+
+    CRITICAL = 1000
+    HIGH = 800
+    NORMAL = 500
+    LOW = 200
+    BEST_EFFORT = 0
+
+
+class JobKind(StrEnum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class Topology(StrEnum):
+    """Placement constraint of a job.
+
+    - ``none``: each replica's cards on one node (a replica never spans nodes); the best link is preferred.
+    - ``same_node``: all replicas of the job on one node.
+    - ``nvlink``: each replica's cards inside one NVLink domain (required, not just preferred).
+    - ``numa``: each replica's cards on one NUMA node.
+    """
+
+    NONE = "none"
+    SAME_NODE = "same_node"
+    NVLINK = "nvlink"
+    NUMA = "numa"
+
+
+class Ordering(StrEnum):
+    PRIORITY_FAIRSHARE = "priority_fairshare"  # priority class, then fair share, then submit time
+    FIFO = "fifo"  # submit time only
+
+
+class FractionalStrategy(StrEnum):
+    BEST_FIT = "best_fit"  # the fullest card that still fits (least fragmentation)
+    WORST_FIT = "worst_fit"  # the emptiest card (spreads load)
+    RANDOM = "random"  # a seeded random card that fits (``Policy.seed``)
+
+
+class PreemptReason(StrEnum):
+    RECLAIM_BORROWED = "reclaim_borrowed"  # the lender needs its guarantee back
+    PRIORITY = "priority"  # a higher-priority job needs the capacity
+    RESERVATION_RECLAIM = "reservation_reclaim"  # an inference service scales up into its reservation
+
+
+class PendingReason(StrEnum):
+    """Why a job is still pending after a cycle; ``Explain.message`` says it in words."""
+
+    AWAITING_APPROVAL = "awaiting_approval"
+    INVALID_REQUEST = "invalid_request"
+    NO_QUOTA = "no_quota"  # the tenant has no quota at all for the flavor
+    QUOTA_EXHAUSTED = "quota_exhausted"  # guarantee used up and borrowing is not possible for this job
+    QUOTA_LIMIT = "quota_limit"  # the tenant (or an ancestor) would go over its limit
+    MAX_RUNNING_JOBS = "max_running_jobs"
+    NO_LENDABLE_CAPACITY = "no_lendable_capacity"  # would borrow, but the cohort has nothing idle to lend
+    NO_SUCH_FLAVOR = "no_such_flavor"  # no healthy schedulable device of any requested flavor
+    NO_MATCHING_NODE = "no_matching_node"  # node selector matches no node with the flavor
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+    INSUFFICIENT_MEMORY = "insufficient_memory"
+    TOPOLOGY = "topology"
+    GANG = "gang"  # some replicas would fit, but not all at once
+    WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # victims were asked to stop; placed next cycle
+    BLOCKED_BY_HEAD = "blocked_by_head"  # capacity is held for a job ahead in the queue
+    CYCLE_LIMIT = "cycle_limit"  # not looked at this cycle (work cap)
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    uuid: str
+    node: str
+    index: int
+    flavor: str
+    memory_mib: int
+    healthy: bool = True
+    nvlink_domain: str | None = None  # cards sharing a value are NVLink-connected
+    pcie_switch: str | None = None
+    numa_node: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    devices: tuple[Device, ...]
+    schedulable: bool = True  # False when not_ready, cordoned or draining
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One (job replica, device) that is running or starting. A job's allocations are preempted together."""
+
+    job_id: str
+    replica: int
+    device_uuid: str
+    node: str
+    tenant: str
+    flavor: str
+    millis: int
+    memory_mib: int
+    priority: int
+    preemptible: bool
+    borrowed_millis: int = 0  # part of ``millis`` above the tenant's guarantee (reclaimable)
+    started_at: float = 0.0
+    last_checkpoint_at: float | None = None
+    kind: JobKind = JobKind.TRAINING
+    reservation_of: str | None = None  # runs on this inference service's idle reservation
+    expected_end_at: float | None = None  # from max runtime or an estimate; helps backfill
+
+    @property
+    def exclusive(self) -> bool:
+        return self.millis >= MILLIS_PER_DEVICE
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Capacity an inference service holds for replicas it may scale up to (``max_replicas``) but does not run.
+
+    Ordinary jobs cannot use it; preemptible training or batch jobs may run on it and are reclaimed
+    (``PreemptReason.RESERVATION_RECLAIM``) when the service needs it.
+    """
+
+    job_id: str  # the inference service
+    tenant: str
+    node: str
+    device_uuid: str
+    flavor: str
+    millis: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    parent: str | None = None
+    fair_share_weight: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Quota of one tenant for one flavor. Usage rolls up the tenant tree (a parent counts its subtree)."""
+
+    tenant: str
+    flavor: str
+    guaranteed_millis: int = 0
+    limit_millis: int | None = None  # max including borrowing; None = no limit beyond what can be borrowed
+    lending_limit_millis: int | None = None  # how much idle guarantee others may borrow; None = all of it
+    max_running_jobs: int | None = None  # None = no limit
+
+
+QuotaNode = Quota  # the name used in the issue
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRequest:
+    """What one replica needs: a fraction of one card (100..900 millis + memory) or N whole cards (N*1000)."""
+
+    flavors: tuple[str, ...]  # any of these, in order of preference
+    millis: int = MILLIS_PER_DEVICE
+    memory_mib: int = 0  # required for a fraction; for whole cards the minimum card memory (0 = any)
+
+    @property
+    def fractional(self) -> bool:
+        return self.millis < MILLIS_PER_DEVICE
+
+    @property
+    def device_count(self) -> int:
+        return 1 if self.fractional else self.millis // MILLIS_PER_DEVICE
+
+    @classmethod
+    def cards(cls, count: int, flavors: tuple[str, ...] | str, memory_mib: int = 0) -> ReplicaRequest:
+        return cls(flavors=_flavors(flavors), millis=count * MILLIS_PER_DEVICE, memory_mib=memory_mib)
+
+    @classmethod
+    def fraction(cls, millis: int, memory_mib: int, flavors: tuple[str, ...] | str) -> ReplicaRequest:
+        return cls(flavors=_flavors(flavors), millis=millis, memory_mib=memory_mib)
+
+
+def _flavors(flavors: tuple[str, ...] | str) -> tuple[str, ...]:
+    return (flavors,) if isinstance(flavors, str) else tuple(flavors)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    job_id: str
+    tenant: str
+    request: ReplicaRequest
+    priority: int = PriorityClass.NORMAL
+    preemptible: bool = True
+    submitted_at: float = 0.0
+    kind: JobKind = JobKind.TRAINING
+    replicas: int = 1  # gang size: all replicas or none (for inference: the replicas wanted now)
+    topology: Topology = Topology.NONE
+    min_replicas: int | None = None  # inference: place at least this many (None = all ``replicas``)
+    max_replicas: int | None = None  # inference: reserve capacity up to this many (None = no reservation)
+    first_replica: int = 0  # replica index of the first pending replica (a running service scaling up)
+    node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    preempted_by: frozenset[str] = frozenset()  # jobs that preempted this one; it never preempts them back
+    awaiting_approval: bool = False
+    runtime_estimate_s: float | None = None
+    last_checkpoint_at: float | None = None
+
+    @property
+    def gang_min(self) -> int:
+        return self.replicas if self.min_replicas is None else max(1, min(self.min_replicas, self.replicas))
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    nodes: tuple[Node, ...]
+    allocations: tuple[Allocation, ...] = ()
+    tenants: tuple[Tenant, ...] = ()  # tenants missing here but named elsewhere are roots
+    quotas: tuple[Quota, ...] = ()
+    # tenant -> flavor -> time-decayed average millis held (see ``fairshare.decay_usage``); for fair share.
+    usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
+    pending: tuple[PendingJob, ...] = ()
+    reservations: tuple[Reservation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    preemption: bool = True
+    borrowing: bool = True
+    fair_share: bool = True
+    backfill: bool = True  # False: once the head of a flavor's queue is blocked, nothing behind it starts there
+    ordering: Ordering = Ordering.PRIORITY_FAIRSHARE
+    energy_mode: bool = False  # pack onto busy nodes so idle nodes can sleep
+    min_runtime_before_preempt_s: float = 300.0
+    grace_period_s: float = 60.0
+    usage_half_life_s: float = 3600.0  # for the caller's usage decay (``fairshare.decay_usage``)
+    fractional_strategy: FractionalStrategy = FractionalStrategy.BEST_FIT
+    seed: int = 0
+    require_quota: bool = True  # False: a tenant with no quota row for a flavor is unlimited (guarantee 0)
+    max_jobs_per_cycle: int | None = None  # work cap: jobs beyond it get CYCLE_LIMIT (None = all)
+    max_preemption_searches: int = 64  # victim searches per cycle (each is the costly part)
+    max_head_reservations: int = 8  # blocked queue heads that get capacity held for them
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    replica: int
+    node: str
+    device_uuid: str
+    millis: int
+    memory_mib: int
+    reservation_of: str | None = None  # placed on this inference service's idle reservation
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    job_id: str
+    tenant: str
+    flavor: str
+    assignments: tuple[Assignment, ...]
+    borrowed_millis: int = 0  # part of the job's millis above the tenant's guarantee
+    reserved: tuple[Assignment, ...] = ()  # inference: capacity held for idle replicas up to max_replicas
+
+    @property
+    def replicas(self) -> int:
+        return len({a.replica for a in self.assignments})
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job_id: str  # the victim
+    victim_of: str  # the job that needs the capacity
+    reason: PreemptReason
+    grace_s: float
+    tenant: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Explain:
+    job_id: str
+    code: PendingReason
+    message: str  # plain English for the job's owner
+    position_in_tenant: int  # 1-based place among the tenant's pending jobs
+    position_overall: int  # 1-based place among all pending jobs
+    tenant: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    places: tuple[Place, ...] = ()
+    preemptions: tuple[Preempt, ...] = ()
+    explanations: tuple[Explain, ...] = ()
+    stats: Mapping[str, float] = field(default_factory=dict, hash=False)
