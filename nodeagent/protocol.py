@@ -57,7 +57,7 @@ WorkloadState = Literal["starting", "running", "checkpointed", "succeeded", "fai
 WORKLOAD_STATES: frozenset[str] = frozenset(typing.get_args(WorkloadState))
 #: States after which a workload no longer runs on the node.
 WORKLOAD_FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "lost"})
-DeviceHealth = Literal["healthy", "unhealthy", "unknown"]
+DeviceHealth = Literal["healthy", "degraded", "unhealthy"]
 Vendor = Literal["nvidia", "ascend", "amd", "hygon", "cambricon", "simulated"]
 
 _TIMESTAMP = {"timestamp": True}
@@ -141,10 +141,14 @@ class DeviceSample:
     power_w: float | None = None
     temperature_c: float | None = None
     sm_clock_mhz: int | None = None
-    #: Uncorrected ECC errors (volatile, since the driver loaded); null when not supported.
+    #: Uncorrected ECC errors (volatile: since the driver loaded); null when not supported.
     ecc_errors: int | None = None
-    #: Critical (non-application) XID events seen since the agent started.
+    #: Uncorrected ECC errors over the device's lifetime (aggregate); null when not supported.
+    ecc_errors_aggregate: int | None = None
+    #: Critical (non-application) XID events seen since the agent started; null when not observable.
     xid_errors: int | None = None
+    #: The most recent critical XID code, if any.
+    last_xid: int | None = None
     processes: list[ProcessSample] = field(default_factory=list)
     health: DeviceHealth | None = None
 
