@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from scheduler.models import Device, Node, ResourceFlavor
+from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, Node, ResourceFlavor
 
 
 @admin.register(ResourceFlavor)
@@ -16,3 +16,38 @@ class NodeAdmin(admin.ModelAdmin):
 @admin.register(Device)
 class DeviceAdmin(admin.ModelAdmin):
     list_display = ("uuid", "node", "index", "model", "flavor", "health")
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """State changes go through ``scheduler.services`` (audited); the admin only shows them."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = ("id", "name", "tenant", "state", "priority_class", "replicas", "millis_per_replica", "submitted_at")
+    list_filter = ("state", "kind", "priority_class")
+    search_fields = ("name",)
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(ReadOnlyAdmin):
+    list_display = ("job", "from_state", "to_state", "reason", "actor", "created_at")
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyAdmin):
+    list_display = ("job", "replica", "device", "millis", "memory_mib", "borrowed_millis", "started_at", "ended_at")
+
+
+@admin.register(AgentCommand)
+class AgentCommandAdmin(ReadOnlyAdmin):
+    list_display = ("id", "node", "command_type", "job", "created_at", "sent_at", "acked_at", "attempts")

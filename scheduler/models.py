@@ -1,7 +1,13 @@
-"""Resources: flavors (classes of device), nodes and their devices. Jobs and allocations join them later."""
+"""Resources (flavors, nodes, devices), the work placed on them (jobs, allocations) and the outbox of commands
+to node agents.
+
+Invariants the database helps keep (see ``Allocation``): per device, the active allocations never exceed
+1000 millis or the device's memory; a whole-card (1000 millis) allocation therefore excludes every other.
+"""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -78,6 +84,9 @@ class Device(models.Model):
     pci_bus_id = models.CharField(max_length=32, blank=True, default="")
     health = models.CharField(max_length=16, choices=DeviceHealth.choices, default=DeviceHealth.HEALTHY)
     mig_mode = models.BooleanField(default=False)
+    # Cards sharing a value are NVLink-connected / behind one PCIe switch (from the agent's hello); blank = none.
+    nvlink_domain = models.CharField(max_length=64, blank=True, default="")
+    pcie_switch = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -85,3 +94,252 @@ class Device(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.index}"
+
+
+# --- jobs ---------------------------------------------------------------------------------------------
+
+
+class JobKind(models.TextChoices):
+    TRAINING = "training", _("training")
+    INFERENCE = "inference", _("inference")
+    INTERACTIVE = "interactive", _("interactive")
+    BATCH = "batch", _("batch")
+
+
+class PriorityClass(models.IntegerChoices):
+    """Named priority classes (the value is the priority; higher wins). Same numbers as ``scheduler.core``."""
+
+    CRITICAL = 1000, _("critical")
+    HIGH = 800, _("high")
+    NORMAL = 500, _("normal")
+    LOW = 200, _("low")
+    BEST_EFFORT = 0, _("best effort")
+
+
+class TopologyConstraint(models.TextChoices):
+    NONE = "none", _("none")
+    SAME_NODE = "same_node", _("all replicas on one node")
+    NVLINK = "nvlink", _("one NVLink domain per replica")
+    NUMA = "numa", _("one NUMA node per replica")
+
+
+class JobState(models.TextChoices):
+    SUBMITTED = "submitted", _("submitted")
+    PENDING_APPROVAL = "pending_approval", _("pending approval")
+    QUEUED = "queued", _("queued")
+    ADMITTED = "admitted", _("admitted")
+    RUNNING = "running", _("running")
+    PREEMPTING = "preempting", _("preempting")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+    NODE_LOST = "node_lost", _("node lost")
+
+
+#: States in which a job holds (or is about to hold) devices.
+ACTIVE_JOB_STATES = frozenset({JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING})
+#: States a cycle looks at to place.
+PENDING_JOB_STATES = frozenset({JobState.QUEUED, JobState.PENDING_APPROVAL})
+FINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+
+
+class Job(models.Model):
+    """A unit of work: ``replicas`` (a gang: all or none) times one per-replica request.
+
+    The per-replica request is either a fraction of one card (``millis_per_replica`` 100..900 and
+    ``memory_mib_per_replica``) or N whole cards (``millis_per_replica`` = N * 1000, exclusive).
+    """
+
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="jobs")
+    submitter = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    name = models.CharField(max_length=128)
+    kind = models.CharField(max_length=16, choices=JobKind.choices, default=JobKind.TRAINING)
+    priority_class = models.IntegerField(choices=PriorityClass.choices, default=PriorityClass.NORMAL)
+    preemptible = models.BooleanField(default=True)
+    # Gang size: all replicas start together or none does. Inference: the replicas wanted now.
+    replicas = models.PositiveSmallIntegerField(default=1)
+    min_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
+    max_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Flavor names, any of them, in order of preference (validated against ResourceFlavor at submit).
+    flavors = models.JSONField(default=list)
+    millis_per_replica = models.PositiveIntegerField()
+    memory_mib_per_replica = models.PositiveIntegerField(default=0)
+    cpu_millicores_per_replica = models.PositiveIntegerField(default=0)
+    host_memory_mib_per_replica = models.PositiveIntegerField(default=0)
+    topology = models.CharField(max_length=16, choices=TopologyConstraint.choices, default=TopologyConstraint.NONE)
+    node_selector = models.JSONField(default=dict, blank=True)
+    command = models.JSONField(default=list)
+    env = models.JSONField(default=dict, blank=True)
+    working_dir = models.CharField(max_length=1024, blank=True, default="")
+    max_runtime_s = models.PositiveIntegerField(null=True, blank=True)
+    checkpoint_dir = models.CharField(max_length=1024, blank=True, default="")
+    runtime_estimate_s = models.PositiveIntegerField(null=True, blank=True)
+    # The spec as submitted (validated, normalised), for reproducing the job.
+    spec = models.JSONField(default=dict, blank=True)
+
+    state = models.CharField(max_length=20, choices=JobState.choices, default=JobState.SUBMITTED, db_index=True)
+    state_message = models.CharField(max_length=500, blank=True, default="")
+    exit_code = models.IntegerField(null=True, blank=True)
+    # Written by each scheduling cycle while the job waits (codes: scheduler.core.types.PendingReason).
+    pending_reason_code = models.CharField(max_length=40, blank=True, default="")
+    pending_message = models.CharField(max_length=500, blank=True, default="")
+    position_in_tenant = models.PositiveIntegerField(null=True, blank=True)
+    position_overall = models.PositiveIntegerField(null=True, blank=True)
+    # Ids of jobs that preempted this one: it never preempts them back (no preemption loops).
+    preempted_by = models.JSONField(default=list, blank=True)
+    preemption_count = models.PositiveIntegerField(default=0)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+
+    submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [models.Index(fields=["tenant", "state"], name="job_tenant_state")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(replicas__gte=1), name="job_replicas_positive"),
+            models.CheckConstraint(
+                condition=models.Q(millis_per_replica__gte=MIN_FRACTION_MILLIS), name="job_millis_at_least_min"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name}"
+
+    @property
+    def total_millis(self) -> int:
+        return self.replicas * self.millis_per_replica
+
+    @property
+    def fractional(self) -> bool:
+        return self.millis_per_replica < MILLIS_PER_DEVICE
+
+    @property
+    def devices_per_replica(self) -> int:
+        return 1 if self.fractional else self.millis_per_replica // MILLIS_PER_DEVICE
+
+
+class JobEvent(models.Model):
+    """One state transition of a job (or a note on it, when ``from_state == to_state``)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=20, choices=JobState.choices, blank=True, default="")
+    to_state = models.CharField(max_length=20, choices=JobState.choices)
+    reason = models.CharField(max_length=40, blank=True, default="")
+    message = models.CharField(max_length=500, blank=True, default="")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.from_state or '-'} → {self.to_state}"
+
+
+class AllocationQuerySet(models.QuerySet):
+    def active(self) -> AllocationQuerySet:
+        return self.filter(ended_at__isnull=True)
+
+
+class Allocation(models.Model):
+    """A share of one device held by one replica of a job. Active while ``ended_at`` is null.
+
+    Double booking is refused three times over: the cycle re-checks capacity under row locks on the devices
+    (``scheduler.persist``), a partial unique constraint keeps one active row per (job, replica, device), and
+    on PostgreSQL a trigger (migration 0003) refuses any insert that takes a device past 1000 millis or its
+    memory, whoever writes it.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    replica = models.PositiveSmallIntegerField()
+    # Denormalised from the job: quota usage sums by tenant without a join.
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="allocations")
+    flavor = models.ForeignKey(ResourceFlavor, on_delete=models.PROTECT, related_name="allocations")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="allocations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="allocations")
+    millis = models.PositiveIntegerField()
+    memory_mib = models.PositiveIntegerField(default=0)
+    # Part of ``millis`` above the tenant's guarantee: reclaimable by the lender.
+    borrowed_millis = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    objects = AllocationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["job_id", "replica", "device_id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(millis__gte=MIN_FRACTION_MILLIS, millis__lte=MILLIS_PER_DEVICE),
+                name="allocation_millis_in_range",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(borrowed_millis__lte=models.F("millis")), name="allocation_borrowed_le_millis"
+            ),
+            models.UniqueConstraint(
+                fields=["job", "replica", "device"],
+                condition=models.Q(ended_at__isnull=True),
+                name="allocation_one_active_per_replica_device",
+            ),
+            # At most one active whole-card allocation per device (the trigger covers mixed cases).
+            models.UniqueConstraint(
+                fields=["device"],
+                condition=models.Q(ended_at__isnull=True, millis=MILLIS_PER_DEVICE),
+                name="allocation_one_active_exclusive_per_device",
+            ),
+        ]
+        indexes = [models.Index(fields=["device", "ended_at"], name="allocation_device_active")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}/{self.replica} on {self.device_id}: {self.millis} millis"
+
+    @property
+    def active(self) -> bool:
+        return self.ended_at is None
+
+
+class AgentCommandQuerySet(models.QuerySet):
+    def unacked(self) -> AgentCommandQuerySet:
+        return self.filter(acked_at__isnull=True)
+
+    def undelivered(self) -> AgentCommandQuerySet:
+        return self.filter(sent_at__isnull=True)
+
+
+class AgentCommand(models.Model):
+    """Outbox of portal → agent commands (``workload.start``, ``workload.stop``, ``config``).
+
+    Written in the same transaction as the decision that needs it; announced to the node's agent consumer
+    (group ``agent.node.<node id>``) only after commit. ``payload`` is a protocol frame dict
+    (``nodeagent.protocol.to_dict``) whose ``command_id`` is this row's pk. The consumer sets ``sent_at``
+    when it sends, ``acked_at`` (and ``ack_ok``/``error``) on the agent's ``ack``, and resends every unacked
+    command on reconnect.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="commands")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="commands")
+    command_type = models.CharField(max_length=32)
+    payload = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    acked_at = models.DateTimeField(null=True, blank=True)
+    ack_ok = models.BooleanField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+
+    objects = AgentCommandQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["node", "acked_at"], name="agentcommand_node_unacked")]
+
+    def __str__(self) -> str:
+        return f"{self.command_type} #{self.pk} → {self.node_id}"
