@@ -1,1 +1,3 @@
 """gpupool-agent: the node agent. Imports nothing from Django or the portal."""
+
+__version__ = "0.1.0"
