@@ -1,10 +1,19 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
-from frontend import views
+from frontend.views import audit, nodes, overview
+
+console_patterns = [
+    path("overview/", overview.overview, name="overview"),
+    path("overview/numbers/", overview.overview_numbers, name="overview-numbers"),
+    path("nodes/", nodes.node_list, name="node-list"),
+    path("nodes/<int:pk>/", nodes.node_detail, name="node-detail"),
+    path("audit/", audit.audit_list, name="audit"),
+]
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", overview.home, name="home"),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="frontend/login.html"), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("console/", include((console_patterns, "frontend"))),
 ]

@@ -1,0 +1,52 @@
+"""Filters for the console tables. Values come from the query string, so a filtered view is a link."""
+
+from __future__ import annotations
+
+import django_filters
+from django import forms
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from scheduler.models import Node, NodeStatus, ResourceFlavor
+
+
+class DateInput(forms.DateInput):
+    input_type = "date"
+
+
+class NodeFilterSet(django_filters.FilterSet):
+    q = django_filters.CharFilter(method="search", label=_("Search"))
+    status = django_filters.ChoiceFilter(choices=NodeStatus.choices, label=_("Status"), empty_label=_("any"))
+    flavor = django_filters.ModelChoiceFilter(
+        queryset=ResourceFlavor.objects.all(),
+        field_name="devices__flavor",
+        to_field_name="name",
+        label=_("Flavor"),
+        empty_label=_("any"),
+        distinct=True,
+    )
+
+    class Meta:
+        model = Node
+        fields = ["q", "status", "flavor"]
+
+    def search(self, queryset, name, value):
+        return queryset.filter(Q(name__icontains=value) | Q(devices__uuid__icontains=value)).distinct()
+
+
+class AuditFilterSet(django_filters.FilterSet):
+    q = django_filters.CharFilter(method="search", label=_("Search"))
+    action = django_filters.CharFilter(field_name="action", lookup_expr="startswith", label=_("Action starts with"))
+    actor = django_filters.CharFilter(field_name="actor_username", lookup_expr="iexact", label=_("Actor"))
+    outcome = django_filters.CharFilter(field_name="outcome", label=_("Outcome"))
+    since = django_filters.DateFilter(
+        field_name="created_at", lookup_expr="date__gte", label=_("From (date)"), widget=DateInput
+    )
+    until = django_filters.DateFilter(
+        field_name="created_at", lookup_expr="date__lte", label=_("To (date)"), widget=DateInput
+    )
+
+    def search(self, queryset, name, value):
+        return queryset.filter(
+            Q(action__icontains=value) | Q(target__icontains=value) | Q(actor_username__icontains=value)
+        )

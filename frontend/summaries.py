@@ -1,0 +1,113 @@
+"""Read-only summaries the console shows, composed from the apps' models and selectors.
+
+Nothing here writes. Each function returns plain data for a template, already limited to what the caller may
+see, so views stay a few lines long.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.db.models import Count, Q, Sum
+
+from scheduler.models import (
+    ACTIVE_JOB_STATES,
+    MILLIS_PER_DEVICE,
+    PENDING_JOB_STATES,
+    Allocation,
+    Device,
+    DeviceHealth,
+    Job,
+    JobState,
+    Node,
+    NodeStatus,
+)
+
+
+@dataclass
+class FlavorCapacity:
+    name: str
+    devices: int = 0
+    schedulable_devices: int = 0
+    capacity_millis: int = 0
+    allocated_millis: int = 0
+    memory_mib: int = 0
+
+    @property
+    def free_millis(self) -> int:
+        return max(0, self.capacity_millis - self.allocated_millis)
+
+
+@dataclass
+class PoolSummary:
+    flavors: list[FlavorCapacity] = field(default_factory=list)
+    nodes_by_status: dict[str, int] = field(default_factory=dict)
+    nodes_total: int = 0
+    devices_total: int = 0
+    jobs_queued: int = 0
+    jobs_running: int = 0
+
+    @property
+    def nodes_ready(self) -> int:
+        return self.nodes_by_status.get(NodeStatus.READY, 0)
+
+    @property
+    def nodes_not_ready(self) -> int:
+        return self.nodes_total - self.nodes_ready
+
+
+def device_allocated_millis() -> dict[int, int]:
+    """Millis held by active allocations, per device id."""
+    rows = Allocation.objects.active().values("device_id").annotate(total=Sum("millis"))
+    return {row["device_id"]: row["total"] for row in rows}
+
+
+def pool_summary() -> PoolSummary:
+    """Capacity vs. allocation per flavor, nodes by status, and the queue: the overview dashboard's numbers."""
+    summary = PoolSummary()
+    allocated = device_allocated_millis()
+    flavors: dict[str, FlavorCapacity] = {}
+    devices = Device.objects.select_related("flavor", "node").only(
+        "id", "memory_mib", "health", "flavor__name", "node__status"
+    )
+    for device in devices:
+        name = device.flavor.name if device.flavor else "—"
+        row = flavors.setdefault(name, FlavorCapacity(name=name))
+        row.devices += 1
+        row.memory_mib += device.memory_mib
+        if device.node.status == NodeStatus.READY and device.health != DeviceHealth.UNHEALTHY:
+            row.schedulable_devices += 1
+            row.capacity_millis += MILLIS_PER_DEVICE
+        row.allocated_millis += allocated.get(device.pk, 0)
+    summary.flavors = sorted(flavors.values(), key=lambda f: f.name)
+    summary.devices_total = sum(f.devices for f in summary.flavors)
+    counts = Node.objects.values("status").annotate(n=Count("id"))
+    summary.nodes_by_status = {row["status"]: row["n"] for row in counts}
+    summary.nodes_total = sum(summary.nodes_by_status.values())
+    summary.jobs_queued, summary.jobs_running = job_counts()
+    return summary
+
+
+def job_counts(tenant_ids: set[int] | None = None) -> tuple[int, int]:
+    """(waiting, running) jobs, optionally limited to some tenants."""
+    jobs = Job.objects.all()
+    if tenant_ids is not None:
+        jobs = jobs.filter(tenant_id__in=tenant_ids)
+    counts = jobs.aggregate(
+        queued=Count("id", filter=Q(state__in=[JobState.SUBMITTED, *PENDING_JOB_STATES])),
+        running=Count("id", filter=Q(state__in=ACTIVE_JOB_STATES)),
+    )
+    return counts["queued"], counts["running"]
+
+
+def devices_for_charts(devices) -> list[dict]:
+    """What the live charts need to know about each card (no secrets: uuid, label, flavor, memory)."""
+    return [
+        {
+            "uuid": d.uuid,
+            "label": f"{d.node.name}/{d.index}",
+            "flavor": d.flavor.name if d.flavor else "—",
+            "memory_mib": d.memory_mib,
+        }
+        for d in devices
+    ]

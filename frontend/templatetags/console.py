@@ -1,0 +1,77 @@
+"""Template helpers for the console: navigation by role, units in words, query strings that keep filters."""
+
+from __future__ import annotations
+
+from django import template
+from django.utils.translation import gettext as _
+
+from frontend.access import nav_for
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def console_nav(context) -> list:
+    request = context.get("request")
+    if request is None or not request.user.is_authenticated:
+        return []
+    return nav_for(request.user)
+
+
+@register.filter
+def cards(millis: int | None) -> str:
+    """1500 milli-devices → "1.5"; the console speaks in cards, the API in millis."""
+    if millis is None:
+        return "—"
+    value = millis / 1000
+    return f"{value:.1f}".rstrip("0").rstrip(".") if value % 1 else f"{int(value)}"
+
+
+@register.filter
+def gib(mib: int | None) -> str:
+    if mib is None:
+        return "—"
+    return f"{mib / 1024:.1f}"
+
+
+@register.filter
+def percent_of(part: float | None, whole: float | None) -> float:
+    """Share of ``whole`` in percent, clamped to 0 to 100 for bar widths."""
+    if not part or not whole:
+        return 0.0
+    return max(0.0, min(100.0, 100.0 * float(part) / float(whole)))
+
+
+@register.simple_tag(takes_context=True)
+def query_with(context, **kwargs) -> str:
+    """The current query string with some parameters replaced (filters survive sorting and export)."""
+    params = context["request"].GET.copy()
+    for key, value in kwargs.items():
+        if value is None or value == "":
+            params.pop(key, None)
+        else:
+            params[key] = value
+    encoded = params.urlencode()
+    return f"?{encoded}" if encoded else ""
+
+
+@register.filter
+def yesno_words(value: bool) -> str:
+    return _("yes") if value else _("no")
+
+
+@register.inclusion_tag("frontend/partials/qbar.html")
+def qbar(*, scale: int, used: int = 0, guaranteed: int | None = None, borrowed: int = 0, label: str = "") -> dict:
+    """A bar drawn as SVG (no inline styles, so a strict CSP holds): track = ``scale``, a marker at the
+    guarantee, green = used within it, orange = borrowed above it."""
+    scale = max(int(scale or 0), 1)
+    used = int(used or 0)
+    borrowed = int(borrowed or 0)
+    in_quota = max(0, used - borrowed)
+    return {
+        "label": label,
+        "used_pct": percent_of(in_quota, scale),
+        "borrowed_start_pct": percent_of(in_quota, scale),
+        "borrowed_pct": percent_of(borrowed, scale),
+        "guaranteed_pct": None if guaranteed is None else percent_of(guaranteed, scale),
+    }

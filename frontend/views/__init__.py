@@ -1,0 +1,1 @@
+"""Console pages. Thin: they read through selectors and write through services."""

@@ -1,0 +1,43 @@
+"""The overview dashboard: pool capacity, allocation and live utilisation per flavor; nodes; the queue."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+
+from frontend.access import Section, section_required, sections_for
+from frontend.summaries import devices_for_charts, pool_summary
+from scheduler.models import Device
+
+
+@login_required
+def home(request):
+    """Send each person to the first page their role may use (the auditor straight to the audit trail)."""
+    sections = sections_for(request.user)
+    if Section.OVERVIEW in sections:
+        return redirect("frontend:overview")
+    if Section.AUDIT in sections:
+        return redirect("frontend:audit")
+    return render(request, "frontend/empty.html", {})
+
+
+def _context(request) -> dict:
+    summary = pool_summary()
+    devices = Device.objects.select_related("node", "flavor")
+    return {
+        "section": Section.OVERVIEW,
+        "summary": summary,
+        "chart_devices": devices_for_charts(devices),
+        "sees_nodes": Section.NODES in sections_for(request.user),
+    }
+
+
+@section_required(Section.OVERVIEW)
+def overview(request):
+    return render(request, "frontend/overview.html", _context(request))
+
+
+@section_required(Section.OVERVIEW)
+def overview_numbers(request):
+    """The numbers block alone: htmx swaps it in every few seconds, so the dashboard stays current."""
+    return render(request, "frontend/partials/overview_numbers.html", _context(request))

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+
+from audit.services import audit_record
+from scheduler.models import NodeStatus
+from tenants.models import MembershipRole, PlatformRole
+from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client):
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    return client
+
+
+def test_node_table_filters_by_status_and_flavor_from_the_url(admin_client):
+    a100 = make_flavor("nvidia-a100-40g", memory_mib=40960)
+    make_node("gpu-a", devices=2)
+    make_node("gpu-b", devices=1, flavor=a100, status=NodeStatus.CORDONED)
+    page = admin_client.get("/console/nodes/?status=cordoned").content.decode()
+    assert "gpu-b" in page and "gpu-a" not in page
+    page = admin_client.get("/console/nodes/?flavor=nvidia-a100-40g").content.decode()
+    assert "gpu-b" in page and "gpu-a" not in page
+
+
+def test_node_table_sorts_by_a_column(admin_client):
+    make_node("alpha", devices=1)
+    make_node("zulu", devices=3)
+    page = admin_client.get("/console/nodes/?sort=-device_count").content.decode()
+    assert page.index("zulu") < page.index("alpha")
+
+
+def test_node_table_exports_csv_with_filters_applied(admin_client):
+    make_node("gpu-a", devices=2)
+    make_node("gpu-b", devices=1, status=NodeStatus.NOT_READY)
+    response = admin_client.get("/console/nodes/?status=ready&export=csv")
+    assert response["Content-Type"].startswith("text/csv")
+    lines = response.content.decode().strip().splitlines()
+    assert lines[0].startswith("Name,Status,Cards")
+    assert len(lines) == 2 and lines[1].startswith("gpu-a,ready,2")
+
+
+def test_node_page_has_a_live_chart_per_card(admin_client):
+    node = make_node("gpu-a", devices=3)
+    response = admin_client.get(f"/console/nodes/{node.pk}/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    for device in node.devices.all():
+        assert f'data-device-chart="{device.uuid}"' in page
+    assert 'id="node-devices"' in page
+
+
+@pytest.mark.parametrize("role", [PlatformRole.AUDITOR, PlatformRole.SECURITY_ADMIN])
+def test_nodes_are_hidden_from_platform_roles_that_do_not_run_the_pool(client, role):
+    node = make_node("gpu-a")
+    client.force_login(make_user(platform_role=role))
+    assert client.get("/console/nodes/").status_code == 404
+    assert client.get(f"/console/nodes/{node.pk}/").status_code == 404
+
+
+def test_nodes_are_hidden_from_tenant_members(client):
+    client.force_login(make_member(make_tenant(), role=MembershipRole.TENANT_ADMIN))
+    assert client.get("/console/nodes/").status_code == 404
+
+
+def test_audit_trail_is_for_auditors_only(client):
+    audit_record(action="console.test", actor=None, target="thing:1")
+    client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
+    response = client.get("/console/audit/?action=console.")
+    assert response.status_code == 200
+    assert "thing:1" in response.content.decode()
+    for role in (PlatformRole.SYSTEM_ADMIN, PlatformRole.SECURITY_ADMIN):
+        client.force_login(make_user(platform_role=role))
+        assert client.get("/console/audit/").status_code == 404

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+
+from scheduler.models import NodeStatus
+from tenants.models import MembershipRole, PlatformRole
+from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def test_anonymous_visitor_is_sent_to_login(client):
+    response = client.get("/console/overview/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")
+
+
+def test_overview_counts_capacity_per_flavor_and_node_status(client):
+    h100 = make_flavor("nvidia-h100-80g")
+    a100 = make_flavor("nvidia-a100-40g", memory_mib=40960)
+    make_node("n1", devices=4, flavor=h100)
+    make_node("n2", devices=2, flavor=a100, status=NodeStatus.CORDONED)
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    response = client.get("/console/overview/")
+    assert response.status_code == 200
+    summary = response.context["summary"]
+    by_name = {f.name: f for f in summary.flavors}
+    assert by_name["nvidia-h100-80g"].capacity_millis == 4000
+    # A cordoned node's cards exist but take no new work.
+    assert by_name["nvidia-a100-40g"].devices == 2
+    assert by_name["nvidia-a100-40g"].capacity_millis == 0
+    assert summary.nodes_ready == 1 and summary.nodes_not_ready == 1
+    assert b"data-live-telemetry" in response.content
+
+
+def test_home_sends_auditor_to_audit_and_admin_to_overview(client):
+    client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
+    assert client.get("/")["Location"] == "/console/audit/"
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    assert client.get("/")["Location"] == "/console/overview/"
+
+
+def test_auditor_gets_404_for_the_overview(client):
+    client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
+    assert client.get("/console/overview/").status_code == 404
+
+
+def test_navigation_shows_only_what_the_role_may_use(client):
+    tenant = make_tenant()
+    client.force_login(make_member(tenant, role=MembershipRole.MEMBER))
+    page = client.get("/console/overview/").content.decode()
+    assert 'href="/console/overview/"' in page
+    assert 'href="/console/nodes/"' not in page
+    assert 'href="/console/audit/"' not in page
+    # Members see the pool's numbers but not every node's live telemetry.
+    assert "data-live-telemetry" not in page
+
+
+def test_numbers_fragment_renders_without_the_layout(client):
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    response = client.get("/console/overview/numbers/")
+    assert response.status_code == 200
+    assert b"<html" not in response.content
+    assert b'data-testid="nodes-ready"' in response.content
