@@ -1,0 +1,425 @@
+"""``plan(snapshot, policy)``: one scheduling cycle, as a pipeline of named steps.
+
+1. **order** (``order.py``) — priority class, fair share, submit time; lazily, so shares move as jobs start.
+2. **admit** (``quota.py``) — guarantee, borrowing from the cohort, limits, max running jobs.
+3. **filter → score → gang** (``placement.py``) — devices for all replicas or none.
+4. **reservations** (``reservations.py``) — a service's own reservation first; training on idle ones.
+5. **preempt** (``preempt.py``) — the cheapest victim set when an admitted job does not fit.
+6. **backfill** (``backfill.py``) — hold capacity for a blocked head; later jobs only use the holes.
+7. **explain** (``explain.py``) — a reason code, a sentence and queue positions for every pending job.
+
+The cycle only ever *takes* capacity (places, holds), never frees it — preempted work frees its devices
+when it stops, and the preemptor starts in a later cycle on the devices held for it. So a shape of job that
+did not fit once will not fit later in the same cycle, which lets the cycle skip repeated attempts
+(``Plan.stats["skipped_repeat_shapes"]``) and keeps a 10,000-job queue cheap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .backfill import HeadReservations
+from .capacity import Cluster
+from .explain import Pending, explanations
+from .order import FairShare, ordered
+from .placement import Failure, Placer, Take, rollback
+from .preempt import Preemptor
+from .quota import Admission, QuotaBook, cards
+from .reservations import Reservations
+from .types import (
+    FRACTION_STEP_MILLIS,
+    MILLIS_PER_DEVICE,
+    MIN_FRACTION_MILLIS,
+    Assignment,
+    JobKind,
+    PendingJob,
+    PendingReason,
+    Place,
+    Plan,
+    Policy,
+    Preempt,
+    PreemptReason,
+    Snapshot,
+)
+
+# Pending reasons for which holding capacity for the job makes sense (it is waiting for devices).
+_CAPACITY_REASONS = frozenset(
+    {
+        PendingReason.INSUFFICIENT_CAPACITY,
+        PendingReason.INSUFFICIENT_MEMORY,
+        PendingReason.TOPOLOGY,
+        PendingReason.GANG,
+    }
+)
+
+
+def validate(job: PendingJob) -> str | None:
+    """A problem with the request that no amount of waiting fixes, in words; None when it is fine."""
+    req = job.request
+    if not req.flavors:
+        return "the job names no device flavor"
+    if job.replicas < 1:
+        return "the job asks for no replicas"
+    if req.millis < MIN_FRACTION_MILLIS:
+        return f"a replica must ask for at least {MIN_FRACTION_MILLIS} millis (1/10 of a card)"
+    if req.fractional:
+        if req.millis % FRACTION_STEP_MILLIS:
+            return f"a fraction of a card must be a multiple of {FRACTION_STEP_MILLIS} millis"
+        if req.memory_mib <= 0:
+            return "a fractional request must state memory_mib"
+    elif req.millis % MILLIS_PER_DEVICE:
+        return "more than one card must be a whole number of cards (a multiple of 1000 millis)"
+    if req.memory_mib < 0:
+        return "memory_mib cannot be negative"
+    return None
+
+
+@dataclass(slots=True)
+class _Attempt:
+    flavor: str
+    admission: Admission
+    failure: Failure
+    count: int
+
+
+class _Cycle:
+    def __init__(self, snapshot: Snapshot, policy: Policy) -> None:
+        self.s = snapshot
+        self.p = policy
+        self.cluster = Cluster(snapshot)
+        self.book = QuotaBook(snapshot, self.cluster.capacity_millis, require_quota=policy.require_quota)
+        self.fair = FairShare(snapshot, self.cluster.capacity_millis)
+        self.placer = Placer(
+            self.cluster, strategy=policy.fractional_strategy, energy_mode=policy.energy_mode, seed=policy.seed
+        )
+        self.preemptor = (
+            Preemptor(
+                snapshot=snapshot,
+                cluster=self.cluster,
+                placer=self.placer,
+                book=self.book,
+                min_runtime_s=policy.min_runtime_before_preempt_s,
+            )
+            if policy.preemption
+            else None
+        )
+        self.heads = HeadReservations(snapshot, self.cluster, self.placer, max_heads=policy.max_head_reservations)
+        self.reservations = Reservations(snapshot, self.cluster)
+        self.places: list[Place] = []
+        self.preemptions: list[Preempt] = []
+        self.pending: list[Pending] = []
+        self.failed_shapes: dict[tuple, Failure] = {}
+        self.failed_searches: set[tuple] = set()
+        self.searches = 0
+        self.stats = {"skipped_repeat_shapes": 0, "preemption_searches": 0, "head_reservations": 0}
+
+    # -- the loop --------------------------------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        cap = self.p.max_jobs_per_cycle
+        for i, job in enumerate(ordered(self.s, self.p, self.fair)):
+            if cap is not None and i >= cap:
+                self._wait(job, PendingReason.CYCLE_LIMIT, f"not looked at this cycle (at most {cap} jobs a cycle)")
+                continue
+            self._schedule(job)
+        self.stats["placed"] = len(self.places)
+        self.stats["preempted"] = len(self.preemptions)
+        self.stats["pending"] = len(self.pending)
+        self.stats["idle_nodes"] = sum(1 for n in range(len(self.cluster.node_name)) if self.cluster.node_busy[n] == 0)
+        return Plan(
+            places=tuple(self.places),
+            preemptions=tuple(self.preemptions),
+            explanations=explanations(self.pending),
+            stats=dict(self.stats),
+        )
+
+    def _wait(self, job: PendingJob, code: PendingReason, message: str) -> None:
+        self.pending.append(Pending(job, code, message))
+
+    def _schedule(self, job: PendingJob) -> None:
+        problem = validate(job)
+        if problem:
+            self._wait(job, PendingReason.INVALID_REQUEST, f"the request cannot be scheduled: {problem}")
+            return
+        if job.awaiting_approval:
+            self._wait(job, PendingReason.AWAITING_APPROVAL, "waiting for approval by an administrator")
+            return
+        if self._own_reservation(job):
+            return
+        attempts: list[_Attempt] = []
+        refusals: list[Failure] = []
+        for flavor in job.request.flavors:
+            outcome = self._try_flavor(job, flavor)
+            if outcome is None:
+                return  # placed
+            if isinstance(outcome, _Attempt):
+                attempts.append(outcome)
+            else:
+                refusals.append(outcome)
+        for attempt in attempts:
+            if attempt.failure.code in _CAPACITY_REASONS and self._on_reservation(job, attempt):
+                return
+        for attempt in attempts:
+            if attempt.failure.code in _CAPACITY_REASONS and self._preempt_for(job, attempt):
+                return
+        if attempts:
+            first = attempts[0]
+            message = first.failure.message
+            if first.failure.code in _CAPACITY_REASONS:
+                held = self.heads.reserve(job, first.flavor, first.count)
+                if held is not None:
+                    self.stats["head_reservations"] += 1
+                    message += f"; {len(held[0])} {first.flavor} device(s) are held for it as the head of the queue"
+            self._wait(job, first.failure.code, message)
+            return
+        first = refusals[0]
+        self._wait(job, first.code, first.message)
+
+    # -- one flavor: admit, place ----------------------------------------------------------------------------
+
+    def _try_flavor(self, job: PendingJob, flavor: str) -> _Attempt | Failure | None:
+        req = job.request
+        if not self.cluster.has_flavor(flavor):
+            return Failure(PendingReason.NO_SUCH_FLAVOR, f"no healthy, schedulable {flavor} device in the pool")
+        count = job.gang_min
+        admission = self.book.admit(
+            tenant=job.tenant,
+            flavor=flavor,
+            millis=req.millis * count,
+            preemptible=job.preemptible,
+            borrowing=self.p.borrowing,
+        )
+        if not admission.ok:
+            return Failure(admission.code or PendingReason.QUOTA_EXHAUSTED, admission.message)
+        head = self.heads.head(flavor)
+        if head is not None and not self.p.backfill:
+            return Failure(
+                PendingReason.BLOCKED_BY_HEAD,
+                f"waiting behind job {head}, which is first in the {flavor} queue (backfill is off)",
+            )
+        shape = (
+            flavor,
+            req.millis,
+            req.memory_mib,
+            count,
+            job.topology,
+            tuple(sorted(job.node_selector.items())),
+        )
+        failure = self.failed_shapes.get(shape)
+        if failure is not None:
+            self.stats["skipped_repeat_shapes"] += 1
+            return _Attempt(flavor, admission, failure, count)
+        log: list[Take] = []
+        failure = self.placer.place(
+            flavor=flavor,
+            millis=req.millis,
+            memory_mib=req.memory_mib,
+            count=count,
+            first_replica=job.first_replica,
+            topology=job.topology,
+            selector=job.node_selector,
+            log=log,
+        )
+        if failure is not None:
+            self.failed_shapes[shape] = failure
+            return _Attempt(flavor, admission, failure, count)
+        self._commit_place(job, flavor, admission, log)
+        return None
+
+    def _commit_place(self, job: PendingJob, flavor: str, admission: Admission, log: list[Take]) -> None:
+        req = job.request
+        node = admission.accounted_to
+        assert node is not None
+        placed_millis = req.millis * job.gang_min
+        self.book.charge(node=node, flavor=flavor, millis=placed_millis)
+        borrowed = admission.borrowed_millis
+        # Inference: more replicas than the minimum when they fit and quota allows, one by one.
+        for i in range(job.gang_min, job.replicas):
+            extra = self.book.admit(
+                tenant=job.tenant,
+                flavor=flavor,
+                millis=req.millis,
+                preemptible=job.preemptible,
+                borrowing=self.p.borrowing,
+                new_job=False,
+            )
+            if not extra.ok:
+                break
+            replica_log: list[Take] = []
+            if self.placer.place(
+                flavor=flavor,
+                millis=req.millis,
+                memory_mib=req.memory_mib,
+                count=1,
+                first_replica=job.first_replica + i,
+                topology=job.topology,
+                selector=job.node_selector,
+                log=replica_log,
+            ):
+                break
+            self.book.charge(node=node, flavor=flavor, millis=req.millis, jobs=0)
+            borrowed += extra.borrowed_millis
+            placed_millis += req.millis
+            log.extend(replica_log)
+        assignments = tuple(self._assignment(r, d, m, mem) for r, d, m, mem in log)
+        reserved = self._reserve_idle_replicas(job, flavor, node, len({a.replica for a in assignments}))
+        self.fair.add(job.tenant, flavor, placed_millis)
+        self.places.append(Place(job.job_id, job.tenant, flavor, assignments, borrowed, reserved))
+
+    def _assignment(self, replica: int, d: int, millis: int, memory_mib: int, of: str | None = None) -> Assignment:
+        c = self.cluster
+        return Assignment(replica, c.node_name[c.dev_node[d]], c.dev_uuid[d], millis, memory_mib, of)
+
+    def _reserve_idle_replicas(self, job: PendingJob, flavor: str, node: str, placed: int) -> tuple[Assignment, ...]:
+        """Inference: hold capacity for replicas up to ``max_replicas`` (charged to the tenant's quota)."""
+        if job.kind != JobKind.INFERENCE or job.max_replicas is None:
+            return ()
+        req = job.request
+        per = 1 if req.fractional else req.device_count
+        want = job.max_replicas - job.first_replica - placed - self.reservations.count(job.job_id, per)
+        out: list[Assignment] = []
+        for i in range(max(0, want)):
+            if not self.book.admit(
+                tenant=job.tenant, flavor=flavor, millis=req.millis, preemptible=False, borrowing=False, new_job=False
+            ).ok:
+                break
+            log: list[Take] = []
+            replica = job.first_replica + placed + i
+            if self.placer.place(
+                flavor=flavor,
+                millis=req.millis,
+                memory_mib=req.memory_mib,
+                count=1,
+                first_replica=replica,
+                topology=job.topology,
+                selector=job.node_selector,
+                log=log,
+            ):
+                break
+            self.book.charge(node=node, flavor=flavor, millis=req.millis, jobs=0)
+            out.extend(self._assignment(r, d, m, mem) for r, d, m, mem in log)
+        return tuple(out)
+
+    # -- reservations ----------------------------------------------------------------------------------------
+
+    def _own_reservation(self, job: PendingJob) -> bool:
+        """An inference service scaling up goes onto its own reservation first (no new quota: it is charged)."""
+        if job.job_id not in self.reservations.slots:
+            return False
+        for flavor in job.request.flavors:
+            assigned, blockers = self.reservations.place(
+                job=job, flavor=flavor, count=job.replicas, first_replica=job.first_replica, service=job.job_id
+            )
+            if assigned:
+                self.places.append(Place(job.job_id, job.tenant, flavor, tuple(assigned), 0, ()))
+                return True
+            if blockers:
+                # Reclaiming a reservation needs no preemption policy: the borrowers ran there on loan.
+                taken = self.preemptor.taken if self.preemptor else set()
+                known = self.preemptor.victims if self.preemptor else {}
+                for victim in [b for b in blockers if b not in taken]:
+                    taken.add(victim)
+                    tenant = known[victim].tenant if victim in known else ""
+                    self.preemptions.append(
+                        Preempt(
+                            job_id=victim,
+                            victim_of=job.job_id,
+                            reason=PreemptReason.RESERVATION_RECLAIM,
+                            grace_s=self.p.grace_period_s,
+                            tenant=tenant,
+                            message=f"inference service {job.job_id} scales up into its reserved capacity",
+                        )
+                    )
+                self._wait(
+                    job,
+                    PendingReason.WAITING_FOR_PREEMPTION,
+                    f"scaling up into its reservation; waiting for {len(blockers)} job(s) running on it to stop",
+                )
+                return True
+        return False
+
+    def _on_reservation(self, job: PendingJob, attempt: _Attempt) -> bool:
+        """A preemptible training/batch job that fits nowhere may run on an idle inference reservation."""
+        for service in self.reservations.services():
+            assigned, _ = self.reservations.place(
+                job=job, flavor=attempt.flavor, count=attempt.count, first_replica=job.first_replica, service=service
+            )
+            if assigned:
+                node = attempt.admission.accounted_to
+                assert node is not None
+                millis = job.request.millis * attempt.count
+                self.book.charge(node=node, flavor=attempt.flavor, millis=millis)
+                self.fair.add(job.tenant, attempt.flavor, millis)
+                self.places.append(
+                    Place(job.job_id, job.tenant, attempt.flavor, tuple(assigned), attempt.admission.borrowed_millis)
+                )
+                return True
+        return False
+
+    # -- preemption ------------------------------------------------------------------------------------------
+
+    def _preempt_for(self, job: PendingJob, attempt: _Attempt) -> bool:
+        if self.preemptor is None or self.searches >= self.p.max_preemption_searches:
+            return False
+        node = attempt.admission.accounted_to
+        assert node is not None
+        borrowing = attempt.admission.borrowed_millis > 0
+        req = job.request
+        key = (
+            attempt.flavor,
+            req.millis,
+            req.memory_mib,
+            attempt.count,
+            job.topology,
+            tuple(sorted(job.node_selector.items())),
+            int(job.priority),
+            node,
+            borrowing,
+            job.preempted_by,
+        )
+        if key in self.failed_searches:
+            return False
+        self.searches += 1
+        self.stats["preemption_searches"] += 1
+        choice = self.preemptor.search(
+            job=job, flavor=attempt.flavor, count=attempt.count, accounted_to=node, borrowing=borrowing
+        )
+        if choice is None:
+            self.failed_searches.add(key)
+            return False
+        self.preemptor.commit(choice)
+        for d in choice.devices:
+            self.cluster.hold(d, job.job_id)
+        # The preemptor's quota is taken now so that jobs behind it cannot spend it while victims stop.
+        self.book.charge(node=node, flavor=attempt.flavor, millis=req.millis * attempt.count)
+        for victim, reason in choice.victims:
+            why = (
+                f"its tenant {victim.tenant} borrowed capacity that {job.tenant} needs back"
+                if reason == PreemptReason.RECLAIM_BORROWED
+                else f"higher-priority job {job.job_id} (priority {int(job.priority)}) needs the capacity"
+            )
+            self.preemptions.append(
+                Preempt(
+                    job_id=victim.job_id,
+                    victim_of=job.job_id,
+                    reason=reason,
+                    grace_s=self.p.grace_period_s,
+                    tenant=victim.tenant,
+                    message=why,
+                )
+            )
+        self._wait(
+            job,
+            PendingReason.WAITING_FOR_PREEMPTION,
+            f"waiting for {len(choice.victims)} job(s) to stop and free {cards(req.millis * attempt.count)} "
+            f"{attempt.flavor} card(s) for it; it starts in a following cycle",
+        )
+        return True
+
+
+def plan(snapshot: Snapshot, policy: Policy | None = None) -> Plan:
+    """One scheduling cycle: pure and deterministic (same snapshot and policy → same plan)."""
+    return _Cycle(snapshot, policy or Policy()).run()
+
+
+__all__ = ["plan", "rollback", "validate"]

@@ -1,0 +1,404 @@
+"""Step 3, filter → score → gang: find devices for a job on one flavor, all replicas or none.
+
+- *filter*: only indexed devices (healthy, schedulable node, not held) of the flavor, on nodes whose labels
+  match the job's node selector, with enough free millis and memory.
+- *score*: a fraction goes to the fullest card that still fits (best fit; ``worst_fit`` and seeded
+  ``random`` are policy options), and a fresh card is taken from the busiest node. Whole cards go to the node
+  with the fewest free cards that still has enough (keeps big holes for big jobs), preferring the best link
+  between the cards: NVLink domain > PCIe switch > NUMA node > across the node. In energy mode, nodes that
+  are already busy win over idle ones before link quality, so idle nodes can sleep.
+- *gang*: replicas are placed one after another and everything is rolled back if one does not fit.
+
+All changes go to the ``Cluster`` and are logged in an undo list, so callers can try and roll back.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .capacity import Cluster, bucket_of
+from .quota import cards
+from .types import FRACTION_STEP_MILLIS, MILLIS_PER_DEVICE, FractionalStrategy, PendingReason, Topology
+
+# How many candidate nodes a whole-card replica looks at before taking the best seen; a node with the best
+# possible link ends the search at once. Bounds the work per replica on large clusters.
+CANDIDATE_NODES = 24
+
+Take = tuple[int, int, int, int]  # (replica, device id, millis, memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    code: PendingReason
+    message: str
+
+
+def rollback(cluster: Cluster, log: list[Take]) -> None:
+    for _, d, millis, memory_mib in reversed(log):
+        cluster.give(d, millis, memory_mib)
+    log.clear()
+
+
+class Placer:
+    def __init__(self, cluster: Cluster, *, strategy: FractionalStrategy, energy_mode: bool, seed: int) -> None:
+        self.c = cluster
+        self.strategy = strategy
+        self.energy_mode = energy_mode
+        self.rng = random.Random(seed)
+        self._selector_nodes: dict[tuple[str, tuple[tuple[str, str], ...]], bool] = {}
+
+    # -- filter ----------------------------------------------------------------------------------------------
+
+    def node_matches(self, n: int, selector: Mapping[str, str]) -> bool:
+        if not selector:
+            return True
+        labels = self.c.node_labels[n]
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    def selector_has_nodes(self, flavor: str, selector: Mapping[str, str]) -> bool:
+        key = (flavor, tuple(sorted(selector.items())))
+        found = self._selector_nodes.get(key)
+        if found is None:
+            found = any(
+                flavor in self.c.node_devs[n]
+                and self.node_matches(n, selector)
+                and any(self.c.dev_usable[d] for d in self.c.node_devs[n][flavor])
+                for n in range(len(self.c.node_name))
+            )
+            self._selector_nodes[key] = found
+        return found
+
+    # -- gang ------------------------------------------------------------------------------------------------
+
+    def place(
+        self,
+        *,
+        flavor: str,
+        millis: int,
+        memory_mib: int,
+        count: int,
+        first_replica: int,
+        topology: Topology,
+        selector: Mapping[str, str],
+        log: list[Take],
+    ) -> Failure | None:
+        """Place ``count`` replicas; on success the takes are in ``log``, on failure nothing changed."""
+        start = len(log)
+        if topology == Topology.SAME_NODE and count > 1:
+            ok = self._place_same_node(flavor, millis, memory_mib, count, first_replica, selector, log)
+            if ok:
+                return None
+            return self.diagnose(
+                flavor=flavor,
+                millis=millis * count,
+                memory_mib=memory_mib,
+                topology=Topology.NONE,
+                selector=selector,
+                placed=0,
+                count=count,
+                same_node=True,
+                fraction_count=count if millis < MILLIS_PER_DEVICE else 0,
+            )
+        for i in range(count):
+            replica = first_replica + i
+            ok = self.place_replica(flavor, millis, memory_mib, replica, topology, selector, log)
+            if not ok:
+                placed = i
+                del_log = log[start:]
+                rollback(self.c, del_log)
+                del log[start:]
+                return self.diagnose(
+                    flavor=flavor,
+                    millis=millis,
+                    memory_mib=memory_mib,
+                    topology=topology,
+                    selector=selector,
+                    placed=placed,
+                    count=count,
+                )
+        return None
+
+    def place_replica(
+        self,
+        flavor: str,
+        millis: int,
+        memory_mib: int,
+        replica: int,
+        topology: Topology,
+        selector: Mapping[str, str],
+        log: list[Take],
+        only_node: int | None = None,
+    ) -> bool:
+        c = self.c
+        if millis < MILLIS_PER_DEVICE:
+            d = self._pick_fraction(flavor, millis, memory_mib, selector, only_node)
+            if d is None:
+                return False
+            c.take(d, millis, memory_mib)
+            log.append((replica, d, millis, memory_mib))
+            return True
+        devs = self._pick_cards(flavor, millis // MILLIS_PER_DEVICE, memory_mib, topology, selector, only_node)
+        if devs is None:
+            return False
+        for d in devs:
+            mem = c.dev_mem[d]
+            c.take(d, MILLIS_PER_DEVICE, mem)
+            log.append((replica, d, MILLIS_PER_DEVICE, mem))
+        return True
+
+    def _place_same_node(
+        self,
+        flavor: str,
+        millis: int,
+        memory_mib: int,
+        count: int,
+        first_replica: int,
+        selector: Mapping[str, str],
+        log: list[Take],
+    ) -> bool:
+        c = self.c
+        if millis >= MILLIS_PER_DEVICE:
+            per = millis // MILLIS_PER_DEVICE
+            devs = self._pick_cards(flavor, per * count, memory_mib, Topology.NONE, selector, None)
+            if devs is None:
+                return False
+            for i, d in enumerate(devs):
+                mem = c.dev_mem[d]
+                c.take(d, MILLIS_PER_DEVICE, mem)
+                log.append((first_replica + i // per, d, MILLIS_PER_DEVICE, mem))
+            return True
+        # Fractions on one node: try the nodes that have any capacity, fullest first.
+        start = len(log)
+        for n in self._nodes_with_capacity(flavor, selector):
+            ok = True
+            for i in range(count):
+                if not self.place_replica(flavor, millis, memory_mib, first_replica + i, Topology.NONE, {}, log, n):
+                    ok = False
+                    break
+            if ok:
+                return True
+            rollback(c, log[start:])
+            del log[start:]
+        return False
+
+    def _nodes_with_capacity(self, flavor: str, selector: Mapping[str, str]) -> list[int]:
+        c = self.c
+        seen: dict[int, None] = {}
+        for b in range(1, len(c.frac[flavor])):
+            for d in c.frac[flavor][b]:
+                seen.setdefault(c.dev_node[d], None)
+        for k in range(1, len(c.whole[flavor])):
+            for n in c.whole[flavor][k]:
+                seen.setdefault(n, None)
+        return [n for n in seen if self.node_matches(n, selector)]
+
+    # -- score: fractions ------------------------------------------------------------------------------------
+
+    def _pick_fraction(
+        self, flavor: str, millis: int, memory_mib: int, selector: Mapping[str, str], only_node: int | None
+    ) -> int | None:
+        c = self.c
+        if only_node is not None:
+            best = None
+            for d in c.node_devs[only_node].get(flavor, ()):
+                if c.indexed(d) and c.dev_free_millis[d] >= millis and c.dev_free_mem[d] >= memory_mib:
+                    key = c.dev_free_millis[d]
+                    if best is None or key < best[0]:
+                        best = (key, d)
+            return None if best is None else best[1]
+        frac = c.frac.get(flavor)
+        if frac is None:
+            return None
+        lowest = -(-millis // FRACTION_STEP_MILLIS)
+        free_mem = c.dev_free_mem
+        dev_node = c.dev_node
+        if self.strategy == FractionalStrategy.RANDOM:
+            pool: list[int] = []
+            for b in range(lowest, len(frac)):
+                for d in frac[b]:
+                    if free_mem[d] >= memory_mib and self.node_matches(dev_node[d], selector):
+                        pool.append(d)
+                        if len(pool) >= 64:
+                            break
+            fresh = self._fresh_card(flavor, memory_mib, selector, busiest=True)
+            if fresh is not None:
+                pool.append(fresh)
+            return self.rng.choice(pool) if pool else None
+        if self.strategy == FractionalStrategy.WORST_FIT:
+            fresh = self._fresh_card(flavor, memory_mib, selector, busiest=False)
+            if fresh is not None:
+                return fresh
+            buckets = range(len(frac) - 1, lowest - 1, -1)
+        else:
+            buckets = range(lowest, len(frac))
+        for b in buckets:
+            for d in frac[b]:
+                if free_mem[d] >= memory_mib and (not selector or self.node_matches(dev_node[d], selector)):
+                    return d
+        if self.strategy == FractionalStrategy.WORST_FIT:
+            return None
+        return self._fresh_card(flavor, memory_mib, selector, busiest=True)
+
+    def _fresh_card(self, flavor: str, memory_mib: int, selector: Mapping[str, str], *, busiest: bool) -> int | None:
+        """A fully free card: on the node with the fewest free cards (``busiest``) or the most."""
+        c = self.c
+        buckets = c.whole.get(flavor)
+        if not buckets:
+            return None
+        ks = range(1, len(buckets)) if busiest else range(len(buckets) - 1, 0, -1)
+        for k in ks:
+            for n in buckets[k]:
+                if not self.node_matches(n, selector):
+                    continue
+                for d in c.node_devs[n][flavor]:
+                    if c.indexed(d) and c.is_free(d) and c.dev_mem[d] >= memory_mib:
+                        return d
+        return None
+
+    # -- score: whole cards ----------------------------------------------------------------------------------
+
+    def _pick_cards(
+        self,
+        flavor: str,
+        n_cards: int,
+        memory_mib: int,
+        topology: Topology,
+        selector: Mapping[str, str],
+        only_node: int | None,
+    ) -> list[int] | None:
+        c = self.c
+        buckets = c.whole.get(flavor)
+        if not buckets or n_cards >= len(buckets):
+            return None
+        candidates = None if only_node is None else [(c.node_free_whole[flavor][only_node], only_node)]
+        best: tuple[tuple[int, ...], list[int]] | None = None
+        examined = 0
+
+        def consider(k: int, n: int) -> bool:
+            """Returns True when the search can stop."""
+            nonlocal best, examined
+            if not self.node_matches(n, selector):
+                return False
+            devs = [d for d in c.node_devs[n][flavor] if c.indexed(d) and c.is_free(d) and c.dev_mem[d] >= memory_mib]
+            if len(devs) < n_cards:
+                return False
+            examined += 1
+            group, score = self._best_group(devs, n_cards, topology)
+            if group is None:
+                return examined >= CANDIDATE_NODES
+            idle = 1 if c.node_busy[n] == 0 else 0
+            key = (idle, -score, k) if self.energy_mode else (-score, k)
+            if best is None or key < best[0]:
+                best = (key, group)
+            top = (0, -3) if self.energy_mode else (-3,)
+            return key[: len(top)] == top or examined >= CANDIDATE_NODES
+
+        if candidates is not None:
+            for k, n in candidates:
+                if k >= n_cards:
+                    consider(k, n)
+        else:
+            stop = False
+            for k in range(n_cards, len(buckets)):
+                for n in buckets[k]:
+                    if consider(k, n):
+                        stop = True
+                        break
+                if stop:
+                    break
+        return None if best is None else best[1]
+
+    def _best_group(self, devs: list[int], n: int, topology: Topology) -> tuple[list[int] | None, int]:
+        """The ``n`` devices with the best common link, and its score (3 NVLink .. 0 none)."""
+        if n == 1:
+            return devs[:1], 3
+        c = self.c
+        levels: tuple[tuple[int, list], ...] = ((3, c.dev_nvlink), (2, c.dev_pcie), (1, c.dev_numa))
+        for score, attr in levels:
+            if topology == Topology.NUMA and score != 1:
+                continue
+            groups: dict[object, list[int]] = {}
+            for d in devs:
+                key = attr[d]
+                if key is not None:
+                    groups.setdefault(key, []).append(d)
+            fitting = [g for g in groups.values() if len(g) >= n]
+            if fitting:
+                return min(fitting, key=len)[:n], score
+            if topology in (Topology.NVLINK, Topology.NUMA):
+                return None, -1
+        return devs[:n], 0
+
+    # -- why not ---------------------------------------------------------------------------------------------
+
+    def diagnose(
+        self,
+        *,
+        flavor: str,
+        millis: int,
+        memory_mib: int,
+        topology: Topology,
+        selector: Mapping[str, str],
+        placed: int,
+        count: int,
+        same_node: bool = False,
+        fraction_count: int = 0,
+    ) -> Failure:
+        """Explain in words why a job does not fit right now."""
+        c = self.c
+        if not c.has_flavor(flavor):
+            return Failure(PendingReason.NO_SUCH_FLAVOR, f"no healthy, schedulable {flavor} device in the pool")
+        if selector and not self.selector_has_nodes(flavor, selector):
+            wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
+            return Failure(PendingReason.NO_MATCHING_NODE, f"no schedulable node with {flavor} matches {wanted}")
+        if placed > 0:
+            return Failure(
+                PendingReason.GANG,
+                f"only {placed} of {count} replicas fit at once; the job starts when all {count} fit",
+            )
+        if fraction_count:
+            return Failure(
+                PendingReason.INSUFFICIENT_CAPACITY,
+                f"no node has room for {fraction_count} x {cards(millis // fraction_count)} {flavor} "
+                f"({memory_mib} MiB each) on one node",
+            )
+        if millis < MILLIS_PER_DEVICE:
+            lowest = bucket_of(millis + FRACTION_STEP_MILLIS - 1)
+            roomy = any(c.frac[flavor][b] for b in range(lowest, len(c.frac[flavor]) - 1))
+            if roomy or c.max_free_whole(flavor) > 0:
+                return Failure(
+                    PendingReason.INSUFFICIENT_MEMORY,
+                    f"no {flavor} card has {cards(millis)} card and {memory_mib} MiB memory free together",
+                )
+            return Failure(
+                PendingReason.INSUFFICIENT_CAPACITY,
+                f"no {flavor} card has {cards(millis)} card ({millis} millis) free",
+            )
+        n = millis // MILLIS_PER_DEVICE
+        largest = c.max_devices_per_node(flavor)
+        where = "one node" if not same_node else "one node for all replicas"
+        if n > largest:
+            return Failure(
+                PendingReason.INSUFFICIENT_CAPACITY,
+                f"no node has {n} {flavor} cards (the largest has {largest}); ask for fewer cards per replica",
+            )
+        most_free = c.max_free_whole(flavor)
+        if most_free < n:
+            return Failure(
+                PendingReason.INSUFFICIENT_CAPACITY,
+                f"no node has {n} free {flavor} cards on {where} right now (most free on one node: {most_free})",
+            )
+        if memory_mib and not any(
+            c.dev_mem[d] >= memory_mib for d in range(len(c.dev_uuid)) if c.dev_flavor[d] == flavor
+        ):
+            return Failure(PendingReason.INSUFFICIENT_MEMORY, f"no {flavor} card has {memory_mib} MiB memory")
+        if topology == Topology.NVLINK:
+            return Failure(PendingReason.TOPOLOGY, f"no node has {n} free {flavor} cards on one NVLink domain")
+        if topology == Topology.NUMA:
+            return Failure(PendingReason.TOPOLOGY, f"no node has {n} free {flavor} cards on one NUMA node")
+        return Failure(
+            PendingReason.INSUFFICIENT_CAPACITY,
+            f"no node has {n} free {flavor} cards that match the job's constraints right now",
+        )

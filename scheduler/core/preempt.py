@@ -1,0 +1,303 @@
+"""Step 6, preempt: when an admitted job does not fit, find the cheapest set of running jobs to stop.
+
+Who may be a victim of job J (all must hold):
+- the victim is preemptible, runs on the flavor J is trying, and has run at least
+  ``Policy.min_runtime_before_preempt_s`` (fresh work is protected);
+- J was not preempted by the victim before (``J.preempted_by``): no preemption loops;
+- and one of the rules:
+  * **reclaim** (``RECLAIM_BORROWED``): J is within its tenant's guarantee and the victim is borrowing
+    capacity from another quota node — the lender takes its guarantee back, whatever the priorities;
+  * **priority** (``PRIORITY``): the victim has a strictly lower priority and is either borrowing or charged
+    to J's own quota node. Work within another tenant's guarantee is never taken by priority, and nothing is
+    ever preempted for a job of equal or lower priority within a guarantee.
+
+Victim sets are compared by ``(highest victim priority, victims not borrowing, work lost since their last
+checkpoint, number of victims)`` — lowest priority first, borrowed first, least work lost, fewest victims.
+For a job whose replicas must share a node the search is per node (victims on that node, cheapest first,
+then pruned); for a gang across nodes it is one greedy pass over the cheapest victims, then pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .capacity import Cluster
+from .placement import Placer, Take, rollback
+from .quota import QuotaBook
+from .types import MILLIS_PER_DEVICE, JobKind, PendingJob, PreemptReason, Snapshot, Topology
+
+# Bounds per search, so a cycle stays fast on big clusters: nodes looked at, victims tried on one node,
+# victims tried for a gang, fit checks while pruning.
+MAX_NODES = 48
+MAX_VICTIMS_GANG = 256
+MAX_PRUNE_CHECKS = 32
+
+
+@dataclass(slots=True)
+class Victim:
+    job_id: str
+    tenant: str
+    flavor: str
+    priority: int
+    preemptible: bool
+    borrowed_millis: int
+    started_at: float
+    work_since_checkpoint_s: float
+    kind: JobKind
+    reservation_of: str | None
+    rows: list[tuple[int, int, int]] = field(default_factory=list)  # (device id, millis, memory) held now
+    nodes: list[int] = field(default_factory=list)
+
+    def cost(self) -> tuple:
+        return (self.priority, 0 if self.borrowed_millis > 0 else 1, self.work_since_checkpoint_s, self.job_id)
+
+
+@dataclass(frozen=True, slots=True)
+class VictimChoice:
+    victims: tuple[tuple[Victim, PreemptReason], ...]
+    devices: tuple[int, ...]  # where the preemptor will go once they stop
+
+
+def set_cost(chosen: list[tuple[Victim, PreemptReason]]) -> tuple:
+    return (
+        max(v.priority for v, _ in chosen),
+        sum(1 for v, _ in chosen if v.borrowed_millis <= 0),
+        sum(v.work_since_checkpoint_s for v, _ in chosen),
+        len(chosen),
+    )
+
+
+def build_victims(snapshot: Snapshot, cluster: Cluster) -> dict[str, Victim]:
+    victims: dict[str, Victim] = {}
+    for alloc in sorted(snapshot.allocations, key=lambda a: (a.job_id, a.replica, a.device_uuid)):
+        d = cluster.dev_id.get(alloc.device_uuid)
+        if d is None:
+            continue
+        v = victims.get(alloc.job_id)
+        if v is None:
+            checkpoint = alloc.last_checkpoint_at if alloc.last_checkpoint_at is not None else alloc.started_at
+            v = Victim(
+                job_id=alloc.job_id,
+                tenant=alloc.tenant,
+                flavor=alloc.flavor,
+                priority=int(alloc.priority),
+                preemptible=alloc.preemptible,
+                borrowed_millis=0,
+                started_at=alloc.started_at,
+                work_since_checkpoint_s=max(0.0, snapshot.now - checkpoint),
+                kind=alloc.kind,
+                reservation_of=alloc.reservation_of,
+            )
+            victims[alloc.job_id] = v
+        v.borrowed_millis += alloc.borrowed_millis
+        v.started_at = min(v.started_at, alloc.started_at)
+        millis = min(alloc.millis, MILLIS_PER_DEVICE)
+        memory = cluster.dev_mem[d] if alloc.millis >= MILLIS_PER_DEVICE else alloc.memory_mib
+        v.rows.append((d, millis, memory))
+        n = cluster.dev_node[d]
+        if n not in v.nodes:
+            v.nodes.append(n)
+    return victims
+
+
+class Preemptor:
+    def __init__(
+        self,
+        *,
+        snapshot: Snapshot,
+        cluster: Cluster,
+        placer: Placer,
+        book: QuotaBook,
+        min_runtime_s: float,
+    ) -> None:
+        self.now = snapshot.now
+        self.c = cluster
+        self.placer = placer
+        self.book = book
+        self.min_runtime_s = min_runtime_s
+        self.victims = build_victims(snapshot, cluster)
+        self.taken: set[str] = set()  # victims already chosen this cycle
+        self.by_node_flavor: dict[tuple[int, str], list[Victim]] = {}
+        for v in self.victims.values():
+            if not v.preemptible:
+                continue
+            for n in v.nodes:
+                self.by_node_flavor.setdefault((n, v.flavor), []).append(v)
+
+    def rule(self, v: Victim, job: PendingJob, flavor: str, accounted_to: str, borrowing: bool) -> PreemptReason | None:
+        """Why ``v`` may be preempted for ``job`` (None: it may not)."""
+        if not v.preemptible or v.flavor != flavor or v.job_id in self.taken or v.job_id in job.preempted_by:
+            return None
+        if v.job_id == job.job_id:
+            return None
+        if self.now - v.started_at < self.min_runtime_s:
+            return None
+        v_account = self.book.account(v.tenant, flavor)
+        own = v_account is not None and self.book.in_subtree(v_account, accounted_to)
+        if not borrowing and v.borrowed_millis > 0 and not own:
+            return PreemptReason.RECLAIM_BORROWED
+        if v.priority < int(job.priority) and (v.borrowed_millis > 0 or own):
+            return PreemptReason.PRIORITY
+        return None
+
+    def search(
+        self,
+        *,
+        job: PendingJob,
+        flavor: str,
+        count: int,
+        accounted_to: str,
+        borrowing: bool,
+    ) -> VictimChoice | None:
+        def eligible(v: Victim) -> PreemptReason | None:
+            return self.rule(v, job, flavor, accounted_to, borrowing)
+
+        if count == 1 or job.topology == Topology.SAME_NODE:
+            return self._search_per_node(job, flavor, count, eligible)
+        return self._search_gang(job, flavor, count, eligible)
+
+    # -- what-if helpers -------------------------------------------------------------------------------------
+
+    def _free(self, victims: list[Victim]) -> list[tuple[int, int, int]]:
+        given = []
+        for v in victims:
+            for d, millis, memory in v.rows:
+                self.c.give(d, millis, memory)
+                given.append((d, millis, memory))
+        return given
+
+    def _unfree(self, given: list[tuple[int, int, int]]) -> None:
+        for d, millis, memory in reversed(given):
+            self.c.take(d, millis, memory)
+
+    def _fits(self, job: PendingJob, flavor: str, count: int, only_node: int | None) -> list[int] | None:
+        """Devices the job would get now (then rolled back), or None."""
+        log: list[Take] = []
+        req = job.request
+        if only_node is None:
+            failure = self.placer.place(
+                flavor=flavor,
+                millis=req.millis,
+                memory_mib=req.memory_mib,
+                count=count,
+                first_replica=job.first_replica,
+                topology=job.topology,
+                selector=job.node_selector,
+                log=log,
+            )
+            ok = failure is None
+        else:
+            ok = True
+            millis = req.millis
+            topology = job.topology
+            if job.topology == Topology.SAME_NODE and req.millis >= MILLIS_PER_DEVICE:
+                millis, count_here, topology = req.millis * count, 1, Topology.NONE
+            else:
+                count_here = count
+            for i in range(count_here):
+                if not self.placer.place_replica(
+                    flavor, millis, req.memory_mib, i, topology, job.node_selector, log, only_node
+                ):
+                    ok = False
+                    break
+        devices = [d for _, d, _, _ in log]
+        rollback(self.c, log)
+        return devices if ok else None
+
+    def _prune(
+        self,
+        chosen: list[tuple[Victim, PreemptReason]],
+        check: Callable[[list[Victim]], list[int] | None],
+    ) -> tuple[list[tuple[Victim, PreemptReason]], list[int]]:
+        """Drop victims that are not needed, most expensive first."""
+        devices = check([v for v, _ in chosen])
+        assert devices is not None
+        for checks, i in enumerate(range(len(chosen) - 1, -1, -1)):
+            if len(chosen) == 1 or checks >= MAX_PRUNE_CHECKS:
+                break
+            trial = chosen[:i] + chosen[i + 1 :]
+            got = check([v for v, _ in trial])
+            if got is not None:
+                chosen, devices = trial, got
+        return chosen, devices
+
+    # -- searches --------------------------------------------------------------------------------------------
+
+    def _search_per_node(self, job: PendingJob, flavor: str, count: int, eligible) -> VictimChoice | None:
+        c = self.c
+        nodes: list[tuple[tuple, int, list[tuple[Victim, PreemptReason]]]] = []
+        for n in range(len(c.node_name)):
+            listed = self.by_node_flavor.get((n, flavor))
+            if not listed or not self.placer.node_matches(n, job.node_selector):
+                continue
+            cands = [(v, r) for v in listed if (r := eligible(v)) is not None]
+            if cands:
+                cands.sort(key=lambda vr: vr[0].cost())
+                nodes.append((cands[0][0].cost(), n, cands))
+        nodes.sort(key=lambda item: (item[0], item[1]))
+        best: tuple[tuple, list[tuple[Victim, PreemptReason]], list[int]] | None = None
+        for _, n, cands in nodes[:MAX_NODES]:
+
+            def check(victims: list[Victim], n: int = n) -> list[int] | None:
+                given = self._free(victims)
+                try:
+                    return self._fits(job, flavor, count, n)
+                finally:
+                    self._unfree(given)
+
+            chosen: list[tuple[Victim, PreemptReason]] = []
+            devices = None
+            for v, r in cands:
+                chosen.append((v, r))
+                devices = check([x for x, _ in chosen])
+                if devices is not None:
+                    break
+            if devices is None:
+                continue
+            chosen, devices = self._prune(chosen, check)
+            cost = set_cost(chosen)
+            if best is None or cost < best[0]:
+                best = (cost, chosen, devices)
+        if best is None:
+            return None
+        return VictimChoice(tuple(best[1]), tuple(best[2]))
+
+    def _search_gang(self, job: PendingJob, flavor: str, count: int, eligible) -> VictimChoice | None:
+        cands = []
+        for v in self.victims.values():
+            r = eligible(v)
+            if r is not None:
+                cands.append((v, r))
+        cands.sort(key=lambda vr: vr[0].cost())
+        cands = cands[:MAX_VICTIMS_GANG]
+
+        def check(victims: list[Victim]) -> list[int] | None:
+            given = self._free(victims)
+            try:
+                return self._fits(job, flavor, count, None)
+            finally:
+                self._unfree(given)
+
+        need = job.request.millis * count
+        chosen: list[tuple[Victim, PreemptReason]] = []
+        freed = 0
+        devices = None
+        for v, r in cands:
+            chosen.append((v, r))
+            freed += sum(m for _, m, _ in v.rows)
+            if freed < need // 2:  # no point checking yet
+                continue
+            devices = check([x for x, _ in chosen])
+            if devices is not None:
+                break
+        if devices is None and chosen and freed < need // 2:
+            devices = check([x for x, _ in chosen])  # free capacity may cover the rest
+        if devices is None:
+            return None
+        chosen, devices = self._prune(chosen, check)
+        return VictimChoice(tuple(chosen), tuple(devices))
+
+    def commit(self, choice: VictimChoice) -> None:
+        for v, _ in choice.victims:
+            self.taken.add(v.job_id)

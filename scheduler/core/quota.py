@@ -1,0 +1,319 @@
+"""Admission against the hierarchical quota tree: guarantee, borrowing from the cohort, limits.
+
+Per flavor, the quota tree holds only tenants with a ``Quota`` row for that flavor; a tenant without a row is
+accounted to its nearest ancestor with one (a team without its own quota spends its department's).
+
+For a node N with guarantee g, subtree usage u, own usage (jobs accounted to N itself) o and children C:
+
+- ``lendable(N) = min(lending_limit, max(0, g - u))`` — idle guarantee N offers its siblings;
+- ``demand(N) = max(0, Σ demand(C) + o - (g - Σ g(C)) - Σ lendable(C))`` — what N's subtree must borrow
+  from N's siblings (for a leaf simply ``max(0, u - g)``).
+
+A job within its tenant's guarantee is admitted whenever no limit on the path is exceeded (the guarantee is
+an entitlement: if borrowers occupy it, they are reclaimed by preemption). A job that would go above the
+guarantee (it *borrows*) must be preemptible and, after adding it, every level on its path must still
+satisfy ``Σ demand ≤ Σ lendable (+ unassigned guarantee of the parent)``; at the top the unassigned pool is
+the usable capacity of the flavor not promised to any root tenant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .types import MILLIS_PER_DEVICE, Allocation, PendingReason, Quota, Snapshot
+
+_ROOT = "\x00root"  # the virtual parent of every top-level quota node
+
+
+def cards(millis: int) -> str:
+    """Millis as a card count for messages: ``8``, ``2.5``."""
+    whole, rest = divmod(millis, MILLIS_PER_DEVICE)
+    return str(whole) if rest == 0 else f"{millis / MILLIS_PER_DEVICE:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    ok: bool
+    borrowed_millis: int = 0
+    code: PendingReason | None = None
+    message: str = ""
+    accounted_to: str | None = None  # the quota node the job is charged to
+
+
+class _FlavorTree:
+    __slots__ = (
+        "children",
+        "demand",
+        "guaranteed",
+        "jobs",
+        "lend_limit",
+        "lendable",
+        "limit",
+        "max_jobs",
+        "own",
+        "parent",
+        "root_pool",
+        "sum_child_demand",
+        "sum_child_g",
+        "sum_child_lendable",
+        "used",
+    )
+
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+        self.children: dict[str, list[str]] = {_ROOT: []}
+        self.guaranteed: dict[str, int] = {_ROOT: 0}
+        self.limit: dict[str, int | None] = {_ROOT: None}
+        self.lend_limit: dict[str, int | None] = {_ROOT: None}
+        self.max_jobs: dict[str, int | None] = {_ROOT: None}
+        self.used: dict[str, int] = {_ROOT: 0}
+        self.own: dict[str, int] = {_ROOT: 0}
+        self.jobs: dict[str, int] = {_ROOT: 0}
+        self.demand: dict[str, int] = {_ROOT: 0}
+        self.lendable: dict[str, int] = {_ROOT: 0}
+        self.sum_child_demand: dict[str, int] = {_ROOT: 0}
+        self.sum_child_lendable: dict[str, int] = {_ROOT: 0}
+        self.sum_child_g: dict[str, int] = {_ROOT: 0}
+        self.root_pool = 0
+
+    def add(self, name: str, quota: Quota | None) -> None:
+        self.children[name] = []
+        self.guaranteed[name] = quota.guaranteed_millis if quota else 0
+        self.limit[name] = quota.limit_millis if quota else None
+        self.lend_limit[name] = quota.lending_limit_millis if quota else None
+        self.max_jobs[name] = quota.max_running_jobs if quota else None
+        for table in (self.used, self.own, self.jobs, self.demand, self.sum_child_demand):
+            table[name] = 0
+        self.sum_child_lendable[name] = 0
+        self.sum_child_g[name] = 0
+        self.lendable[name] = 0
+
+    def path(self, name: str) -> list[str]:
+        out = []
+        while name != _ROOT:
+            out.append(name)
+            name = self.parent[name]
+        return out
+
+    def _values(self, name: str, used: int, own: int, child_demand: int, child_lendable: int) -> tuple[int, int]:
+        g = self.guaranteed[name]
+        lend = self.lend_limit[name]
+        idle = max(0, g - used)
+        lendable = idle if lend is None else min(lend, idle)
+        unassigned = max(0, g - self.sum_child_g[name])
+        demand = max(0, child_demand + own - unassigned - child_lendable)
+        return demand, lendable
+
+    def evaluate(self, name: str, millis: int) -> tuple[list[tuple[str, int, int, int]], int]:
+        """New (node, used, demand, lendable) along the path if ``millis`` were charged to ``name``; and the
+        slack at the top (negative: the cohort cannot lend enough)."""
+        updates = []
+        d_demand = 0
+        d_lendable = 0
+        node = name
+        while node != _ROOT:
+            used = self.used[node] + millis
+            own = self.own[node] + (millis if node == name else 0)
+            demand, lendable = self._values(
+                node, used, own, self.sum_child_demand[node] + d_demand, self.sum_child_lendable[node] + d_lendable
+            )
+            d_demand = demand - self.demand[node]
+            d_lendable = lendable - self.lendable[node]
+            updates.append((node, used, demand, lendable))
+            node = self.parent[node]
+        top_demand = self.sum_child_demand[_ROOT] + d_demand
+        top_lendable = self.sum_child_lendable[_ROOT] + d_lendable
+        return updates, self.root_pool + top_lendable - top_demand
+
+    def charge(self, name: str, millis: int, jobs: int) -> None:
+        updates, _ = self.evaluate(name, millis)
+        self.own[name] += millis
+        for node, used, demand, lendable in updates:
+            parent = self.parent[node]
+            self.sum_child_demand[parent] += demand - self.demand[node]
+            self.sum_child_lendable[parent] += lendable - self.lendable[node]
+            self.used[node] = used
+            self.demand[node] = demand
+            self.lendable[node] = lendable
+            self.jobs[node] += jobs
+
+
+class QuotaBook:
+    """Usage per quota node and flavor, kept up to date as the cycle admits jobs."""
+
+    def __init__(self, snapshot: Snapshot, capacity_millis: dict[str, int], *, require_quota: bool) -> None:
+        self.require_quota = require_quota
+        self.tenant_parent: dict[str, str | None] = {t.name: t.parent for t in snapshot.tenants}
+        self.trees: dict[str, _FlavorTree] = {}
+        rows: dict[str, dict[str, Quota]] = {}
+        for q in snapshot.quotas:
+            rows.setdefault(q.flavor, {})[q.tenant] = q
+        flavors = set(rows) | set(capacity_millis)
+        for flavor in sorted(flavors):
+            tree = _FlavorTree()
+            by_tenant = rows.get(flavor, {})
+            # Insert parents before children: sort by depth, then name.
+            for tenant in sorted(by_tenant, key=lambda t: (len(self.ancestors(t)), t)):
+                tree.add(tenant, by_tenant[tenant])
+                parent = self._nearest_row(self.tenant_parent.get(tenant), by_tenant)
+                tree.parent[tenant] = parent
+                tree.children[parent].append(tenant)
+            for tenant, kids in tree.children.items():
+                tree.sum_child_g[tenant] = sum(tree.guaranteed[k] for k in kids)
+            for tenant in tree.parent:
+                tree.lendable[tenant], _ = self._initial_lendable(tree, tenant)
+            promised = sum(tree.guaranteed[k] for k in tree.children[_ROOT])
+            tree.root_pool = max(0, capacity_millis.get(flavor, 0) - promised)
+            # Lendable is read from the tree's tables by ``_values``; seed the parents' sums.
+            for tenant in tree.parent:
+                tree.sum_child_lendable[tree.parent[tenant]] += tree.lendable[tenant]
+            self.trees[flavor] = tree
+        self._charge_existing(snapshot)
+
+    # -- tree helpers ----------------------------------------------------------------------------------------
+
+    def ancestors(self, tenant: str) -> list[str]:
+        out: list[str] = []
+        seen = {tenant}
+        parent = self.tenant_parent.get(tenant)
+        while parent is not None and parent not in seen:  # tolerate a cycle in bad input
+            out.append(parent)
+            seen.add(parent)
+            parent = self.tenant_parent.get(parent)
+        return out
+
+    def in_subtree(self, tenant: str, root: str) -> bool:
+        return tenant == root or root in self.ancestors(tenant)
+
+    def _nearest_row(self, tenant: str | None, by_tenant: dict[str, Quota]) -> str:
+        while tenant is not None:
+            if tenant in by_tenant:
+                return tenant
+            tenant = self.tenant_parent.get(tenant)
+        return _ROOT
+
+    @staticmethod
+    def _initial_lendable(tree: _FlavorTree, tenant: str) -> tuple[int, int]:
+        g = tree.guaranteed[tenant]
+        lend = tree.lend_limit[tenant]
+        return (g if lend is None else min(lend, g)), 0
+
+    def account(self, tenant: str, flavor: str) -> str | None:
+        """The quota node a job of ``tenant`` on ``flavor`` is charged to; None when there is none."""
+        tree = self.trees.get(flavor)
+        if tree is None:
+            tree = _FlavorTree()
+            self.trees[flavor] = tree
+        if tenant in tree.parent:
+            return tenant
+        for ancestor in self.ancestors(tenant):
+            if ancestor in tree.parent:
+                return ancestor
+        if self.require_quota:
+            return None
+        # No quota anywhere up the tree: an unlimited root node with no guarantee (it can only borrow).
+        tree.add(tenant, None)
+        tree.parent[tenant] = _ROOT
+        tree.children[_ROOT].append(tenant)
+        return tenant
+
+    def _charge_existing(self, snapshot: Snapshot) -> None:
+        per_job: dict[tuple[str, str], tuple[str, int]] = {}
+        # A job running on an inference reservation is charged to its own tenant as well (conservative: the
+        # reservation stays charged to the service's tenant), so no tenant escapes its limit that way.
+        for alloc in snapshot.allocations:
+            key = (alloc.job_id, alloc.flavor)
+            tenant, millis = per_job.get(key, (alloc.tenant, 0))
+            per_job[key] = (tenant, millis + _charged_millis(alloc))
+        for res in snapshot.reservations:
+            key = (res.job_id, res.flavor)
+            tenant, millis = per_job.get(key, (res.tenant, 0))
+            per_job[key] = (tenant, millis + res.millis)
+        for (_, flavor), (tenant, millis) in sorted(per_job.items()):
+            node = self.account(tenant, flavor)
+            if node is not None:
+                self.trees[flavor].charge(node, millis, 1)
+
+    # -- admission -------------------------------------------------------------------------------------------
+
+    def usage(self, node: str, flavor: str) -> int:
+        return self.trees[flavor].used[node]
+
+    def guaranteed(self, node: str, flavor: str) -> int:
+        return self.trees[flavor].guaranteed[node]
+
+    def admit(
+        self, *, tenant: str, flavor: str, millis: int, preemptible: bool, borrowing: bool, new_job: bool = True
+    ) -> Admission:
+        """Would a job of ``tenant`` taking ``millis`` of ``flavor`` be admitted now? Changes nothing."""
+        node = self.account(tenant, flavor)
+        if node is None:
+            return Admission(
+                False,
+                code=PendingReason.NO_QUOTA,
+                message=f"tenant {tenant} has no quota for {flavor}; ask a system admin for one",
+            )
+        tree = self.trees[flavor]
+        for ancestor in tree.path(node):
+            limit = tree.limit[ancestor]
+            used = tree.used[ancestor]
+            if limit is not None and used + millis > limit:
+                who = "tenant" if ancestor == node else f"parent tenant {ancestor} of"
+                return Admission(
+                    False,
+                    code=PendingReason.QUOTA_LIMIT,
+                    message=(
+                        f"{who} quota limit for {flavor} reached: {cards(used)}/{cards(limit)} cards in use, "
+                        f"this job needs {cards(millis)}"
+                    ),
+                    accounted_to=node,
+                )
+            max_jobs = tree.max_jobs[ancestor]
+            if new_job and max_jobs is not None and tree.jobs[ancestor] + 1 > max_jobs:
+                return Admission(
+                    False,
+                    code=PendingReason.MAX_RUNNING_JOBS,
+                    message=f"tenant {ancestor} already runs {tree.jobs[ancestor]}/{max_jobs} jobs on {flavor}",
+                    accounted_to=node,
+                )
+        g = tree.guaranteed[node]
+        used = tree.used[node]
+        borrowed = max(0, used + millis - g) - max(0, used - g)
+        if borrowed == 0:
+            return Admission(True, 0, accounted_to=node)
+        exhausted = f"tenant quota for {flavor} exhausted: {cards(used)}/{cards(g)} cards in use"
+        if not borrowing:
+            return Admission(
+                False, code=PendingReason.QUOTA_EXHAUSTED, message=f"{exhausted} (borrowing is off)", accounted_to=node
+            )
+        if not preemptible:
+            return Admission(
+                False,
+                code=PendingReason.QUOTA_EXHAUSTED,
+                message=f"{exhausted}; only preemptible jobs may borrow idle capacity of other tenants",
+                accounted_to=node,
+            )
+        _, top_slack = tree.evaluate(node, millis)
+        # Each level passes its shortfall up as its parent's demand, so the top slack decides.
+        if top_slack < 0:
+            return Admission(
+                False,
+                code=PendingReason.NO_LENDABLE_CAPACITY,
+                message=(
+                    f"{exhausted} and other tenants have no idle {flavor} capacity to lend "
+                    f"(this job would borrow {cards(borrowed)})"
+                ),
+                accounted_to=node,
+            )
+        return Admission(True, borrowed, accounted_to=node)
+
+    def charge(self, *, node: str, flavor: str, millis: int, jobs: int = 1) -> None:
+        self.trees[flavor].charge(node, millis, jobs)
+
+    def borrowed_now(self, node: str, flavor: str) -> int:
+        tree = self.trees[flavor]
+        return max(0, tree.used[node] - tree.guaranteed[node])
+
+
+def _charged_millis(alloc: Allocation) -> int:
+    return alloc.millis if alloc.millis < MILLIS_PER_DEVICE else MILLIS_PER_DEVICE
