@@ -1,0 +1,444 @@
+"""Run the portal's workloads as local processes, and never lose or double-start one.
+
+Each workload runs in its own process group (``start_new_session``) and its own directory under the agent's
+work dir, with its output in ``output.log`` there. A tiny ``/bin/sh`` wrapper records the command's exit code
+in ``exit_code`` next to the log, so an agent that was restarted while the workload ran can still tell how it
+ended. ``state.json`` in the work dir lists every workload with its pid and the kernel's start time of that
+pid; a restarted agent reads it and re-adopts the processes that still run (same pid *and* start time, so a
+recycled pid is not mistaken for ours), and reports the others as finished (exit code file present) or lost.
+
+The runner never sleeps: :meth:`WorkloadRunner.poll` does one step (reap exits, enforce ``max_runtime_s``,
+escalate SIGTERM to SIGKILL after the grace period) and the agent calls it every tick. Status changes queue
+in :attr:`WorkloadRunner.outbox` until the agent has delivered them.
+
+A SIGTERM that arrives in the instant between the wrapper's fork and the command's exec is lost; the SIGKILL
+after the grace period still ends such a workload.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from nodeagent import protocol
+from nodeagent.backends.base import WorkloadLoad
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.json"
+EXIT_CODE_FILE = "exit_code"
+LOG_FILE = "output.log"
+#: Grace between SIGTERM and SIGKILL when a workload exceeds its ``max_runtime_s``.
+MAX_RUNTIME_GRACE_S = 30.0
+#: Finished workloads stay in the state file this long, so a repeated start for them is recognised.
+FINISHED_RETENTION_S = 24 * 3600.0
+LOG_TAIL_LINES = 40
+LOG_TAIL_BYTES = 16 * 1024
+
+# The wrapper traps TERM/INT with a no-op: the signal reaches the whole group (the command gets it too), and
+# the shell, instead of dying first, waits for the command and writes its exit code. A trap handler, unlike
+# an ignored signal, is reset in the command on exec, so the command still sees SIGTERM.
+_WRAPPER = (
+    'trap : TERM INT; "$@"; code=$?; '
+    'printf "%s" "$code" > "$GPUPOOL_EXIT_FILE.tmp" && mv "$GPUPOOL_EXIT_FILE.tmp" "$GPUPOOL_EXIT_FILE"; '
+    'exit "$code"'
+)
+
+
+class WorkloadRejected(ValueError):
+    """The portal asked for something this agent refuses to run (the ack carries the message)."""
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), or None if it does not exist or is a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+@dataclass
+class WorkloadRecord:
+    command_id: int
+    job_id: int
+    replica: int
+    job_dir: str
+    working_dir: str
+    checkpoint_dir: str | None
+    devices: list[dict] = field(default_factory=list)
+    pid: int | None = None
+    pid_start_time: int | None = None
+    started_at: float = 0.0
+    max_runtime_s: int | None = None
+    state: str = "starting"
+    exit_code: int | None = None
+    stop_reason: str | None = None
+    term_sent_at: float | None = None
+    kill_after: float | None = None
+    finished_at: float | None = None
+    message: str = ""
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.job_id, self.replica)
+
+    @property
+    def active(self) -> bool:
+        return self.state not in protocol.WORKLOAD_FINAL_STATES
+
+
+def workload_env(
+    start: protocol.WorkloadStart,
+    *,
+    base_env: Mapping[str, str],
+    checkpoint_dir: str | None,
+    device_indices: Mapping[str, int] | None = None,
+) -> dict[str, str]:
+    """The environment of a workload: the agent's (without its own GPUPOOL_* settings), the job's, then ours.
+
+    The agent's variables come last so a job cannot widen its own device or fraction limits.
+    """
+    env = {key: value for key, value in base_env.items() if not key.startswith("GPUPOOL_")}
+    env.update(start.env)
+    uuids = [device.uuid for device in start.devices]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+    if device_indices and uuids and all(uuid.startswith("NPU-") for uuid in uuids):
+        env["ASCEND_RT_VISIBLE_DEVICES"] = ",".join(str(device_indices[uuid]) for uuid in uuids)
+    fractions = [device for device in start.devices if device.millis < 1000]
+    if fractions:
+        # MPS takes one thread percentage per client; the smallest share is the safe one. HAMi-core reads
+        # CUDA_DEVICE_SM_LIMIT / CUDA_DEVICE_MEMORY_LIMIT(_<i>) inside the process.
+        percent = max(1, min(device.millis for device in fractions) // 10)
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(percent)
+        env["CUDA_DEVICE_SM_LIMIT"] = str(percent)
+        limits = [(i, d) for i, d in enumerate(start.devices) if d.memory_mib]  # 0/None means "no limit"
+        if limits:
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{d.uuid}={d.memory_mib}M" for _, d in limits)
+            env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{min(d.memory_mib for _, d in limits)}m"
+            for i, device in limits:
+                env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{device.memory_mib}m"
+    env["GPUPOOL_JOB_ID"] = str(start.job_id)
+    env["GPUPOOL_REPLICA"] = str(start.replica)
+    if checkpoint_dir:
+        env["GPUPOOL_CHECKPOINT_DIR"] = checkpoint_dir
+    return env
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def read_log_tail(path: Path, *, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - LOG_TAIL_BYTES))
+            data = handle.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+class WorkloadRunner:
+    def __init__(
+        self,
+        *,
+        work_dir: Path,
+        clock: Callable[[], float] = time.time,
+        base_env: Mapping[str, str] | None = None,
+        device_indices: Mapping[str, int] | None = None,
+        max_runtime_grace_s: float = MAX_RUNTIME_GRACE_S,
+    ) -> None:
+        self.work_dir = Path(work_dir).resolve()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.clock = clock
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.device_indices = dict(device_indices or {})
+        self.max_runtime_grace_s = max_runtime_grace_s
+        self.records: dict[tuple[int, int], WorkloadRecord] = {}
+        self._popen: dict[tuple[int, int], subprocess.Popen] = {}
+        #: Status frames not yet delivered to the portal; the agent pops them after a successful send.
+        self.outbox: list[protocol.WorkloadStatus] = []
+        self._adopt()
+
+    # --- persistence -------------------------------------------------------------------------------------
+
+    @property
+    def state_path(self) -> Path:
+        return self.work_dir / STATE_FILE
+
+    def _save(self) -> None:
+        data = {"version": 1, "workloads": [asdict(record) for record in self.records.values()]}
+        temporary = self.state_path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(data, indent=1))
+        os.replace(temporary, self.state_path)
+
+    def _adopt(self) -> None:
+        """Load the state file of a previous run: re-adopt live workloads, settle the ones that ended."""
+        try:
+            data = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.error("workloads: cannot read %s (%s); starting with no known workloads", self.state_path, exc)
+            return
+        for raw in data.get("workloads", []):
+            record = WorkloadRecord(**raw)
+            self.records[record.key] = record
+            if not record.active:
+                continue
+            if record.pid is not None and process_start_time(record.pid) == record.pid_start_time:
+                log.info("workloads: re-adopted job %s replica %s (pid %s)", record.job_id, record.replica, record.pid)
+                continue
+            self._settle(record, lost_message="the process vanished while the agent was not running")
+        self._save()
+
+    # --- commands from the portal ------------------------------------------------------------------------
+
+    def start(self, start: protocol.WorkloadStart) -> None:
+        """Start a workload. Raises :class:`WorkloadRejected` for a request the agent refuses.
+
+        A repeated start (the portal resends unacked commands after a reconnect) for a workload that is
+        already running, or that already ran for the same command, starts nothing and re-reports its state.
+        """
+        key = (start.job_id, start.replica)
+        existing = self.records.get(key)
+        if existing is not None and (existing.active or existing.command_id == start.command_id):
+            log.info("workloads: job %s replica %s already known (%s); not started again", *key, existing.state)
+            self._report(existing)
+            return
+        if not start.command:
+            raise WorkloadRejected("workload.start has an empty command")
+        job_dir = self.work_dir / "jobs" / f"{start.job_id}-{start.replica}"
+        working_dir = self._resolve_inside(job_dir, start.working_dir, "working_dir")
+        checkpoint_dir = None
+        if start.checkpoint_dir:
+            # An absolute checkpoint dir is shared storage chosen by the portal; a relative one lives in the job dir.
+            checkpoint = Path(start.checkpoint_dir)
+            checkpoint_dir = (
+                checkpoint if checkpoint.is_absolute() else self._resolve_inside(job_dir, checkpoint, "checkpoint_dir")
+            )
+        for folder in (job_dir, working_dir, checkpoint_dir):
+            if folder is not None:
+                folder.mkdir(parents=True, exist_ok=True)
+        record = WorkloadRecord(
+            command_id=start.command_id,
+            job_id=start.job_id,
+            replica=start.replica,
+            job_dir=str(job_dir),
+            working_dir=str(working_dir),
+            checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+            devices=[asdict(device) for device in start.devices],
+            max_runtime_s=start.max_runtime_s or None,  # 0 means "no limit"
+        )
+        exit_file = job_dir / EXIT_CODE_FILE
+        exit_file.unlink(missing_ok=True)
+        env = workload_env(
+            start, base_env=self.base_env, checkpoint_dir=record.checkpoint_dir, device_indices=self.device_indices
+        )
+        env["GPUPOOL_EXIT_FILE"] = str(exit_file)
+        with (job_dir / LOG_FILE).open("ab") as log_file:
+            try:
+                process = subprocess.Popen(
+                    ["/bin/sh", "-c", _WRAPPER, "gpupool-workload", *start.command],
+                    cwd=working_dir,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                record.message = f"could not start: {exc}"
+                self.records[key] = record
+                self._finish(record, "failed", None)
+                return
+        record.pid = process.pid
+        record.pid_start_time = process_start_time(process.pid)
+        record.started_at = self.clock()
+        record.state = "running"
+        self.records[key] = record
+        self._popen[key] = process
+        self._save()
+        self._report(record)
+
+    def _resolve_inside(self, job_dir: Path, requested: str | Path | None, name: str) -> Path:
+        if requested is None or str(requested) == "":
+            return job_dir
+        path = Path(requested)
+        resolved = (path if path.is_absolute() else job_dir / path).resolve()
+        if not _inside(resolved, self.work_dir):
+            raise WorkloadRejected(f"{name} {str(requested)!r} is outside the agent's work dir {self.work_dir}")
+        return resolved
+
+    def stop(self, stop: protocol.WorkloadStop) -> None:
+        """SIGTERM the workload's process group now and SIGKILL it ``grace_s`` later if it still runs."""
+        record = self.records.get((stop.job_id, stop.replica))
+        if record is None:
+            log.info("workloads: stop for unknown job %s replica %s ignored", stop.job_id, stop.replica)
+            return
+        if not record.active:
+            self._report(record)
+            return
+        record.stop_reason = stop.reason
+        self._terminate(record, grace_s=stop.grace_s)
+
+    def _terminate(self, record: WorkloadRecord, *, grace_s: float) -> None:
+        now = self.clock()
+        if record.term_sent_at is None:
+            record.term_sent_at = now
+            self._signal(record, signal.SIGTERM)
+        deadline = now + max(0.0, grace_s)
+        record.kill_after = deadline if record.kill_after is None else min(record.kill_after, deadline)
+        self._save()
+
+    def _signal(self, record: WorkloadRecord, signum: int) -> None:
+        if record.pid is None:
+            return
+        try:
+            os.killpg(record.pid, signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError as exc:
+            log.error("workloads: cannot signal job %s (pid %s): %s", record.job_id, record.pid, exc)
+
+    # --- the step ----------------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """One step: reap finished workloads, enforce max runtime, SIGKILL after grace; queue status changes."""
+        now = self.clock()
+        for record in list(self.records.values()):
+            if not record.active:
+                continue
+            if not self._alive(record):
+                self._settle(record)
+                continue
+            if record.max_runtime_s and record.term_sent_at is None and now >= record.started_at + record.max_runtime_s:
+                record.message = f"max runtime of {record.max_runtime_s} s exceeded"
+                record.stop_reason = "max_runtime"
+                self._terminate(record, grace_s=self.max_runtime_grace_s)
+            if record.kill_after is not None and now >= record.kill_after:
+                log.warning("workloads: job %s replica %s ignored SIGTERM; SIGKILL", record.job_id, record.replica)
+                self._signal(record, signal.SIGKILL)
+                record.kill_after = None
+                record.message = (record.message + "; " if record.message else "") + "killed after the grace period"
+                self._save()
+        self._forget_old(now)
+
+    def _alive(self, record: WorkloadRecord) -> bool:
+        process = self._popen.get(record.key)
+        if process is not None:
+            return process.poll() is None
+        return record.pid is not None and process_start_time(record.pid) == record.pid_start_time
+
+    def _settle(self, record: WorkloadRecord, *, lost_message: str = "") -> None:
+        """The process is gone: decide how it ended from its exit code file (or the Popen), else lost."""
+        process = self._popen.pop(record.key, None)
+        exit_code = None
+        try:
+            exit_code = int((Path(record.job_dir) / EXIT_CODE_FILE).read_text().strip())
+        except (OSError, ValueError):
+            if process is not None:
+                exit_code = process.returncode  # negative: killed by that signal before the wrapper could write
+        if exit_code is None and process is None and record.term_sent_at is None:
+            record.message = lost_message or "the process vanished"
+            self._finish(record, "lost", None)
+            return
+        if record.stop_reason == "max_runtime":
+            state = "failed"
+        elif record.stop_reason is not None:
+            state = "stopped"
+        else:
+            state = "succeeded" if exit_code == 0 else "failed"
+        if state == "failed" and not record.message and exit_code is not None:
+            record.message = f"exited with code {exit_code}"
+        self._finish(record, state, exit_code)
+
+    def _finish(self, record: WorkloadRecord, state: str, exit_code: int | None) -> None:
+        record.state = state
+        record.exit_code = exit_code
+        record.finished_at = self.clock()
+        record.kill_after = None
+        self._save()
+        self._report(record)
+
+    def _forget_old(self, now: float) -> None:
+        old = [
+            key
+            for key, record in self.records.items()
+            if not record.active and record.finished_at is not None and now - record.finished_at > FINISHED_RETENTION_S
+        ]
+        for key in old:
+            del self.records[key]
+        if old:
+            self._save()
+
+    # --- reports -----------------------------------------------------------------------------------------
+
+    def last_checkpoint_at(self, record: WorkloadRecord) -> str | None:
+        if not record.checkpoint_dir:
+            return None
+        try:
+            mtimes = [entry.stat().st_mtime for entry in Path(record.checkpoint_dir).rglob("*") if entry.is_file()]
+        except OSError:
+            return None
+        if not mtimes:
+            return None
+        return protocol.format_time(datetime.fromtimestamp(max(mtimes), UTC))
+
+    def status_of(self, record: WorkloadRecord) -> protocol.WorkloadStatus:
+        final = not record.active
+        return protocol.WorkloadStatus(
+            job_id=record.job_id,
+            replica=record.replica,
+            state=record.state,  # type: ignore[arg-type]
+            exit_code=record.exit_code,
+            last_checkpoint_at=self.last_checkpoint_at(record),
+            message=record.message,
+            log_tail=read_log_tail(Path(record.job_dir) / LOG_FILE) if final else "",
+        )
+
+    def _report(self, record: WorkloadRecord) -> None:
+        self.outbox.append(self.status_of(record))
+
+    def running(self) -> list[protocol.RunningWorkload]:
+        """Every workload still running, for the hello frame."""
+        return [
+            protocol.RunningWorkload(job_id=r.job_id, replica=r.replica, pid=r.pid, state=r.state)  # type: ignore[arg-type]
+            for r in self.records.values()
+            if r.active
+        ]
+
+    def report_all(self) -> None:
+        """Queue the current status of every known workload (after a reconnect, the portal may have missed some)."""
+        for record in self.records.values():
+            self._report(record)
+
+    def loads(self) -> list[WorkloadLoad]:
+        return [
+            WorkloadLoad(uuid=device["uuid"], millis=device["millis"], memory_mib=device.get("memory_mib"), pid=r.pid)
+            for r in self.records.values()
+            if r.active
+            for device in r.devices
+        ]
+
+    def close(self, *, stop_workloads: bool = False) -> None:
+        """Forget the Popen handles (workloads keep running, to be re-adopted) unless told to stop them."""
+        if stop_workloads:
+            for record in self.records.values():
+                if record.active:
+                    self._signal(record, signal.SIGKILL)
+        self._popen.clear()

@@ -1,0 +1,307 @@
+"""The workload runner with real processes: env, process groups, grace, max runtime, re-adoption."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeagent import protocol
+from nodeagent.workloads import WorkloadRejected, WorkloadRunner, process_start_time, workload_env
+
+H100_A = "GPU-4b0e5f1c-2d3a-8e9f-0000-0a1b2c3d4e5f"
+H100_B = "GPU-4b0e5f1c-2d3a-8e9f-0001-0a1b2c3d4e5f"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _start(job_id: int = 1, command: list[str] | None = None, **fields) -> protocol.WorkloadStart:
+    return protocol.WorkloadStart(
+        command_id=fields.pop("command_id", 100 + job_id),
+        job_id=job_id,
+        replica=fields.pop("replica", 0),
+        command=command or [sys.executable, "-c", "print('hello')"],
+        **fields,
+    )
+
+
+# A SIGTERM that lands between fork and exec is lost (the SIGKILL after the grace period covers that in real
+# life), so tests signal a workload only once it says it runs.
+READY_THEN_SLEEP = "import time; print('ready', flush=True); time.sleep(60)"
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> None:
+    """Poll for a process-side effect; processes give no event to await."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
+
+
+def _run_until_final(runner: WorkloadRunner, job_id: int = 1, replica: int = 0) -> protocol.WorkloadStatus:
+    def final() -> bool:
+        runner.poll()
+        return not runner.records[(job_id, replica)].active
+
+    _wait_for(final)
+    return runner.outbox[-1]
+
+
+def _log(runner: WorkloadRunner, job_id: int = 1, replica: int = 0) -> str:
+    path = runner.work_dir / "jobs" / f"{job_id}-{replica}" / "output.log"
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.fixture
+def runner(tmp_path: Path):
+    runner = WorkloadRunner(
+        work_dir=tmp_path / "work", base_env={"PATH": os.environ["PATH"], "GPUPOOL_CREDENTIAL": "s"}
+    )
+    yield runner
+    runner.close(stop_workloads=True)
+
+
+def test_workload_gets_devices_fraction_limits_and_job_env(runner: WorkloadRunner) -> None:
+    start = _start(
+        command=_python("import json, os; print(json.dumps(dict(os.environ)))"),
+        env={"EPOCHS": "3", "CUDA_VISIBLE_DEVICES": "all"},
+        devices=[
+            protocol.DeviceAssignment(uuid=H100_A, millis=500, memory_mib=40000),
+            protocol.DeviceAssignment(uuid=H100_B, millis=250, memory_mib=20000),
+        ],
+        checkpoint_dir="ckpt",
+    )
+
+    runner.start(start)
+    status = _run_until_final(runner)
+
+    env = json.loads(_log(runner).strip().splitlines()[-1])
+    assert status.state == "succeeded"
+    assert status.exit_code == 0
+    assert env["CUDA_VISIBLE_DEVICES"] == f"{H100_A},{H100_B}"  # the job cannot override its devices
+    assert env["EPOCHS"] == "3"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{H100_A}=40000M,{H100_B}=20000M"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "20000m"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "40000m"
+    assert env["GPUPOOL_JOB_ID"] == "1"
+    assert env["GPUPOOL_CHECKPOINT_DIR"] == str(runner.work_dir / "jobs" / "1-0" / "ckpt")
+    assert Path(env["GPUPOOL_CHECKPOINT_DIR"]).is_dir()
+    assert "GPUPOOL_CREDENTIAL" not in env  # the agent's own settings do not leak into jobs
+
+
+def test_whole_devices_get_no_fraction_limits_and_zero_memory_is_no_limit() -> None:
+    whole = workload_env(
+        _start(devices=[protocol.DeviceAssignment(uuid=H100_A, millis=1000, memory_mib=81559)]),
+        base_env={},
+        checkpoint_dir=None,
+    )
+    unlimited = workload_env(
+        _start(devices=[protocol.DeviceAssignment(uuid=H100_A, millis=300, memory_mib=0)]),
+        base_env={},
+        checkpoint_dir=None,
+    )
+
+    assert whole["CUDA_VISIBLE_DEVICES"] == H100_A
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in whole
+    assert "CUDA_DEVICE_MEMORY_LIMIT" not in whole
+    assert unlimited["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert "CUDA_DEVICE_MEMORY_LIMIT" not in unlimited  # never "0m"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in unlimited
+
+
+def test_failing_command_reports_exit_code_and_log_tail(runner: WorkloadRunner) -> None:
+    runner.start(
+        _start(command=_python("import sys; print('step 1'); print('CUDA OOM', file=sys.stderr); sys.exit(3)"))
+    )
+
+    status = _run_until_final(runner)
+
+    assert [s.state for s in runner.outbox] == ["running", "failed"]
+    assert status.exit_code == 3
+    assert "step 1" in status.log_tail
+    assert "CUDA OOM" in status.log_tail
+    assert "code 3" in status.message
+
+
+def test_working_dir_outside_the_work_dir_is_refused(runner: WorkloadRunner) -> None:
+    with pytest.raises(WorkloadRejected, match="outside the agent's work dir"):
+        runner.start(_start(working_dir="../../../etc"))
+    with pytest.raises(WorkloadRejected):
+        runner.start(_start(working_dir="/tmp"))
+
+    assert runner.records == {}
+
+
+def test_working_dir_inside_the_job_dir_is_used(runner: WorkloadRunner) -> None:
+    runner.start(_start(command=_python("import os; print(os.getcwd())"), working_dir="src/train"))
+
+    _run_until_final(runner)
+
+    assert _log(runner).strip() == str(runner.work_dir / "jobs" / "1-0" / "src" / "train")
+
+
+def test_stop_kills_the_whole_process_group_after_the_grace_period(tmp_path: Path) -> None:
+    clock = FakeClock()
+    runner = WorkloadRunner(work_dir=tmp_path / "work", clock=clock)
+    pid_file = tmp_path / "grandchild.pid"
+    stubborn = (
+        "import signal, subprocess, sys, time;"
+        f"child = subprocess.Popen(['sleep', '60']); open({str(pid_file)!r}, 'w').write(str(child.pid));"
+        "signal.signal(signal.SIGTERM, lambda *a: print('SIGTERM ignored', flush=True));"
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    runner.start(_start(command=_python(stubborn)))
+    _wait_for(lambda: "ready" in _log(runner))
+    grandchild = int(pid_file.read_text())
+
+    runner.stop(protocol.WorkloadStop(command_id=9, job_id=1, replica=0, grace_s=5, reason="preempted"))
+    _wait_for(lambda: "SIGTERM ignored" in _log(runner))
+    runner.poll()
+    assert runner.records[(1, 0)].active  # still within the grace period
+
+    clock.now += 6
+    status = _run_until_final(runner)
+
+    assert status.state == "stopped"
+    assert "killed after the grace period" in status.message
+    _wait_for(lambda: process_start_time(grandchild) is None)  # the grandchild died with the group
+
+
+def test_workload_that_exits_on_sigterm_is_stopped_with_its_exit_code(runner: WorkloadRunner) -> None:
+    graceful = "import signal, sys; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0));" + READY_THEN_SLEEP
+    runner.start(_start(command=_python(graceful)))
+    _wait_for(lambda: "ready" in _log(runner))
+
+    runner.stop(protocol.WorkloadStop(command_id=9, job_id=1, replica=0, grace_s=30))
+    status = _run_until_final(runner)
+
+    assert (status.state, status.exit_code) == ("stopped", 0)
+
+
+def test_max_runtime_is_enforced(tmp_path: Path) -> None:
+    clock = FakeClock()
+    runner = WorkloadRunner(work_dir=tmp_path / "work", clock=clock, max_runtime_grace_s=1)
+    runner.start(_start(command=_python(READY_THEN_SLEEP), max_runtime_s=5))
+    _wait_for(lambda: "ready" in _log(runner))
+    runner.poll()
+    assert runner.records[(1, 0)].active
+
+    clock.now += 6
+    status = _run_until_final(runner)
+
+    assert status.state == "failed"
+    assert "max runtime of 5 s exceeded" in status.message
+
+
+def test_restarted_agent_re_adopts_a_running_workload_and_does_not_start_it_twice(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    first = WorkloadRunner(work_dir=work)
+    start = _start(command=_python("import time; print('ready', flush=True); time.sleep(60)"))
+    first.start(start)
+    pid = first.records[(1, 0)].pid
+    first.close()  # the agent exits; the workload keeps running
+
+    second = WorkloadRunner(work_dir=work)
+    second.start(start)  # the portal resends the unacked start after the reconnect
+    second.poll()
+
+    assert [(w.job_id, w.pid, w.state) for w in second.running()] == [(1, pid, "running")]
+    assert [s.state for s in second.outbox] == ["running"]
+    assert second.records[(1, 0)].pid == pid
+    assert len(list((work / "jobs").iterdir())) == 1
+
+    second.stop(protocol.WorkloadStop(command_id=9, job_id=1, replica=0, grace_s=0))
+    status = _run_until_final(second)
+    assert status.state == "stopped"
+
+
+def test_restarted_agent_reports_a_workload_that_finished_meanwhile(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    first = WorkloadRunner(work_dir=work)
+    first.start(_start(command=_python("import sys; print('done'); sys.exit(4)")))
+    first.close()
+    _wait_for(lambda: (work / "jobs" / "1-0" / "exit_code").exists())
+
+    second = WorkloadRunner(work_dir=work)
+
+    assert [(s.state, s.exit_code) for s in second.outbox] == [("failed", 4)]
+    assert "done" in second.outbox[0].log_tail
+    assert second.running() == []
+
+
+def test_restarted_agent_reports_a_vanished_workload_as_lost(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    first = WorkloadRunner(work_dir=work)
+    first.start(_start(command=["sleep", "60"]))
+    record = first.records[(1, 0)]
+    os.killpg(record.pid, 9)  # killed with its wrapper: no exit code written
+    _wait_for(lambda: process_start_time(record.pid) is None)
+    first.close()
+
+    second = WorkloadRunner(work_dir=work)
+
+    assert [s.state for s in second.outbox] == ["lost"]
+
+
+def test_pid_reused_by_another_process_is_not_adopted(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "jobs" / "1-0").mkdir(parents=True)
+    me = os.getpid()
+    state = {
+        "version": 1,
+        "workloads": [
+            {
+                "command_id": 1,
+                "job_id": 1,
+                "replica": 0,
+                "job_dir": str(work / "jobs" / "1-0"),
+                "working_dir": str(work / "jobs" / "1-0"),
+                "checkpoint_dir": None,
+                "pid": me,
+                "pid_start_time": (process_start_time(me) or 0) + 1,
+                "state": "running",
+            }
+        ],
+    }
+    (work / "state.json").write_text(json.dumps(state))
+
+    runner = WorkloadRunner(work_dir=work)
+
+    assert [s.state for s in runner.outbox] == ["lost"]
+
+
+def test_repeated_start_of_a_finished_command_reports_instead_of_rerunning(runner: WorkloadRunner) -> None:
+    start = _start(command=_python("print('once')"))
+    runner.start(start)
+    _run_until_final(runner)
+
+    runner.start(start)
+
+    assert _log(runner).count("once") == 1
+    assert runner.outbox[-1].state == "succeeded"
+
+
+def test_loads_describe_running_workloads_for_the_simulator(runner: WorkloadRunner) -> None:
+    runner.start(_start(command=["sleep", "60"], devices=[protocol.DeviceAssignment(uuid=H100_A, millis=500)]))
+
+    (load,) = runner.loads()
+
+    assert (load.uuid, load.millis, load.pid) == (H100_A, 500, runner.records[(1, 0)].pid)
