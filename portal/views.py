@@ -13,6 +13,10 @@ API_ROOT_LINKS: dict[str, str] = {
     "schema": "api-schema",
     "docs": "api-docs",
     "health": "healthz",
+    "jobs": "job-list",
+    "nodes": "node-list",
+    "devices": "device-list",
+    "flavors": "flavor-list",
 }
 
 

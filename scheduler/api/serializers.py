@@ -1,0 +1,185 @@
+"""Serializers of the scheduler API: output shapes, and input shapes of the command endpoints."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from scheduler.models import (
+    Allocation,
+    Device,
+    Job,
+    JobEvent,
+    Node,
+    PriorityClass,
+    ResourceFlavor,
+    Vendor,
+)
+from scheduler.selectors import job_pending_sentence
+
+
+class FlavorSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ResourceFlavor
+        fields = ["id", "name", "vendor", "model", "memory_mib", "description"]
+
+
+class FlavorCreateSerializer(serializers.Serializer):
+    name = serializers.SlugField(max_length=64)
+    vendor = serializers.ChoiceField(choices=Vendor.choices)
+    model = serializers.CharField(max_length=64)
+    memory_mib = serializers.IntegerField(min_value=1, max_value=16 * 1024 * 1024)
+    description = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
+
+
+class DeviceSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+    flavor = serializers.CharField(source="flavor.name", default=None, read_only=True)
+
+    class Meta:
+        model = Device
+        fields = [
+            "id",
+            "uuid",
+            "node",
+            "index",
+            "vendor",
+            "model",
+            "flavor",
+            "memory_mib",
+            "numa_node",
+            "pci_bus_id",
+            "nvlink_domain",
+            "pcie_switch",
+            "health",
+            "mig_mode",
+        ]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    device_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "status",
+            "labels",
+            "cpu_cores",
+            "memory_mib",
+            "last_heartbeat_at",
+            "agent_version",
+            "topology",
+            "device_count",
+            "created_at",
+        ]
+
+    def get_device_count(self, node: Node) -> int:
+        return len(node.devices.all())
+
+
+class NodeDrainSerializer(serializers.Serializer):
+    grace_s = serializers.FloatField(min_value=0, max_value=3600, required=False, default=30.0)
+
+
+class AllocationSerializer(serializers.ModelSerializer):
+    device = serializers.CharField(source="device.uuid", read_only=True)
+    node = serializers.CharField(source="node.name", read_only=True)
+    flavor = serializers.CharField(source="flavor.name", read_only=True)
+
+    class Meta:
+        model = Allocation
+        fields = [
+            "replica",
+            "device",
+            "node",
+            "flavor",
+            "millis",
+            "memory_mib",
+            "borrowed_millis",
+            "started_at",
+            "ended_at",
+        ]
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    actor = serializers.CharField(source="actor.username", default=None, read_only=True)
+
+    class Meta:
+        model = JobEvent
+        fields = ["from_state", "to_state", "reason", "message", "actor", "created_at"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug", read_only=True)
+    submitter = serializers.CharField(source="submitter.username", default=None, read_only=True)
+    priority = serializers.SerializerMethodField()
+    pending_reason = serializers.SerializerMethodField()
+    gpus_per_replica = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "tenant",
+            "submitter",
+            "kind",
+            "priority_class",
+            "priority",
+            "preemptible",
+            "replicas",
+            "min_replicas",
+            "max_replicas",
+            "flavors",
+            "millis_per_replica",
+            "gpus_per_replica",
+            "memory_mib_per_replica",
+            "topology",
+            "state",
+            "state_message",
+            "exit_code",
+            "pending_reason_code",
+            "pending_reason",
+            "position_in_tenant",
+            "position_overall",
+            "preemption_count",
+            "last_checkpoint_at",
+            "submitted_at",
+            "admitted_at",
+            "started_at",
+            "finished_at",
+        ]
+
+    def get_priority(self, job: Job) -> str:
+        return PriorityClass(job.priority_class).name.lower()
+
+    def get_pending_reason(self, job: Job) -> str:
+        return job_pending_sentence(job)
+
+    def get_gpus_per_replica(self, job: Job) -> float:
+        return job.millis_per_replica / 1000
+
+
+class JobDetailSerializer(JobSerializer):
+    events = JobEventSerializer(many=True, read_only=True)
+    allocations = AllocationSerializer(many=True, read_only=True)
+
+    class Meta(JobSerializer.Meta):
+        fields = [
+            *JobSerializer.Meta.fields,
+            "command",
+            "env",
+            "working_dir",
+            "node_selector",
+            "max_runtime_s",
+            "checkpoint_dir",
+            "runtime_estimate_s",
+            "spec",
+            "allocations",
+            "events",
+        ]
+
+
+class JobCancelSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=300, required=False, default="", allow_blank=True)

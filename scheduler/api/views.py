@@ -1,0 +1,133 @@
+"""The scheduler's REST API: jobs (submit, list, detail, cancel), nodes (read; cordon/drain/uncordon),
+devices (read) and flavors (read; create). Views validate the shape and call one service."""
+
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from scheduler import selectors, services
+from scheduler.access import is_system_admin
+from scheduler.api import serializers as s
+from scheduler.filtersets import DeviceFilterSet, JobFilterSet, NodeFilterSet
+
+try:  # the tenants app's permission class once it exists; a local equivalent until then
+    from tenants.permissions import IsSystemAdmin
+except ImportError:  # pragma: no cover
+    from rest_framework.permissions import BasePermission
+
+    class IsSystemAdmin(BasePermission):
+        message = "Only a system admin may do this."
+
+        def has_permission(self, request, view) -> bool:
+            return is_system_admin(request.user)
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Jobs of the tenants you can see. ``POST /jobs/`` submits a JSON job spec (see the README)."""
+
+    filterset_class = JobFilterSet
+    permission_classes = [IsAuthenticated]
+
+    def get_queryset(self):
+        return selectors.jobs_visible_to(self.request.user)
+
+    def get_serializer_class(self):
+        return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
+
+    def get_object(self):
+        return selectors.job_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.JobDetailSerializer})
+    def create(self, request: Request) -> Response:
+        job = services.job_submit(actor=request.user, spec=request.data, request=request)
+        job = selectors.job_get_visible(user=request.user, pk=job.pk)
+        return Response(s.JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.JobCancelSerializer, responses={200: s.JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        job = self.get_object()
+        data = s.JobCancelSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.job_cancel(job=job, actor=request.user, reason=data.validated_data["reason"], request=request)
+        return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Nodes and their state. System admins cordon, drain and uncordon them."""
+
+    serializer_class = s.NodeSerializer
+    filterset_class = NodeFilterSet
+    admin_actions = ("cordon", "drain", "uncordon")
+
+    @property
+    def required_scope(self) -> str | None:
+        return "admin" if self.action in self.admin_actions else None
+
+    def get_permissions(self):
+        if self.action in self.admin_actions:
+            return [IsAuthenticated(), IsSystemAdmin()]
+        return [IsAuthenticated()]
+
+    def get_queryset(self):
+        return selectors.nodes_visible_to(self.request.user)
+
+    def _respond(self, node) -> Response:
+        return Response(s.NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
+
+    @extend_schema(request=None, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def cordon(self, request: Request, pk: str) -> Response:
+        return self._respond(services.node_cordon(node=self.get_object(), actor=request.user))
+
+    @extend_schema(request=s.NodeDrainSerializer, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, pk: str) -> Response:
+        data = s.NodeDrainSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = services.node_drain(node=self.get_object(), actor=request.user, grace_s=data.validated_data["grace_s"])
+        return self._respond(node)
+
+    @extend_schema(request=None, responses={200: s.NodeSerializer})
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request: Request, pk: str) -> Response:
+        return self._respond(services.node_uncordon(node=self.get_object(), actor=request.user))
+
+
+class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = s.DeviceSerializer
+    filterset_class = DeviceFilterSet
+
+    def get_queryset(self):
+        return selectors.devices_visible_to(self.request.user)
+
+
+class FlavorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Resource flavors. System admins create them."""
+
+    serializer_class = s.FlavorSerializer
+
+    @property
+    def required_scope(self) -> str | None:
+        return "admin" if self.action == "create" else None
+
+    def get_permissions(self):
+        if self.action == "create":
+            return [IsAuthenticated(), IsSystemAdmin()]
+        return [IsAuthenticated()]
+
+    def get_queryset(self):
+        return selectors.flavors_visible_to(self.request.user)
+
+    @extend_schema(request=s.FlavorCreateSerializer, responses={201: s.FlavorSerializer})
+    def create(self, request: Request) -> Response:
+        data = s.FlavorCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        flavor = services.flavor_create(actor=request.user, **data.validated_data)
+        return Response(s.FlavorSerializer(flavor).data, status=status.HTTP_201_CREATED)

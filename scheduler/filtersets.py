@@ -1,0 +1,41 @@
+"""django-filter filtersets for the scheduler's list endpoints."""
+
+from __future__ import annotations
+
+import django_filters
+
+from scheduler.models import Device, DeviceHealth, Job, JobKind, JobState, Node, NodeStatus, PriorityClass
+
+
+class JobFilterSet(django_filters.FilterSet):
+    state = django_filters.MultipleChoiceFilter(choices=JobState.choices)
+    kind = django_filters.ChoiceFilter(choices=JobKind.choices)
+    priority_class = django_filters.TypedChoiceFilter(choices=PriorityClass.choices, coerce=int)
+    tenant = django_filters.CharFilter(field_name="tenant__slug")
+    submitter = django_filters.CharFilter(field_name="submitter__username")
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    submitted_after = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
+    submitted_before = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
+
+    class Meta:
+        model = Job
+        fields = ["state", "kind", "priority_class", "tenant", "submitter", "name"]
+
+
+class NodeFilterSet(django_filters.FilterSet):
+    status = django_filters.MultipleChoiceFilter(choices=NodeStatus.choices)
+    name = django_filters.CharFilter(lookup_expr="icontains")
+
+    class Meta:
+        model = Node
+        fields = ["status", "name"]
+
+
+class DeviceFilterSet(django_filters.FilterSet):
+    node = django_filters.CharFilter(field_name="node__name")
+    flavor = django_filters.CharFilter(field_name="flavor__name")
+    health = django_filters.ChoiceFilter(choices=DeviceHealth.choices)
+
+    class Meta:
+        model = Device
+        fields = ["node", "flavor", "health", "vendor"]

@@ -1,0 +1,346 @@
+"""Validation of a job spec (the JSON a user submits) into a ``JobSpec`` the services can trust.
+
+A spec looks like this (only ``name``, ``resources`` and ``command`` are required)::
+
+    {
+      "name": "resnet50",
+      "tenant": "acme-vision",              # slug; may be left out when the submitter is in one tenant only
+      "kind": "training",                   # training | inference | interactive | batch
+      "priority_class": "normal",           # critical | high | normal | low | best_effort
+      "preemptible": true,
+      "replicas": 2,                        # gang size: all start together or none does
+      "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 4, "cpu_cores": 16, "host_memory_mib": 65536},
+      "topology": "nvlink",                 # none | same_node | nvlink | numa
+      "node_selector": {"zone": "a"},
+      "command": ["python", "train.py"],
+      "env": {"EPOCHS": "10"},
+      "max_runtime_s": 86400, "checkpoint_dir": "/ckpt/resnet50", "runtime_estimate_s": 7200
+    }
+
+``resources`` asks either for whole cards (``"gpus": N`` means N x 1000 millis, exclusive) or for a fraction of
+one card (``"millis": 100..900`` in steps of 100, with ``"memory_mib"``). Every error names the field and says
+how to fix it; unknown fields are refused so a typo never goes unnoticed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from portal.api import DomainError
+from scheduler.models import (
+    MILLIS_PER_DEVICE,
+    MIN_FRACTION_MILLIS,
+    JobKind,
+    PriorityClass,
+    ResourceFlavor,
+    TopologyConstraint,
+)
+
+FRACTION_STEP_MILLIS = 100
+MAX_NAME_LENGTH = 128
+MAX_REPLICAS = 256
+MAX_GPUS_PER_REPLICA = 64
+MAX_FLAVORS = 8
+MAX_COMMAND_ARGS = 256
+MAX_ARG_LENGTH = 4096
+MAX_ENV_VARS = 128
+MAX_ENV_KEY_LENGTH = 128
+MAX_ENV_VALUE_LENGTH = 4096
+MAX_PATH_LENGTH = 1024
+MAX_RUNTIME_S = 30 * 24 * 3600
+MAX_CPU_CORES = 1024
+MAX_HOST_MEMORY_MIB = 16 * 1024 * 1024
+MAX_NODE_SELECTOR = 16
+
+TOP_LEVEL_FIELDS = {
+    "name",
+    "tenant",
+    "kind",
+    "priority_class",
+    "preemptible",
+    "replicas",
+    "min_replicas",
+    "max_replicas",
+    "resources",
+    "topology",
+    "node_selector",
+    "command",
+    "env",
+    "working_dir",
+    "max_runtime_s",
+    "checkpoint_dir",
+    "runtime_estimate_s",
+}
+RESOURCE_FIELDS = {"flavors", "flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
+PRIORITY_NAMES = {choice.name.lower(): choice.value for choice in PriorityClass}
+
+
+class JobSpecError(DomainError):
+    code = "invalid_job_spec"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    tenant_slug: str | None
+    kind: str
+    priority_class: int
+    preemptible: bool
+    replicas: int
+    min_replicas: int | None
+    max_replicas: int | None
+    flavors: tuple[str, ...]
+    millis_per_replica: int
+    memory_mib_per_replica: int
+    cpu_millicores_per_replica: int
+    host_memory_mib_per_replica: int
+    topology: str
+    node_selector: dict[str, str]
+    command: list[str]
+    env: dict[str, str]
+    working_dir: str
+    max_runtime_s: int | None
+    checkpoint_dir: str
+    runtime_estimate_s: int | None
+    normalised: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_millis(self) -> int:
+        return self.replicas * self.millis_per_replica
+
+
+def _fail(field_name: str, message: str) -> JobSpecError:
+    return JobSpecError(f"{field_name}: {message}", field=field_name)
+
+
+def _int(data: dict, key: str, where: str, *, low: int, high: int, default: int | None = None) -> int | None:
+    value = data.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(where, f"must be a whole number between {low} and {high}, got {value!r}.")
+    if not low <= value <= high:
+        raise _fail(where, f"must be between {low} and {high}, got {value}.")
+    return value
+
+
+def _str(data: dict, key: str, where: str, *, max_length: int, default: str = "", required: bool = False) -> str:
+    value = data.get(key, default)
+    if value is None and not required:
+        return default
+    if not isinstance(value, str):
+        raise _fail(where, f"must be a string, got {type(value).__name__}.")
+    value = value.strip()
+    if required and not value:
+        raise _fail(where, "is required and must not be empty.")
+    if len(value) > max_length:
+        raise _fail(where, f"must be at most {max_length} characters, got {len(value)}.")
+    return value
+
+
+def _choice(data: dict, key: str, choices: type, default: str) -> str:
+    value = data.get(key, default)
+    allowed = [c.value for c in choices]
+    if value not in allowed:
+        raise _fail(key, f"must be one of {', '.join(allowed)}; got {value!r}.")
+    return value
+
+
+def _string_map(value: Any, where: str, *, max_items: int, max_key: int, max_value: int) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(where, 'must be an object of strings, e.g. {"KEY": "value"}.')
+    if len(value) > max_items:
+        raise _fail(where, f"may hold at most {max_items} entries, got {len(value)}.")
+    result = {}
+    for key, item in value.items():
+        if not isinstance(key, str) or not key or len(key) > max_key:
+            raise _fail(where, f"keys must be non-empty strings of at most {max_key} characters.")
+        if not isinstance(item, str):
+            raise _fail(f"{where}.{key}", f"must be a string, got {type(item).__name__} (quote numbers).")
+        if len(item) > max_value or "\x00" in item:
+            raise _fail(f"{where}.{key}", f"must be at most {max_value} characters without NUL bytes.")
+        result[key] = item
+    return result
+
+
+def _priority(value: Any) -> int:
+    if isinstance(value, str) and value.lower() in PRIORITY_NAMES:
+        return PRIORITY_NAMES[value.lower()]
+    if isinstance(value, int) and not isinstance(value, bool) and value in PriorityClass.values:
+        return value
+    raise _fail("priority_class", f"must be one of {', '.join(PRIORITY_NAMES)}; got {value!r}.")
+
+
+def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail("resources", 'is required: e.g. {"flavors": ["nvidia-h100-80g"], "gpus": 1}.')
+    unknown = sorted(set(value) - RESOURCE_FIELDS)
+    if unknown:
+        raise _fail(f"resources.{unknown[0]}", f"is not a known field; allowed: {', '.join(sorted(RESOURCE_FIELDS))}.")
+    if "flavor" in value and "flavors" in value:
+        raise _fail("resources.flavors", "give either flavor or flavors, not both.")
+    flavors = value.get("flavors", [value["flavor"]] if "flavor" in value else None)
+    if isinstance(flavors, str):
+        flavors = [flavors]
+    if not isinstance(flavors, list) or not flavors or not all(isinstance(f, str) and f for f in flavors):
+        raise _fail("resources.flavors", "must be a non-empty list of flavor names (any of them will do).")
+    if len(flavors) > MAX_FLAVORS:
+        raise _fail("resources.flavors", f"may name at most {MAX_FLAVORS} flavors.")
+    flavors = list(dict.fromkeys(flavors))
+    if known_flavors is not None:
+        missing = [f for f in flavors if f not in known_flavors]
+        if missing:
+            hint = ", ".join(sorted(known_flavors)) or "none are defined yet"
+            raise _fail("resources.flavors", f"unknown flavor {missing[0]!r}; known flavors: {hint}.")
+
+    has_gpus, has_millis = "gpus" in value, "millis" in value
+    if has_gpus == has_millis:
+        raise _fail(
+            "resources",
+            'ask for whole cards with "gpus": N, or a fraction of one card with "millis" (100..900) and "memory_mib".',
+        )
+    if has_gpus:
+        gpus = _int(value, "gpus", "resources.gpus", low=1, high=MAX_GPUS_PER_REPLICA)
+        millis = gpus * MILLIS_PER_DEVICE
+        memory_mib = _int(value, "memory_mib", "resources.memory_mib", low=0, high=16 * 1024 * 1024, default=0)
+    else:
+        millis = _int(
+            value, "millis", "resources.millis", low=MIN_FRACTION_MILLIS, high=MILLIS_PER_DEVICE - FRACTION_STEP_MILLIS
+        )
+        if millis % FRACTION_STEP_MILLIS:
+            raise _fail("resources.millis", f"must be a multiple of {FRACTION_STEP_MILLIS} (1/10 card), got {millis}.")
+        if "memory_mib" not in value:
+            raise _fail("resources.memory_mib", "is required for a fractional card: say how much device memory.")
+        memory_mib = _int(value, "memory_mib", "resources.memory_mib", low=1, high=16 * 1024 * 1024)
+    cpu_cores = value.get("cpu_cores", 0)
+    if isinstance(cpu_cores, bool) or not isinstance(cpu_cores, int | float) or not 0 <= cpu_cores <= MAX_CPU_CORES:
+        raise _fail("resources.cpu_cores", f"must be a number between 0 and {MAX_CPU_CORES}.")
+    host_memory_mib = _int(
+        value, "host_memory_mib", "resources.host_memory_mib", low=0, high=MAX_HOST_MEMORY_MIB, default=0
+    )
+    return {
+        "flavors": flavors,
+        "millis": millis,
+        "memory_mib": memory_mib,
+        "cpu_millicores": round(cpu_cores * 1000),
+        "host_memory_mib": host_memory_mib,
+    }
+
+
+def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None) -> JobSpec:
+    """Check ``data`` and return the normalised spec; raises ``JobSpecError`` naming the first bad field.
+
+    ``known_flavors`` defaults to the flavors in the database; pass a set to validate without it.
+    """
+    if not isinstance(data, dict):
+        raise JobSpecError("A job spec must be a JSON object.")
+    unknown = sorted(set(data) - TOP_LEVEL_FIELDS)
+    if unknown:
+        raise _fail(unknown[0], f"is not a known field; allowed: {', '.join(sorted(TOP_LEVEL_FIELDS))}.")
+    if known_flavors is None:
+        known_flavors = set(ResourceFlavor.objects.values_list("name", flat=True))
+
+    name = _str(data, "name", "name", max_length=MAX_NAME_LENGTH, required=True)
+    tenant = data.get("tenant")
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise _fail("tenant", "must be a tenant slug.")
+    kind = _choice(data, "kind", JobKind, JobKind.TRAINING)
+    priority = _priority(data.get("priority_class", "normal"))
+    preemptible = data.get("preemptible", True)
+    if not isinstance(preemptible, bool):
+        raise _fail("preemptible", "must be true or false.")
+    replicas = _int(data, "replicas", "replicas", low=1, high=MAX_REPLICAS, default=1)
+    min_replicas = _int(data, "min_replicas", "min_replicas", low=1, high=MAX_REPLICAS)
+    max_replicas = _int(data, "max_replicas", "max_replicas", low=1, high=MAX_REPLICAS)
+    if (min_replicas is not None or max_replicas is not None) and kind != JobKind.INFERENCE:
+        raise _fail("min_replicas", "min_replicas and max_replicas apply to inference jobs only.")
+    if min_replicas is not None and min_replicas > replicas:
+        raise _fail("min_replicas", f"must not exceed replicas ({replicas}).")
+    if max_replicas is not None and max_replicas < replicas:
+        raise _fail("max_replicas", f"must be at least replicas ({replicas}).")
+    resources = _resources(data.get("resources"), known_flavors=known_flavors)
+    topology = _choice(data, "topology", TopologyConstraint, TopologyConstraint.NONE)
+
+    command = data.get("command")
+    if not isinstance(command, list) or not command:
+        raise _fail("command", 'must be a non-empty list of strings, e.g. ["python", "train.py"].')
+    if len(command) > MAX_COMMAND_ARGS:
+        raise _fail("command", f"may hold at most {MAX_COMMAND_ARGS} arguments.")
+    for position, arg in enumerate(command):
+        if not isinstance(arg, str):
+            raise _fail(f"command[{position}]", f"must be a string, got {type(arg).__name__}.")
+        if len(arg) > MAX_ARG_LENGTH or "\x00" in arg:
+            raise _fail(f"command[{position}]", f"must be at most {MAX_ARG_LENGTH} characters without NUL bytes.")
+    if not command[0].strip():
+        raise _fail("command[0]", "the program to run must not be empty.")
+
+    env = _string_map(
+        data.get("env"), "env", max_items=MAX_ENV_VARS, max_key=MAX_ENV_KEY_LENGTH, max_value=MAX_ENV_VALUE_LENGTH
+    )
+    reserved = sorted(k for k in env if k.startswith("GPUPOOL_") or k.startswith("CUDA_"))
+    if reserved:
+        raise _fail(f"env.{reserved[0]}", "GPUPOOL_* and CUDA_* are set by the platform; remove it.")
+    node_selector = _string_map(
+        data.get("node_selector"), "node_selector", max_items=MAX_NODE_SELECTOR, max_key=128, max_value=256
+    )
+    working_dir = _str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH)
+    checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)
+    max_runtime_s = _int(data, "max_runtime_s", "max_runtime_s", low=1, high=MAX_RUNTIME_S)
+    runtime_estimate_s = _int(data, "runtime_estimate_s", "runtime_estimate_s", low=1, high=MAX_RUNTIME_S)
+
+    normalised = {
+        "name": name,
+        "tenant": tenant,
+        "kind": kind,
+        "priority_class": PriorityClass(priority).name.lower(),
+        "preemptible": preemptible,
+        "replicas": replicas,
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "resources": {
+            "flavors": resources["flavors"],
+            **(
+                {"gpus": resources["millis"] // MILLIS_PER_DEVICE}
+                if resources["millis"] >= MILLIS_PER_DEVICE
+                else {"millis": resources["millis"]}
+            ),
+            "memory_mib": resources["memory_mib"],
+            "cpu_cores": resources["cpu_millicores"] / 1000,
+            "host_memory_mib": resources["host_memory_mib"],
+        },
+        "topology": topology,
+        "node_selector": node_selector,
+        "command": command,
+        "env": env,
+        "working_dir": working_dir,
+        "max_runtime_s": max_runtime_s,
+        "checkpoint_dir": checkpoint_dir,
+        "runtime_estimate_s": runtime_estimate_s,
+    }
+    return JobSpec(
+        name=name,
+        tenant_slug=tenant,
+        kind=kind,
+        priority_class=priority,
+        preemptible=preemptible,
+        replicas=replicas,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        flavors=tuple(resources["flavors"]),
+        millis_per_replica=resources["millis"],
+        memory_mib_per_replica=resources["memory_mib"],
+        cpu_millicores_per_replica=resources["cpu_millicores"],
+        host_memory_mib_per_replica=resources["host_memory_mib"],
+        topology=topology,
+        node_selector=node_selector,
+        command=list(command),
+        env=env,
+        working_dir=working_dir,
+        max_runtime_s=max_runtime_s,
+        checkpoint_dir=checkpoint_dir,
+        runtime_estimate_s=runtime_estimate_s,
+        normalised=normalised,
+    )

@@ -1,0 +1,106 @@
+"""Commands to node agents: written as ``AgentCommand`` rows inside the caller's transaction, announced to the
+node's agent consumer only after commit (so an agent never hears of a decision that was rolled back)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.db import transaction
+
+from nodeagent import protocol
+from scheduler.models import AgentCommand, Allocation, Job, Node
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STOP_GRACE_S = 30.0
+
+
+def _create(*, node: Node | int, job: Job | None, message: protocol.Message) -> AgentCommand:
+    node_id = node if isinstance(node, int) else node.pk
+    command = AgentCommand.objects.create(node_id=node_id, job=job, command_type=message.type, payload={})
+    # The frame carries its own row's id, so the agent's ack names it; the pk exists only after the insert.
+    message.command_id = command.pk
+    message.id = f"cmd-{command.pk}"
+    command.payload = protocol.to_dict(message)
+    command.save(update_fields=["payload"])
+    announce_after_commit([command])
+    return command
+
+
+def workload_start_create(*, job: Job, replica: int, allocations: Iterable[Allocation]) -> AgentCommand:
+    """``workload.start`` for one replica; all its allocations are on one node."""
+    allocations = list(allocations)
+    node_id = allocations[0].node_id
+    env = {
+        **job.env,
+        "GPUPOOL_REPLICA": str(replica),
+        "GPUPOOL_REPLICAS": str(job.replicas),
+    }
+    if job.last_checkpoint_at is not None:
+        # A requeued job resumes: tell it when its last checkpoint was taken.
+        env["GPUPOOL_LAST_CHECKPOINT_AT"] = protocol.format_time(job.last_checkpoint_at)
+    message = protocol.WorkloadStart(
+        command_id=0,
+        job_id=job.pk,
+        replica=replica,
+        command=list(job.command),
+        env=env,
+        working_dir=job.working_dir or None,
+        devices=[
+            protocol.DeviceAssignment(uuid=a.device.uuid, millis=a.millis, memory_mib=a.memory_mib or None)
+            for a in sorted(allocations, key=lambda a: a.device.index)
+        ],
+        checkpoint_dir=job.checkpoint_dir or None,
+        max_runtime_s=job.max_runtime_s,
+    )
+    return _create(node=node_id, job=job, message=message)
+
+
+def workload_stop_create(
+    *, job: Job, replica: int, node_id: int, grace_s: float = DEFAULT_STOP_GRACE_S, reason: str = "cancelled"
+) -> AgentCommand:
+    message = protocol.WorkloadStop(command_id=0, job_id=job.pk, replica=replica, grace_s=float(grace_s), reason=reason)
+    return _create(node=node_id, job=job, message=message)
+
+
+def stop_active_replicas(
+    *, job: Job, grace_s: float = DEFAULT_STOP_GRACE_S, reason: str, exclude_replica: int | None = None
+) -> list[AgentCommand]:
+    """A ``workload.stop`` for every replica of ``job`` that holds an active allocation (one per node)."""
+    pairs = (
+        Allocation.objects.active()
+        .filter(job=job)
+        .values_list("replica", "node_id")
+        .distinct()
+        .order_by("replica", "node_id")
+    )
+    return [
+        workload_stop_create(job=job, replica=replica, node_id=node_id, grace_s=grace_s, reason=reason)
+        for replica, node_id in pairs
+        if replica != exclude_replica
+    ]
+
+
+def announce_after_commit(commands: Iterable[AgentCommand]) -> None:
+    """After commit, tell each node's agent consumer (group ``agent.node.<id>``) that a command waits."""
+    items = [(command.node_id, command.pk) for command in commands]
+    if items:
+        transaction.on_commit(lambda: _announce(items))
+
+
+def _announce(items: list[tuple[int, int]]) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for node_id, command_id in items:
+        try:
+            async_to_sync(layer.group_send)(
+                f"agent.node.{node_id}", {"type": "agent.command", "command_id": command_id}
+            )
+        except Exception:
+            # The row is committed: the consumer resends every unacked command on (re)connect.
+            logger.warning("could not announce command %s to node %s", command_id, node_id, exc_info=True)

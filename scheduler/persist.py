@@ -1,0 +1,232 @@
+"""A ``scheduler.core`` Plan → rows, in the caller's transaction, safe against concurrent writers.
+
+The plan was computed from a snapshot that may be stale by the time it is written (another worker, a cancel,
+a node going away). So each ``Place`` is re-checked under row locks: the job row, then the devices it
+touches (``select_for_update`` in pk order, so two writers never deadlock), and the active allocations of
+those devices are summed again inside the transaction. A place that no longer fits is skipped and its job
+stays queued for the next cycle; no device is ever double-booked. On PostgreSQL the allocation trigger
+(migration 0003) is the last line of defence, caught per place by a savepoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from scheduler import outbox
+from scheduler.core import types as core
+from scheduler.models import (
+    MILLIS_PER_DEVICE,
+    Allocation,
+    Device,
+    DeviceHealth,
+    Job,
+    JobState,
+    NodeStatus,
+    ResourceFlavor,
+)
+from scheduler.services import job_transition
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PersistOutcome:
+    placed: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    explained: int = 0
+    skipped: list[dict] = field(default_factory=list)
+
+
+class PlaceRejected(Exception):
+    """The place no longer fits (or never did); the job stays queued."""
+
+
+def _job_id(text: str) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_shape(job: Job, place: core.Place) -> dict[int, list[core.Assignment]]:
+    by_replica: dict[int, list[core.Assignment]] = defaultdict(list)
+    for assignment in place.assignments:
+        by_replica[assignment.replica].append(assignment)
+    wanted = job.replicas
+    least = wanted if job.min_replicas is None else min(job.min_replicas, wanted)
+    if not least <= len(by_replica) <= wanted:
+        raise PlaceRejected(f"plan places {len(by_replica)} replicas, the job needs {least}..{wanted}")
+    for replica, assignments in by_replica.items():
+        total = sum(a.millis for a in assignments)
+        if total != job.millis_per_replica:
+            raise PlaceRejected(f"replica {replica} gets {total} millis, it asked for {job.millis_per_replica}")
+        if len({a.node for a in assignments}) != 1:
+            raise PlaceRejected(f"replica {replica} spans nodes")
+    return by_replica
+
+
+def _place(place: core.Place, *, now: datetime, outcome: PersistOutcome) -> None:
+    job_pk = _job_id(place.job_id)
+    job = Job.objects.select_for_update().select_related("tenant").filter(pk=job_pk).first()
+    if job is None or job.state != JobState.QUEUED:
+        raise PlaceRejected(f"job is {job.state if job else 'gone'}, not queued")
+    by_replica = _check_shape(job, place)
+    if place.flavor not in job.flavors:
+        raise PlaceRejected(f"flavor {place.flavor} was not asked for")
+    flavor = ResourceFlavor.objects.filter(name=place.flavor).first()
+    if flavor is None:
+        raise PlaceRejected(f"flavor {place.flavor} no longer exists")
+
+    uuids = sorted({a.device_uuid for a in place.assignments})
+    devices = {
+        device.uuid: device
+        for device in Device.objects.select_for_update(of=("self",))
+        .select_related("node")
+        .filter(uuid__in=uuids)
+        .order_by("pk")
+    }
+    if len(devices) != len(uuids):
+        raise PlaceRejected("a device in the plan no longer exists")
+    used = {
+        row["device_id"]: (row["millis"] or 0, row["memory"] or 0)
+        for row in Allocation.objects.active()
+        .filter(device_id__in=[d.pk for d in devices.values()])
+        .values("device_id")
+        .annotate(millis=Sum("millis"), memory=Sum("memory_mib"))
+    }
+    adding: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    rows = []
+    borrowed_left = place.borrowed_millis
+    for replica in sorted(by_replica):
+        for assignment in sorted(by_replica[replica], key=lambda a: a.device_uuid):
+            device = devices[assignment.device_uuid]
+            if device.node.name != assignment.node:
+                raise PlaceRejected(f"device {device.uuid} is on {device.node.name}, not {assignment.node}")
+            if device.node.status != NodeStatus.READY:
+                raise PlaceRejected(f"node {device.node.name} is {device.node.status}")
+            if device.health != DeviceHealth.HEALTHY or device.flavor_id != flavor.pk:
+                raise PlaceRejected(f"device {device.uuid} is {device.health} / not {flavor.name}")
+            # A whole card takes all its memory; a fraction takes what it asked for.
+            memory = device.memory_mib if assignment.millis >= MILLIS_PER_DEVICE else assignment.memory_mib
+            adding[device.pk][0] += assignment.millis
+            adding[device.pk][1] += memory
+            borrowed = min(borrowed_left, assignment.millis)
+            borrowed_left -= borrowed
+            rows.append(
+                Allocation(
+                    job=job,
+                    replica=replica,
+                    tenant=job.tenant,
+                    flavor=flavor,
+                    device=device,
+                    node=device.node,
+                    millis=assignment.millis,
+                    memory_mib=memory,
+                    borrowed_millis=borrowed,
+                    started_at=now,
+                )
+            )
+    for device in devices.values():
+        held_millis, held_memory = used.get(device.pk, (0, 0))
+        new_millis, new_memory = adding[device.pk]
+        if held_millis + new_millis > MILLIS_PER_DEVICE:
+            raise PlaceRejected(f"device {device.uuid} has {MILLIS_PER_DEVICE - held_millis} millis free")
+        if held_memory + new_memory > device.memory_mib:
+            raise PlaceRejected(f"device {device.uuid} has {device.memory_mib - held_memory} MiB free")
+
+    Allocation.objects.bulk_create(rows)
+    nodes = sorted({row.node.name for row in rows})
+    job_transition(
+        job=job,
+        to_state=JobState.ADMITTED,
+        actor=None,
+        reason="placed",
+        message=f"Placed on {', '.join(nodes)}.",
+        details={"devices": uuids, "borrowed_millis": place.borrowed_millis},
+    )
+    replica_rows: dict[int, list[Allocation]] = defaultdict(list)
+    for row in rows:
+        replica_rows[row.replica].append(row)
+    for replica in sorted(replica_rows):
+        outbox.workload_start_create(job=job, replica=replica, allocations=replica_rows[replica])
+    outcome.placed.append(job.pk)
+
+
+def _preempt(preempt: core.Preempt, *, outcome: PersistOutcome) -> None:
+    job = Job.objects.select_for_update().select_related("tenant").filter(pk=_job_id(preempt.job_id)).first()
+    if job is None or job.state not in (JobState.ADMITTED, JobState.RUNNING):
+        return  # already stopping, finished or gone
+    preemptor = _job_id(preempt.victim_of)
+    if preemptor is not None and preemptor not in job.preempted_by:
+        job.preempted_by = [*job.preempted_by, preemptor]
+    job.preemption_count += 1
+    job.save(update_fields=["preempted_by", "preemption_count"])
+    outbox.stop_active_replicas(job=job, grace_s=preempt.grace_s, reason="preempted")
+    job_transition(
+        job=job,
+        to_state=JobState.PREEMPTING,
+        actor=None,
+        reason=str(preempt.reason),
+        message=preempt.message or f"Preempted for job {preempt.victim_of}.",
+        details={"preempted_for": preempt.victim_of, "grace_s": preempt.grace_s},
+    )
+    outcome.preempted.append(job.pk)
+
+
+def _explain(explanations: tuple[core.Explain, ...], *, outcome: PersistOutcome) -> None:
+    by_pk = {pk: e for e in explanations if (pk := _job_id(e.job_id)) is not None}
+    if not by_pk:
+        return
+    changed = []
+    jobs = Job.objects.filter(pk__in=list(by_pk), state__in=[JobState.QUEUED, JobState.PENDING_APPROVAL]).only(
+        "pk", "pending_reason_code", "pending_message", "position_in_tenant", "position_overall"
+    )
+    for job in jobs:
+        explain = by_pk[job.pk]
+        values = (str(explain.code), explain.message[:500], explain.position_in_tenant, explain.position_overall)
+        current = (job.pending_reason_code, job.pending_message, job.position_in_tenant, job.position_overall)
+        if values != current:
+            job.pending_reason_code, job.pending_message, job.position_in_tenant, job.position_overall = values
+            changed.append(job)
+    Job.objects.bulk_update(
+        changed, ["pending_reason_code", "pending_message", "position_in_tenant", "position_overall"], batch_size=500
+    )
+    outcome.explained = len(changed)
+
+
+def _skipped(place: core.Place, reason: str, *, outcome: PersistOutcome) -> None:
+    outcome.skipped.append({"job_id": place.job_id, "reason": reason})
+    Job.objects.filter(pk=_job_id(place.job_id), state=JobState.QUEUED).update(
+        pending_reason_code=str(core.PendingReason.INSUFFICIENT_CAPACITY),
+        pending_message="The devices chosen for this job were taken a moment ago; it is tried again next cycle.",
+    )
+
+
+def persist_plan(plan: core.Plan, *, now: datetime | None = None) -> PersistOutcome:
+    """Write ``plan``: allocations and ``workload.start`` for each place that still fits, ``workload.stop`` for
+    each preemption, pending reasons for the rest. Runs in one transaction (the caller's, or its own)."""
+    now = now or timezone.now()
+    outcome = PersistOutcome()
+    with transaction.atomic():
+        for preempt in plan.preemptions:
+            _preempt(preempt, outcome=outcome)
+        for place in plan.places:
+            try:
+                with transaction.atomic():  # a savepoint: a rejected place leaves the others intact
+                    _place(place, now=now, outcome=outcome)
+            except PlaceRejected as exc:
+                logger.info("place of job %s skipped: %s", place.job_id, exc)
+                _skipped(place, str(exc), outcome=outcome)
+            except IntegrityError as exc:
+                # The database refused a double booking the checks above did not see: same outcome.
+                logger.warning("place of job %s refused by the database: %s", place.job_id, exc)
+                _skipped(place, "refused by the database", outcome=outcome)
+        _explain(plan.explanations, outcome=outcome)
+    return outcome

@@ -1,0 +1,71 @@
+"""Reads for jobs, nodes, devices and flavors: querysets already limited to what the caller may see.
+
+A job outside the caller's tenants is *missing* to them: ``job_get_visible`` raises the same
+``NotFoundError`` for "does not exist" and "not yours", so the API answers 404 and leaks nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+
+from portal.api import NotFoundError
+from scheduler import access
+from scheduler.models import Allocation, Device, Job, JobEvent, JobState, Node, ResourceFlavor
+
+
+def jobs_visible_to(user: Any) -> QuerySet[Job]:
+    queryset = Job.objects.select_related("tenant", "submitter")
+    if access.sees_all_tenants(user):
+        return queryset.all()
+    return queryset.filter(tenant__in=access.visible_tenant_ids(user))
+
+
+def job_get_visible(*, user: Any, pk: Any) -> Job:
+    try:
+        return (
+            jobs_visible_to(user)
+            .prefetch_related(
+                Prefetch("events", queryset=JobEvent.objects.select_related("actor")),
+                Prefetch("allocations", queryset=Allocation.objects.select_related("device", "node", "flavor")),
+            )
+            .get(pk=int(pk))
+        )
+    except (Job.DoesNotExist, TypeError, ValueError):
+        raise NotFoundError(f"No job with id {pk} is visible to you.") from None
+
+
+def nodes_visible_to(user: Any) -> QuerySet[Node]:
+    """Every signed-in user sees the nodes (capacity is shared); only admins change them."""
+    return Node.objects.prefetch_related("devices")
+
+
+def devices_visible_to(user: Any) -> QuerySet[Device]:
+    return Device.objects.select_related("node", "flavor")
+
+
+def flavors_visible_to(user: Any) -> QuerySet[ResourceFlavor]:
+    return ResourceFlavor.objects.all()
+
+
+def node_get(*, pk: Any) -> Node:
+    try:
+        return Node.objects.get(pk=int(pk))
+    except (Node.DoesNotExist, TypeError, ValueError):
+        raise NotFoundError(f"No node with id {pk}.") from None
+
+
+def job_pending_sentence(job: Job) -> str:
+    """Why the job waits, in one sentence for its owner ('' once it left the queue)."""
+    if job.state == JobState.PENDING_APPROVAL and not job.pending_message:
+        return "Waiting for approval by an administrator."
+    if job.state not in (JobState.QUEUED, JobState.PENDING_APPROVAL):
+        return ""
+    message = job.pending_message or "Queued; the scheduler looks at it within a few seconds."
+    if job.position_in_tenant and job.position_overall:
+        message = (
+            f"{message.rstrip('.')}. Position {job.position_in_tenant} in your tenant's queue, "
+            f"{job.position_overall} overall."
+        )
+    return message

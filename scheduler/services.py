@@ -1,0 +1,548 @@
+"""Writes for jobs, nodes, flavors and the scheduling cycle. Every state change goes through a function here.
+
+Job states move only through :func:`job_transition`, which checks the transition is allowed, writes a
+``JobEvent`` and an audit record in the caller's transaction. Commands to agents go through
+``scheduler.outbox`` (rows now, announcements after commit).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from audit.services import audit_record
+from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
+from scheduler import access, outbox
+from scheduler.jobspec import validate_job_spec
+from scheduler.models import (
+    ACTIVE_JOB_STATES,
+    FINAL_JOB_STATES,
+    PENDING_JOB_STATES,
+    Allocation,
+    Job,
+    JobEvent,
+    JobState,
+    Node,
+    NodeStatus,
+    ResourceFlavor,
+)
+
+logger = logging.getLogger(__name__)
+
+S = JobState
+ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.SUBMITTED: frozenset({S.PENDING_APPROVAL, S.QUEUED, S.CANCELLED, S.FAILED}),
+    S.PENDING_APPROVAL: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
+    S.QUEUED: frozenset({S.ADMITTED, S.CANCELLED, S.FAILED}),
+    S.ADMITTED: frozenset({S.RUNNING, S.PREEMPTING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.NODE_LOST}),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.PREEMPTING, S.NODE_LOST}),
+    S.PREEMPTING: frozenset({S.QUEUED, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.NODE_LOST}),
+    S.NODE_LOST: frozenset({S.QUEUED, S.CANCELLED, S.FAILED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+CYCLE_DEBOUNCE_S = 1.0
+CYCLE_REQUEST_KEY = "scheduler:cycle-requested"
+
+
+# --- transitions --------------------------------------------------------------------------------------
+
+
+def job_transition(
+    *,
+    job: Job,
+    to_state: str,
+    actor: Any | None,
+    reason: str = "",
+    message: str = "",
+    details: dict | None = None,
+    request: Any | None = None,
+) -> Job:
+    """Move ``job`` to ``to_state`` (the job row should be locked by the caller); refuses illegal moves.
+
+    Writes the JobEvent and the audit record in the same transaction, and keeps the timestamps and the
+    pending explanation consistent with the new state.
+    """
+    from_state = job.state
+    if to_state not in ALLOWED_TRANSITIONS.get(from_state, frozenset()):
+        raise ConflictError(f"Job {job.pk} is {from_state}; it cannot become {to_state}.", code="invalid_transition")
+    now = timezone.now()
+    job.state = to_state
+    update = {"state", "updated_at"}
+    if to_state == S.QUEUED:
+        job.queued_at = now
+        update.add("queued_at")
+    elif to_state == S.ADMITTED:
+        job.admitted_at = now
+        update.add("admitted_at")
+    elif to_state == S.RUNNING and job.started_at is None:
+        job.started_at = now
+        update.add("started_at")
+    if to_state in FINAL_JOB_STATES:
+        job.finished_at = now
+        update.add("finished_at")
+    if to_state not in PENDING_JOB_STATES:
+        job.pending_reason_code = ""
+        job.pending_message = ""
+        job.position_in_tenant = None
+        job.position_overall = None
+        update |= {"pending_reason_code", "pending_message", "position_in_tenant", "position_overall"}
+    if message:
+        job.state_message = message[:500]
+        update.add("state_message")
+    if job.pk is None:
+        job.save()
+    else:
+        job.save(update_fields=sorted(update))
+    JobEvent.objects.create(
+        job=job,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason[:40],
+        message=message[:500],
+        actor=actor if getattr(actor, "pk", None) else None,
+        details=details or {},
+    )
+    audit_record(
+        action="job.transition",
+        actor=actor,
+        tenant=job.tenant,
+        target=f"job:{job.pk}",
+        details={"before": {"state": from_state}, "after": {"state": to_state}, "reason": reason, **(details or {})},
+        request=request,
+    )
+    return job
+
+
+def _lock_job(job: Job | int) -> Job:
+    pk = job if isinstance(job, int) else job.pk
+    try:
+        return Job.objects.select_for_update().select_related("tenant").get(pk=pk)
+    except Job.DoesNotExist:
+        raise NotFoundError(f"No job with id {pk}.") from None
+
+
+def _end_allocations(queryset, *, now: datetime | None = None) -> int:
+    return queryset.filter(ended_at__isnull=True).update(ended_at=now or timezone.now())
+
+
+# --- submit, cancel, approval -------------------------------------------------------------------------
+
+
+def _resolve_tenant(*, actor: Any | None, slug: str | None):
+    from tenants.models import Tenant
+
+    if slug is None:
+        if actor is None:
+            raise DomainError("tenant: say which tenant the job belongs to.", code="invalid_job_spec", field="tenant")
+        from tenants.models import Membership
+
+        tenant_ids = list(
+            Membership.objects.filter(user=actor, role__in=["member", "tenant_admin"]).values_list(
+                "tenant_id", flat=True
+            )
+        )
+        if len(tenant_ids) != 1:
+            raise DomainError(
+                'tenant: you belong to several tenants (or none that may submit); name one with "tenant": "<slug>".',
+                code="invalid_job_spec",
+                field="tenant",
+            )
+        return Tenant.objects.get(pk=tenant_ids[0])
+    tenant = Tenant.objects.filter(slug=slug).first()
+    if tenant is None or (actor is not None and not access.visible_tenant_ids(actor).filter(pk=tenant.pk).exists()):
+        raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
+    if actor is not None and not access.can_submit_work(actor, tenant):
+        raise PermissionDeniedError(
+            f"You may not submit jobs to {slug}: members and tenant admins may; ask a tenant admin for the member role."
+        )
+    return tenant
+
+
+def _approval_hook(name: str):
+    """``tenants.services.<name>`` once the tenants app provides it, else None (no approvals needed)."""
+    try:
+        from tenants import services as tenant_services
+    except ImportError:  # pragma: no cover
+        return None
+    return getattr(tenant_services, name, None)
+
+
+@transaction.atomic
+def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> Job:
+    """Validate ``spec``, create the job and queue it (or hold it for approval). ``actor`` None = system."""
+    parsed = validate_job_spec(spec)
+    tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug)
+    job = Job.objects.create(
+        tenant=tenant,
+        submitter=actor if getattr(actor, "pk", None) else None,
+        name=parsed.name,
+        kind=parsed.kind,
+        priority_class=parsed.priority_class,
+        preemptible=parsed.preemptible,
+        replicas=parsed.replicas,
+        min_replicas=parsed.min_replicas,
+        max_replicas=parsed.max_replicas,
+        flavors=list(parsed.flavors),
+        millis_per_replica=parsed.millis_per_replica,
+        memory_mib_per_replica=parsed.memory_mib_per_replica,
+        cpu_millicores_per_replica=parsed.cpu_millicores_per_replica,
+        host_memory_mib_per_replica=parsed.host_memory_mib_per_replica,
+        topology=parsed.topology,
+        node_selector=parsed.node_selector,
+        command=parsed.command,
+        env=parsed.env,
+        working_dir=parsed.working_dir,
+        max_runtime_s=parsed.max_runtime_s,
+        checkpoint_dir=parsed.checkpoint_dir,
+        runtime_estimate_s=parsed.runtime_estimate_s,
+        spec={**parsed.normalised, "tenant": tenant.slug},
+    )
+    JobEvent.objects.create(
+        job=job, from_state="", to_state=S.SUBMITTED, reason="submitted", actor=job.submitter, details={}
+    )
+    audit_record(
+        action="job.submit",
+        actor=actor,
+        tenant=tenant,
+        target=f"job:{job.pk}",
+        details={"after": job.spec},
+        request=request,
+    )
+    needs_approval = _approval_hook("job_admission_needs_approval")
+    if needs_approval is not None and needs_approval(
+        tenant=tenant, total_millis=job.total_millis, priority_class=job.priority_class
+    ):
+        job_transition(
+            job=job,
+            to_state=S.PENDING_APPROVAL,
+            actor=actor,
+            reason="approval_required",
+            message="Waiting for approval by an administrator.",
+            request=request,
+        )
+        create_request = _approval_hook("job_admission_request_create")
+        if create_request is not None:
+            create_request(job=job, actor=actor)
+    else:
+        job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="submitted", request=request)
+    transaction.on_commit(request_cycle)
+    return job
+
+
+@transaction.atomic
+def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | None = None) -> Job:
+    """Cancel a job in any non-final state: running replicas get ``workload.stop``, allocations end now."""
+    job = _lock_job(job)
+    if actor is not None and not access.can_manage_job(actor, job):
+        raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this job.")
+    if job.state in FINAL_JOB_STATES:
+        raise ConflictError(f"Job {job.pk} is already {job.state}; there is nothing to cancel.", code="job_finished")
+    freed = Allocation.objects.active().filter(job=job).exists()
+    outbox.stop_active_replicas(job=job, reason="cancelled")
+    _end_allocations(Allocation.objects.filter(job=job))
+    job_transition(
+        job=job,
+        to_state=S.CANCELLED,
+        actor=actor,
+        reason="cancelled",
+        message=reason or "Cancelled.",
+        request=request,
+    )
+    if freed:
+        transaction.on_commit(request_cycle)
+    return job
+
+
+@transaction.atomic
+def job_release_from_approval(*, job: Job, actor: Any | None) -> Job:
+    """An approved job leaves ``pending_approval`` for the queue (called by the tenants approval flow)."""
+    job = _lock_job(job)
+    if job.state != S.PENDING_APPROVAL:
+        raise ConflictError(f"Job {job.pk} is {job.state}, not waiting for approval.", code="invalid_transition")
+    job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="approved", message="Approved.")
+    transaction.on_commit(request_cycle)
+    return job
+
+
+@transaction.atomic
+def job_reject_from_approval(*, job: Job, actor: Any | None, comment: str = "") -> Job:
+    """A rejected job fails with the approver's comment (called by the tenants approval flow)."""
+    job = _lock_job(job)
+    if job.state != S.PENDING_APPROVAL:
+        raise ConflictError(f"Job {job.pk} is {job.state}, not waiting for approval.", code="invalid_transition")
+    return job_transition(
+        job=job, to_state=S.FAILED, actor=actor, reason="rejected", message=f"Rejected: {comment}"[:500]
+    )
+
+
+# --- reports from agents ------------------------------------------------------------------------------
+
+
+def _requeue(job: Job, *, reason: str, message: str) -> None:
+    """Back to the queue (resuming from its checkpoint when it has one)."""
+    suffix = " It resumes from its last checkpoint." if job.last_checkpoint_at else ""
+    job_transition(job=job, to_state=S.QUEUED, actor=None, reason=reason, message=message + suffix)
+
+
+@transaction.atomic
+def workload_status_report(
+    *,
+    node: Node,
+    job_id: int,
+    replica: int,
+    state: str,
+    exit_code: int | None,
+    last_checkpoint_at: datetime | None,
+    message: str = "",
+    log_tail: str = "",
+) -> None:
+    """Apply an agent's ``workload.status`` for one replica; idempotent (a repeated report changes nothing)."""
+    job = Job.objects.select_for_update().select_related("tenant").filter(pk=job_id).first()
+    if job is None:
+        logger.warning("workload.status for unknown job %s from node %s", job_id, node.pk)
+        return
+    if last_checkpoint_at is not None and (
+        job.last_checkpoint_at is None or last_checkpoint_at > job.last_checkpoint_at
+    ):
+        job.last_checkpoint_at = last_checkpoint_at
+        job.save(update_fields=["last_checkpoint_at", "updated_at"])
+    replica_allocations = Allocation.objects.active().filter(job=job, replica=replica, node=node)
+    details = {"replica": replica, "node": node.name, "exit_code": exit_code}
+    if log_tail:
+        details["log_tail"] = log_tail[-2000:]
+    text = message[:300]
+
+    if state in ("starting", "checkpointed"):
+        return
+    if state == "running":
+        if job.state == S.ADMITTED and replica_allocations.exists():
+            job_transition(job=job, to_state=S.RUNNING, actor=None, reason="running", message=text, details=details)
+        return
+
+    freed = _end_allocations(replica_allocations) > 0
+    if freed:
+        transaction.on_commit(request_cycle)
+    if job.state not in ACTIVE_JOB_STATES:
+        return  # already cancelled, requeued or finished: the report only confirms the stop
+    remaining = Allocation.objects.active().filter(job=job)
+
+    if state == "succeeded":
+        if not remaining.exists():
+            job.exit_code = exit_code
+            job.save(update_fields=["exit_code"])
+            job_transition(job=job, to_state=S.SUCCEEDED, actor=None, reason="succeeded", message=text, details=details)
+    elif state == "failed" or (state == "stopped" and job.state != S.PREEMPTING):
+        # A gang cannot go on without one of its members: stop the others and fail the job.
+        outbox.stop_active_replicas(job=job, reason="gang_member_failed")
+        _end_allocations(remaining)
+        job.exit_code = exit_code
+        job.save(update_fields=["exit_code"])
+        why = text or (
+            f"replica {replica} exited with code {exit_code}" if exit_code is not None else "replica stopped"
+        )
+        job_transition(job=job, to_state=S.FAILED, actor=None, reason=state, message=why, details=details)
+    elif state == "stopped":
+        if not remaining.exists():
+            _requeue(job, reason="preempted", message="Preempted and requeued.")
+    elif state == "lost":
+        outbox.stop_active_replicas(job=job, reason="gang_member_lost")
+        _end_allocations(remaining)
+        job_transition(
+            job=job, to_state=S.NODE_LOST, actor=None, reason="lost", message=text or "Workload lost.", details=details
+        )
+        _requeue(job, reason="lost", message="The workload was lost; requeued.")
+    else:
+        logger.warning("unknown workload state %r for job %s", state, job_id)
+
+
+@transaction.atomic
+def node_jobs_requeue(*, node: Node, reason: str = "node_lost") -> int:
+    """Every job with an active allocation on ``node`` loses all its allocations and goes back to the queue.
+
+    Replicas on other nodes are told to stop (a gang cannot go on without its lost members). Returns the
+    number of jobs requeued.
+    """
+    job_ids = sorted(set(Allocation.objects.active().filter(node=node).values_list("job_id", flat=True)))
+    count = 0
+    for job_id in job_ids:
+        job = _lock_job(job_id)
+        others = Allocation.objects.active().filter(job=job).exclude(node=node)
+        for replica, node_id in others.values_list("replica", "node_id").distinct():
+            outbox.workload_stop_create(job=job, replica=replica, node_id=node_id, reason=reason)
+        _end_allocations(Allocation.objects.filter(job=job))
+        if job.state in ACTIVE_JOB_STATES:
+            job_transition(
+                job=job, to_state=S.NODE_LOST, actor=None, reason=reason, message=f"Node {node.name} was lost."
+            )
+            _requeue(job, reason=reason, message=f"Node {node.name} was lost; requeued.")
+            count += 1
+    if job_ids:
+        transaction.on_commit(request_cycle)
+    return count
+
+
+# --- nodes and flavors (system admin) -----------------------------------------------------------------
+
+
+def _require_system_admin(actor: Any | None) -> None:
+    if actor is not None and not access.is_system_admin(actor):
+        raise PermissionDeniedError("Only a system admin may change nodes and flavors.")
+
+
+def _node_set_status(*, node: Node, actor: Any | None, status: str, action: str) -> Node:
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    before = node.status
+    node.status = status
+    node.save(update_fields=["status"])
+    audit_record(
+        action=action,
+        actor=actor,
+        target=f"node:{node.pk}",
+        details={"before": {"status": before}, "after": {"status": status}, "node": node.name},
+    )
+    transaction.on_commit(request_cycle)
+    return node
+
+
+@transaction.atomic
+def node_cordon(*, node: Node, actor: Any | None) -> Node:
+    """No new work lands on the node; running work stays."""
+    _require_system_admin(actor)
+    return _node_set_status(node=node, actor=actor, status=NodeStatus.CORDONED, action="node.cordon")
+
+
+@transaction.atomic
+def node_drain(*, node: Node, actor: Any | None, grace_s: float = outbox.DEFAULT_STOP_GRACE_S) -> Node:
+    """Cordon the node and ask every job on it to checkpoint and stop; they are requeued when stopped."""
+    _require_system_admin(actor)
+    node = _node_set_status(node=node, actor=actor, status=NodeStatus.DRAINING, action="node.drain")
+    job_ids = sorted(set(Allocation.objects.active().filter(node=node).values_list("job_id", flat=True)))
+    for job_id in job_ids:
+        job = _lock_job(job_id)
+        if job.state not in (S.ADMITTED, S.RUNNING):
+            continue
+        outbox.stop_active_replicas(job=job, grace_s=grace_s, reason="node_drain")
+        job_transition(
+            job=job, to_state=S.PREEMPTING, actor=actor, reason="node_drain", message=f"Node {node.name} is draining."
+        )
+    return node
+
+
+@transaction.atomic
+def node_uncordon(*, node: Node, actor: Any | None) -> Node:
+    """Schedulable again: ``ready`` if its agent is alive (recent heartbeat), else ``not_ready``."""
+    _require_system_admin(actor)
+    lease_s = getattr(settings, "GPUPOOL_HEARTBEAT_INTERVAL_S", 5) * getattr(settings, "GPUPOOL_LEASE_MISSES", 3)
+    alive = node.last_heartbeat_at is not None and node.last_heartbeat_at >= timezone.now() - timedelta(seconds=lease_s)
+    status = NodeStatus.READY if alive else NodeStatus.NOT_READY
+    return _node_set_status(node=node, actor=actor, status=status, action="node.uncordon")
+
+
+@transaction.atomic
+def flavor_create(
+    *, actor: Any | None, name: str, vendor: str, model: str, memory_mib: int, description: str = ""
+) -> ResourceFlavor:
+    _require_system_admin(actor)
+    if ResourceFlavor.objects.filter(name=name).exists():
+        raise ConflictError(f"A flavor named {name!r} already exists.", code="duplicate")
+    flavor = ResourceFlavor.objects.create(
+        name=name, vendor=vendor, model=model, memory_mib=memory_mib, description=description
+    )
+    audit_record(
+        action="flavor.create",
+        actor=actor,
+        target=f"flavor:{flavor.pk}",
+        details={"after": {"name": name, "vendor": vendor, "model": model, "memory_mib": memory_mib}},
+    )
+    return flavor
+
+
+# --- the cycle ----------------------------------------------------------------------------------------
+
+
+def request_cycle() -> bool:
+    """Ask for a scheduling cycle soon. Debounced: requests within ``CYCLE_DEBOUNCE_S`` share one cycle.
+
+    Returns whether this call queued the cycle. Call it after the change is committed (``on_commit``).
+    """
+    if not cache.add(CYCLE_REQUEST_KEY, 1, timeout=CYCLE_DEBOUNCE_S):
+        return False
+    from scheduler.tasks import run_cycle as run_cycle_task
+
+    try:
+        run_cycle_task.apply_async(countdown=CYCLE_DEBOUNCE_S)
+    except Exception:
+        # The broker being down must not fail the user's request; beat runs a cycle every few seconds anyway.
+        logger.warning("could not queue a scheduling cycle", exc_info=True)
+        cache.delete(CYCLE_REQUEST_KEY)
+        return False
+    return True
+
+
+@dataclass
+class CycleResult:
+    ran: bool
+    placed: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    explained: int = 0
+    skipped: list[dict] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_cycle(*, hold_lock: bool = True, now: datetime | None = None) -> CycleResult:
+    """One scheduling cycle: snapshot → ``scheduler.core.plan`` → persist, in one transaction.
+
+    With ``hold_lock`` (always, except in tests that race the persist step on purpose) it takes the cycle lock
+    and returns ``ran=False`` at once when another worker holds it.
+    """
+    from contextlib import nullcontext
+
+    from scheduler import locks, persist, snapshot
+
+    lock = locks.cycle_lock() if hold_lock else nullcontext(True)
+    with transaction.atomic(), lock as acquired:
+        if not acquired:
+            return CycleResult(ran=False)
+        snap = snapshot.build_snapshot(now=now)
+        plan = snapshot.plan_for(snap)
+        outcome = persist.persist_plan(plan, now=now)
+        return CycleResult(
+            ran=True,
+            placed=outcome.placed,
+            preempted=outcome.preempted,
+            explained=outcome.explained,
+            skipped=outcome.skipped,
+            stats=dict(plan.stats),
+        )
+
+
+def jobs_awaiting_stop_sweep(*, older_than_s: float = 300.0) -> int:
+    """Requeue preempting jobs whose agents never confirmed the stop (e.g. a silent node) after a timeout."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    stale = list(
+        Job.objects.filter(state=S.PREEMPTING, updated_at__lt=cutoff).filter(~Q(allocations__isnull=True)).distinct()
+    )
+    count = 0
+    for job in stale:
+        with transaction.atomic():
+            locked = _lock_job(job.pk)
+            if locked.state != S.PREEMPTING:
+                continue
+            _end_allocations(Allocation.objects.filter(job=locked))
+            _requeue(locked, reason="stop_timeout", message="The node did not confirm the stop in time; requeued.")
+            count += 1
+    return count

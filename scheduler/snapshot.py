@@ -1,0 +1,252 @@
+"""Models → ``scheduler.core`` Snapshot, and the Policy from settings.
+
+Ids in the snapshot: jobs by ``str(pk)``, tenants by slug, nodes by name, devices by uuid, flavors by name
+(all unique), so a Plan maps straight back to rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from scheduler.core import types as core
+from scheduler.models import (
+    Allocation,
+    Device,
+    DeviceHealth,
+    Job,
+    JobState,
+    Node,
+    NodeStatus,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _epoch(moment: datetime | None) -> float | None:
+    return None if moment is None else moment.timestamp()
+
+
+def _topology_lookup(topology: dict, key: str) -> dict[str, str]:
+    """Map device uuid / index (as text) → group name from ``Node.topology[key]``.
+
+    Accepts ``{"domain-a": [uuid or index, ...]}`` or ``[[uuid or index, ...], ...]``; anything else is ignored.
+    """
+    groups = topology.get(key) if isinstance(topology, dict) else None
+    lookup: dict[str, str] = {}
+    if isinstance(groups, dict):
+        items: Iterable[tuple[Any, Any]] = groups.items()
+    elif isinstance(groups, list):
+        items = ((f"{key}-{position}", members) for position, members in enumerate(groups))
+    else:
+        return lookup
+    for name, members in items:
+        if isinstance(members, dict):
+            members = members.get("devices", [])
+        if isinstance(members, list):
+            for member in members:
+                lookup[str(member)] = str(name)
+    return lookup
+
+
+def _device(device: Device, node: Node, nvlink: dict[str, str], pcie: dict[str, str]) -> core.Device:
+    def group(explicit: str, lookup: dict[str, str]) -> str | None:
+        if explicit:
+            return explicit
+        found = lookup.get(device.uuid) or lookup.get(str(device.index))
+        # Scope fallback names to the node: "nvlink_domains-0" on two nodes are different domains.
+        return f"{node.name}:{found}" if found else None
+
+    return core.Device(
+        uuid=device.uuid,
+        node=node.name,
+        index=device.index,
+        flavor=device.flavor.name,
+        memory_mib=device.memory_mib,
+        healthy=device.health == DeviceHealth.HEALTHY,
+        nvlink_domain=group(device.nvlink_domain, nvlink),
+        pcie_switch=group(device.pcie_switch, pcie),
+        numa_node=device.numa_node,
+    )
+
+
+def _nodes() -> tuple[core.Node, ...]:
+    nodes = []
+    for node in Node.objects.prefetch_related("devices__flavor").order_by("name"):
+        topology = node.topology or {}
+        nvlink = _topology_lookup(topology, "nvlink_domains")
+        pcie = _topology_lookup(topology, "pcie_switches")
+        devices = tuple(
+            _device(device, node, nvlink, pcie)
+            for device in sorted(node.devices.all(), key=lambda d: d.index)
+            if device.flavor is not None  # a device no flavor describes cannot be asked for
+        )
+        nodes.append(
+            core.Node(
+                name=node.name,
+                devices=devices,
+                schedulable=node.status == NodeStatus.READY,
+                labels={str(k): str(v) for k, v in (node.labels or {}).items()},
+            )
+        )
+    return tuple(nodes)
+
+
+def _allocations() -> tuple[core.Allocation, ...]:
+    rows = (
+        Allocation.objects.active()
+        .select_related("job", "device", "node", "tenant", "flavor")
+        .order_by("job_id", "replica", "device_id")
+    )
+    result = []
+    for row in rows:
+        job = row.job
+        started = _epoch(row.started_at) or 0.0
+        expected_end = None
+        if job.max_runtime_s:
+            expected_end = started + job.max_runtime_s
+        elif job.runtime_estimate_s:
+            expected_end = started + job.runtime_estimate_s
+        result.append(
+            core.Allocation(
+                job_id=str(job.pk),
+                replica=row.replica,
+                device_uuid=row.device.uuid,
+                node=row.node.name,
+                tenant=row.tenant.slug,
+                flavor=row.flavor.name,
+                millis=row.millis,
+                memory_mib=row.memory_mib,
+                priority=job.priority_class,
+                preemptible=job.preemptible and job.state != JobState.PREEMPTING,
+                borrowed_millis=row.borrowed_millis,
+                started_at=started,
+                last_checkpoint_at=_epoch(job.last_checkpoint_at),
+                kind=core.JobKind(job.kind),
+                expected_end_at=expected_end,
+            )
+        )
+    return tuple(result)
+
+
+def _tenants() -> tuple[core.Tenant, ...]:
+    from tenants.models import Tenant
+
+    return tuple(
+        core.Tenant(name=t.slug, parent=t.parent.slug if t.parent else None)
+        for t in Tenant.objects.select_related("parent").order_by("slug")
+    )
+
+
+def quota_model() -> Any | None:
+    """``tenants.models.Quota`` once the tenants app provides it, else None (tenants are unlimited)."""
+    from tenants import models as tenant_models
+
+    return getattr(tenant_models, "Quota", None)
+
+
+def _quotas() -> tuple[core.Quota, ...]:
+    model = quota_model()
+    if model is None:
+        return ()
+    names = {f.name for f in model._meta.get_fields()}
+    related = [name for name in ("tenant", "flavor") if name in names]
+    quotas = []
+    for row in model.objects.select_related(*related):
+        flavor = getattr(row, "flavor", None)
+        flavor_name = getattr(flavor, "name", flavor)
+        max_jobs = None
+        for candidate in ("max_running_jobs", "max_jobs"):
+            if candidate in names:
+                max_jobs = getattr(row, candidate)
+                break
+        quotas.append(
+            core.Quota(
+                tenant=row.tenant.slug,
+                flavor=str(flavor_name),
+                guaranteed_millis=int(getattr(row, "guaranteed_millis", 0) or 0),
+                limit_millis=getattr(row, "limit_millis", None),
+                lending_limit_millis=getattr(row, "lending_limit_millis", None),
+                max_running_jobs=max_jobs or None,
+            )
+        )
+    return tuple(quotas)
+
+
+def _usage(allocations: tuple[core.Allocation, ...]) -> dict[str, dict[str, float]]:
+    # TODO: time-decayed usage (``scheduler.core.fairshare.decay_usage``) kept between cycles; for now the
+    # millis held right now drive fair share.
+    usage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for allocation in allocations:
+        usage[allocation.tenant][allocation.flavor] += allocation.millis
+    return {tenant: dict(flavors) for tenant, flavors in usage.items()}
+
+
+def pending_job(job: Job) -> core.PendingJob:
+    return core.PendingJob(
+        job_id=str(job.pk),
+        tenant=job.tenant.slug,
+        request=core.ReplicaRequest(
+            flavors=tuple(job.flavors), millis=job.millis_per_replica, memory_mib=job.memory_mib_per_replica
+        ),
+        priority=job.priority_class,
+        preemptible=job.preemptible,
+        submitted_at=_epoch(job.submitted_at) or 0.0,
+        kind=core.JobKind(job.kind),
+        replicas=job.replicas,
+        topology=core.Topology(job.topology),
+        min_replicas=job.min_replicas,
+        max_replicas=job.max_replicas,
+        node_selector={str(k): str(v) for k, v in (job.node_selector or {}).items()},
+        preempted_by=frozenset(str(pk) for pk in job.preempted_by or ()),
+        awaiting_approval=job.state == JobState.PENDING_APPROVAL,
+        runtime_estimate_s=float(job.runtime_estimate_s) if job.runtime_estimate_s else None,
+        last_checkpoint_at=_epoch(job.last_checkpoint_at),
+    )
+
+
+def _pending() -> tuple[core.PendingJob, ...]:
+    jobs = (
+        Job.objects.filter(state__in=[JobState.QUEUED, JobState.PENDING_APPROVAL])
+        .select_related("tenant")
+        .order_by("submitted_at", "id")
+    )
+    return tuple(pending_job(job) for job in jobs)
+
+
+def build_snapshot(*, now: datetime | None = None) -> core.Snapshot:
+    """The state of the pool as the engine sees it: every node (unschedulable ones keep their allocations),
+    active allocations, the tenant tree, quotas and the pending jobs."""
+    allocations = _allocations()
+    return core.Snapshot(
+        now=(now or timezone.now()).timestamp(),
+        nodes=_nodes(),
+        allocations=allocations,
+        tenants=_tenants(),
+        quotas=_quotas(),
+        usage=_usage(allocations),
+        pending=_pending(),
+    )
+
+
+def policy_from_settings() -> core.Policy:
+    """The Policy; ``GPUPOOL_SCHEDULER_POLICY`` (a dict of Policy fields) overrides the defaults.
+
+    Until the tenants app has quotas, tenants are unlimited (``require_quota=False``).
+    """
+    overrides = dict(getattr(settings, "GPUPOOL_SCHEDULER_POLICY", {}) or {})
+    if quota_model() is None:
+        overrides["require_quota"] = False
+    return core.Policy(**overrides)
+
+
+def plan_for(snapshot: core.Snapshot, policy: core.Policy | None = None) -> core.Plan:
+    from scheduler.core import plan
+
+    return plan(snapshot, policy or policy_from_settings())
