@@ -1,0 +1,79 @@
+"""Step 1: priority class, then fair share (dominant resource, decayed usage), then submit time."""
+
+from __future__ import annotations
+
+from scheduler.core import decay_usage, plan
+from scheduler.core.types import Ordering, Policy, Tenant
+
+from .builders import alloc, job, node, snapshot
+
+
+def _order(plan_result) -> list[str]:
+    return [e.job_id for e in plan_result.explanations]
+
+
+def test_higher_priority_class_is_served_first_even_if_submitted_later():
+    s = snapshot(
+        [node("n1", 1)],
+        pending=[job("low", priority=200, submitted_at=1), job("high", priority=800, submitted_at=5)],
+    )
+    result = plan(s, Policy())
+    assert [p.job_id for p in result.places] == ["high"]
+    assert _order(result) == ["low"]
+
+
+def test_within_a_priority_tenant_with_lower_share_goes_first():
+    # team-a already holds 2 cards, team-b none: team-b's job is served first although submitted later.
+    s = snapshot(
+        [node("n1", 3)],
+        allocations=[alloc("run-a", "n1-gpu0", "team-a"), alloc("run-a2", "n1-gpu1", "team-a")],
+        pending=[job("a1", "team-a", submitted_at=1), job("b1", "team-b", submitted_at=2)],
+    )
+    result = plan(s, Policy())
+    assert [p.job_id for p in result.places] == ["b1"]
+
+
+def test_decayed_past_usage_counts_against_a_tenant():
+    s = snapshot(
+        [node("n1", 1)],
+        pending=[job("a1", "team-a", submitted_at=1), job("b1", "team-b", submitted_at=2)],
+        usage={"team-a": {"nvidia-h100-80g": 4000.0}},
+    )
+    assert [p.job_id for p in plan(s, Policy()).places] == ["b1"]
+
+
+def test_tenants_alternate_as_their_share_grows_during_the_cycle():
+    pending = [job(f"a{i}", "team-a", submitted_at=i) for i in range(3)]
+    pending += [job(f"b{i}", "team-b", submitted_at=10 + i) for i in range(3)]
+    result = plan(snapshot([node("n1", 4)], pending=pending), Policy())
+    assert sorted(p.job_id for p in result.places) == ["a0", "a1", "b0", "b1"]
+
+
+def test_fair_share_weight_gives_a_tenant_a_larger_share():
+    pending = [job(f"a{i}", "team-a", submitted_at=i) for i in range(4)]
+    pending += [job(f"b{i}", "team-b", submitted_at=i) for i in range(4)]
+    s = snapshot([node("n1", 6)], pending=pending, tenants=[Tenant("team-a", None, 2.0), Tenant("team-b")])
+    placed = [p.job_id for p in plan(s, Policy()).places]
+    assert sum(1 for j in placed if j.startswith("a")) == 4
+    assert sum(1 for j in placed if j.startswith("b")) == 2
+
+
+def test_without_fair_share_submit_time_decides_within_a_priority():
+    pending = [job(f"a{i}", "team-a", submitted_at=i) for i in range(3)] + [job("b0", "team-b", submitted_at=9)]
+    result = plan(snapshot([node("n1", 3)], pending=pending), Policy(fair_share=False))
+    assert [p.job_id for p in result.places] == ["a0", "a1", "a2"]
+
+
+def test_fifo_ordering_ignores_priority():
+    s = snapshot(
+        [node("n1", 1)],
+        pending=[job("early-low", priority=0, submitted_at=1), job("late-high", priority=1000, submitted_at=2)],
+    )
+    result = plan(s, Policy(ordering=Ordering.FIFO, preemption=False))
+    assert [p.job_id for p in result.places] == ["early-low"]
+
+
+def test_decay_usage_halves_old_usage_after_one_half_life():
+    assert decay_usage(1000.0, 0.0, elapsed_s=3600, half_life_s=3600) == 500.0
+    assert decay_usage(0.0, 1000.0, elapsed_s=3600, half_life_s=3600) == 500.0
+    assert decay_usage(800.0, 0.0, elapsed_s=0, half_life_s=3600) == 800.0
