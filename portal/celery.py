@@ -13,3 +13,12 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # The scheduling cycle (events trigger extra ones, debounced; only one runs at a time).
 app.conf.beat_schedule.update({"scheduler-run-cycle": {"task": "scheduler.run_cycle", "schedule": 5.0}})
+
+# Node lease (not_ready after missed heartbeats), hourly telemetry rollups, retention of rollups.
+app.conf.beat_schedule.update(
+    {
+        "fleet-lease-check": {"task": "fleet.lease_check", "schedule": 5.0},
+        "fleet-telemetry-rollup-hours": {"task": "fleet.telemetry_rollup_hours", "schedule": 300.0},
+        "fleet-telemetry-purge": {"task": "fleet.telemetry_purge", "schedule": 6 * 3600.0},
+    }
+)

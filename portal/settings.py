@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "portal",
     "tenants",
     "scheduler",
+    "scheduler.fleet",
     "audit",
     "frontend",
 ]
@@ -206,6 +207,15 @@ WHITENOISE_USE_FINDERS = True
 # --- gpupool ------------------------------------------------------------------------------------------
 # Simulated agents the embedded demo starts (``gpupool demo``).
 GPUPOOL_DEMO_AGENTS = env_int("GPUPOOL_DEMO_AGENTS", 2)
+
+# Node agents and telemetry (scheduler.fleet). A node is not_ready after LEASE_MISSES missed heartbeats and
+# its jobs are requeued NODE_LOST_GRACE_S later. METRICS_TOKEN: bearer token for /metrics (empty = admins only).
+GPUPOOL_HEARTBEAT_INTERVAL_S = env_int("GPUPOOL_HEARTBEAT_INTERVAL_S", 5)
+GPUPOOL_LEASE_MISSES = env_int("GPUPOOL_LEASE_MISSES", 3)
+GPUPOOL_NODE_LOST_GRACE_S = env_int("GPUPOOL_NODE_LOST_GRACE_S", 120)
+GPUPOOL_TELEMETRY_INTERVAL_S = env_int("GPUPOOL_TELEMETRY_INTERVAL_S", 1)
+GPUPOOL_BOOTSTRAP_TOKEN_TTL_S = env_int("GPUPOOL_BOOTSTRAP_TOKEN_TTL_S", 3600)
+GPUPOOL_METRICS_TOKEN = env_str("GPUPOOL_METRICS_TOKEN", "")
 
 LOGGING = {
     "version": 1,

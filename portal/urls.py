@@ -9,7 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from portal import health, views
 
 # Each app's REST endpoints live in <app>/api/urls.py and are mounted under /api/v1/.
-API_APPS = ["tenants", "scheduler", "audit"]
+API_APPS = ["tenants", "scheduler", "scheduler.fleet", "audit"]
 
 
 def _api_includes() -> list:
@@ -34,5 +34,6 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
     path("i18n/", include("django.conf.urls.i18n")),
+    path("", include("scheduler.fleet.urls")),  # /metrics (Prometheus)
     path("", include("frontend.urls")),
 ]

@@ -1,0 +1,10 @@
+from django.urls import path
+
+from scheduler.fleet.api import views
+
+urlpatterns = [
+    path("agents/bootstrap-tokens/", views.BootstrapTokenCreateView.as_view(), name="agent-bootstrap-token-create"),
+    path("agents/register/", views.RegisterView.as_view(), name="agent-register"),
+    path("agents/nodes/", views.FleetNodeListView.as_view(), name="agent-node-list"),
+    path("agents/nodes/<int:pk>/revoke/", views.NodeRevokeView.as_view(), name="agent-node-revoke"),
+]

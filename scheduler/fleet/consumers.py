@@ -1,0 +1,394 @@
+"""WebSockets of the fleet: ``/ws/agent/`` (node agents) and ``/ws/telemetry/`` (browsers).
+
+Both are thin: authentication, framing and fan-out here; every state change is a call into ``services``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
+from django.utils import timezone
+
+from nodeagent import protocol
+from scheduler.fleet import selectors, services
+from scheduler.fleet.telemetry import MinuteAggregator, Throttle, latest_store, latest_values, parse_time
+
+logger = logging.getLogger(__name__)
+
+CLOSE_FORBIDDEN = 4403
+#: How often an agent connection re-reads which tenant holds which of its devices.
+TENANT_MAP_REFRESH_S = 5.0
+
+
+def node_group(node_id: int) -> str:
+    return f"node.{node_id}"
+
+
+def tenant_group(tenant_id: int) -> str:
+    return f"tenant.{tenant_id}"
+
+
+def bearer_token(scope: dict) -> str:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin1").partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return ""
+
+
+def _peer(scope: dict) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def _frame_id(raw: str | bytes | None) -> str | None:
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    value = data.get("id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    """One node agent. Authenticated by ``Authorization: Bearer <node credential>``; the newest connection of a
+    node wins. Telemetry is kept in memory per connection (latest values to Redis, minute aggregates flushed
+    once a minute) and fanned out as one frame per node per tick."""
+
+    #: Wall clock for lease and rollups; tests replace it.
+    clock: Callable[[], datetime] = staticmethod(timezone.now)
+    monotonic: Callable[[], float] = staticmethod(time.monotonic)
+
+    async def connect(self) -> None:
+        self.node_id: int | None = None
+        self.node_name = ""
+        self.hello_done = False
+        self.replaced = False
+        self.device_ids: dict[str, int] = {}
+        self.aggregator = MinuteAggregator()
+        self.tenant_devices: dict[int, set[str]] = {}
+        self.tenant_map_read_at = float("-inf")
+        credential = await database_sync_to_async(services.credential_authenticate)(
+            credential=bearer_token(self.scope), peer=_peer(self.scope)
+        )
+        # Accept before closing so the agent sees the 4401 code (a refused handshake is only an HTTP 403).
+        await self.accept()
+        if credential is None:
+            await self.close(code=services.CLOSE_UNAUTHORIZED)
+            return
+        node_id = credential.node_id
+        await self.channel_layer.group_send(
+            services.agent_group(node_id), {"type": "agent.replaced", "channel": self.channel_name}
+        )
+        await self.channel_layer.group_add(services.agent_group(node_id), self.channel_name)
+        # A revocation between the check above and joining the group would have been missed: look again.
+        if not await database_sync_to_async(selectors.credential_is_active)(credential_id=credential.pk):
+            await self.channel_layer.group_discard(services.agent_group(node_id), self.channel_name)
+            await self.close(code=services.CLOSE_UNAUTHORIZED)
+            return
+        self.node_id = node_id
+        self.node_name = credential.node.name
+        await self.send_message(
+            protocol.Config(
+                telemetry_interval_s=float(settings.GPUPOOL_TELEMETRY_INTERVAL_S),
+                heartbeat_interval_s=float(settings.GPUPOOL_HEARTBEAT_INTERVAL_S),
+            )
+        )
+
+    async def disconnect(self, code: int) -> None:
+        if self.node_id is None:
+            return
+        await self.channel_layer.group_discard(services.agent_group(self.node_id), self.channel_name)
+        await self.flush_rollups(None)
+        if not self.replaced:
+            await database_sync_to_async(services.node_disconnected)(node_id=self.node_id, now=self.clock())
+
+    async def send_message(self, message: protocol.Message) -> None:
+        await self.send(text_data=protocol.encode(message))
+
+    async def send_error(self, code: str, detail: str, ref_id: str | None = None) -> None:
+        await self.send_message(protocol.Error(code=code, detail=detail, ref_id=ref_id))
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.node_id is None:
+            return
+        raw = text_data if text_data is not None else bytes_data
+        try:
+            message = protocol.decode(raw or "")
+        except protocol.ProtocolError as exc:
+            logger.warning("node %s sent a bad frame: %s", self.node_name, exc)
+            await self.send_error(exc.code, exc.detail, _frame_id(raw))
+            return
+        if message.type not in protocol.AGENT_TO_PORTAL:
+            await self.send_error(
+                protocol.ErrorCode.UNKNOWN_TYPE, f"{message.type!r} is a portal-to-agent frame", message.id
+            )
+            return
+        if message.type != "hello" and not self.hello_done:
+            await self.send_error("hello_required", "send hello (the node's inventory) first", message.id)
+            return
+        handler = getattr(self, "on_" + message.type.replace(".", "_"))
+        try:
+            await handler(message)
+        except services.DomainError as exc:
+            logger.warning("node %s: %s refused: %s", self.node_name, message.type, exc.message)
+            await self.send_error(exc.code, exc.message, message.id)
+        except Exception:
+            # One bad frame must not cost the node its connection.
+            logger.exception("node %s: handling %s failed", self.node_name, message.type)
+            await self.send_error("internal_error", f"the portal could not process this {message.type}", message.id)
+
+    # --- frames from the agent -------------------------------------------------------------------------------
+
+    async def on_hello(self, message: protocol.Hello) -> None:
+        if message.node_name != self.node_name:
+            await self.send_error(
+                "node_name_mismatch",
+                f"this credential belongs to node {self.node_name!r}, not {message.node_name!r}; register again",
+                message.id,
+            )
+            return
+        self.device_ids = await database_sync_to_async(services.node_hello)(
+            node_id=self.node_id, hello=dataclasses.asdict(message), now=self.clock()
+        )
+        self.hello_done = True
+        await self.refresh_tenant_map(force=True)
+        await self.send_pending_commands()
+
+    async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
+        await database_sync_to_async(services.node_heartbeat)(node_id=self.node_id, now=self.clock())
+        if self.aggregator.has_finished(self.clock()):
+            await self.flush_rollups(self.clock())
+
+    async def on_telemetry(self, message: protocol.Telemetry) -> None:
+        now = self.clock()
+        sampled_at = parse_time(message.sampled_at or message.sent_at, default=now)
+        devices: dict[str, dict] = {}
+        for sample in message.samples:
+            if sample.uuid not in self.device_ids:
+                continue  # not in this node's hello: not ours to record
+            values = dataclasses.asdict(sample)
+            self.aggregator.add(uuid=sample.uuid, sample=values, at=sampled_at)
+            devices[sample.uuid] = {**latest_values(values), "at": sampled_at.isoformat()}
+        # A batch buffered while disconnected is history: rollups only, never shown as live.
+        if devices and not message.buffered:
+            await latest_store().aput(self.node_id, devices)
+            await self.fan_out(devices, sent_at=message.sent_at)
+        if self.aggregator.has_finished(now):
+            await self.flush_rollups(now)
+
+    async def on_workload_status(self, message: protocol.WorkloadStatus) -> None:
+        await database_sync_to_async(services.workload_status_forward)(
+            node_id=self.node_id, status=dataclasses.asdict(message)
+        )
+
+    async def on_ack(self, message: protocol.Ack) -> None:
+        known = await database_sync_to_async(services.command_ack)(
+            node_id=self.node_id, command_id=message.command_id, ok=message.ok, error=message.error
+        )
+        if not known:
+            logger.info("node %s acked unknown command %s", self.node_name, message.command_id)
+
+    # --- fan-out and rollups -----------------------------------------------------------------------------------
+
+    async def refresh_tenant_map(self, *, force: bool = False) -> None:
+        now = self.monotonic()
+        if not force and now - self.tenant_map_read_at < TENANT_MAP_REFRESH_S:
+            return
+        by_device = await database_sync_to_async(selectors.device_tenants_of_node)(node_id=self.node_id)
+        by_tenant: dict[int, set[str]] = {}
+        for uuid, tenant_ids in by_device.items():
+            for tenant_id in tenant_ids:
+                by_tenant.setdefault(tenant_id, set()).add(uuid)
+        self.tenant_devices = by_tenant
+        self.tenant_map_read_at = now
+
+    async def fan_out(self, devices: dict[str, dict], *, sent_at: str) -> None:
+        """One frame per node per tick to the node's watchers, and to each tenant holding some of its devices
+        a frame with only that tenant's devices."""
+        batch = {"node": self.node_id, "name": self.node_name, "sent_at": sent_at, "devices": devices}
+        await self.channel_layer.group_send(
+            node_group(self.node_id), {"type": "telemetry.batch", "node": self.node_id, "batch": batch}
+        )
+        await self.refresh_tenant_map()
+        for tenant_id, uuids in self.tenant_devices.items():
+            own = {uuid: values for uuid, values in devices.items() if uuid in uuids}
+            if own:
+                await self.channel_layer.group_send(
+                    tenant_group(tenant_id),
+                    {"type": "telemetry.batch", "node": self.node_id, "batch": {**batch, "devices": own}},
+                )
+
+    async def flush_rollups(self, now: datetime | None) -> None:
+        finished = self.aggregator.drain(now)
+        if finished:
+            await database_sync_to_async(services.telemetry_minutes_write)(
+                aggregates=finished, device_ids=self.device_ids
+            )
+
+    async def send_pending_commands(self, command_id: int | None = None) -> None:
+        commands = await database_sync_to_async(services.commands_pending)(node_id=self.node_id, command_id=command_id)
+        for _pk, payload in commands:
+            await self.send(text_data=json.dumps(payload, separators=(",", ":")))
+
+    # --- channel layer events ----------------------------------------------------------------------------------
+
+    async def agent_command(self, event: dict) -> None:
+        # Before hello the agent is not ready; the hello handler sends everything unacked anyway.
+        if self.hello_done:
+            await self.send_pending_commands(command_id=event.get("command_id"))
+
+    async def agent_disconnect(self, event: dict) -> None:
+        await self.close(code=event.get("code", services.CLOSE_UNAUTHORIZED))
+
+    async def agent_replaced(self, event: dict) -> None:
+        if event.get("channel") != self.channel_name:
+            self.replaced = True
+            await self.close(code=services.CLOSE_REPLACED)
+
+
+class TelemetryConsumer(AsyncJsonWebsocketConsumer):
+    """A browser watching live telemetry.
+
+    A system admin subscribes to nodes (``{"subscribe": {"node": <id>}}``); a tenant user is joined to the
+    groups of its tenant subtree and sees only devices allocated to those tenants. Frames to one subscriber
+    are coalesced per node and throttled to one message per ``throttle_interval_s``; the first message after
+    connecting or subscribing carries the latest known values (a snapshot), so a reconnecting viewer resyncs.
+    """
+
+    throttle_interval_s = 1.0
+    monotonic: Callable[[], float] = staticmethod(time.monotonic)
+
+    async def connect(self) -> None:
+        self.groups_joined: set[str] = set()
+        self.pending: dict[int, dict] = {}
+        self.flush_task: asyncio.Task | None = None
+        self.throttle = Throttle(interval_s=self.throttle_interval_s, clock=self.monotonic)
+        user = self.scope.get("user")
+        await self.accept()
+        if user is None or not user.is_authenticated:
+            await self.close(code=services.CLOSE_UNAUTHORIZED)
+            return
+        self.is_admin = selectors.is_telemetry_admin(user)
+        self.tenant_ids: list[int] = []
+        if not self.is_admin:
+            self.tenant_ids = await database_sync_to_async(selectors.telemetry_tenant_ids_for)(user)
+            if not self.tenant_ids:
+                await self.send_json({"type": "error", "code": "forbidden", "detail": "you may watch no telemetry"})
+                await self.close(code=CLOSE_FORBIDDEN)
+                return
+            for tenant_id in self.tenant_ids:
+                await self.join(tenant_group(tenant_id))
+            visible = await database_sync_to_async(selectors.tenant_devices)(tenant_ids=self.tenant_ids)
+            await self.add_snapshot(visible)
+        await self.send_json({"type": "welcome", "admin": self.is_admin, "tenants": self.tenant_ids})
+
+    async def join(self, group: str) -> None:
+        await self.channel_layer.group_add(group, self.channel_name)
+        self.groups_joined.add(group)
+
+    async def disconnect(self, code: int) -> None:
+        if self.flush_task is not None:
+            self.flush_task.cancel()
+        for group in getattr(self, "groups_joined", ()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive_json(self, content: dict, **kwargs) -> None:
+        if not isinstance(content, dict):
+            await self.send_json({"type": "error", "code": "malformed", "detail": "send a JSON object"})
+            return
+        for action in ("subscribe", "unsubscribe"):
+            target = content.get(action)
+            if isinstance(target, dict) and "node" in target:
+                await self.change_subscription(action, target["node"])
+                return
+        await self.send_json(
+            {"type": "error", "code": "malformed", "detail": 'send {"subscribe": {"node": <id>}} or "unsubscribe"'}
+        )
+
+    async def change_subscription(self, action: str, node: object) -> None:
+        if not self.is_admin:
+            await self.send_json(
+                {
+                    "type": "error",
+                    "code": "forbidden",
+                    "detail": "only system admins watch whole nodes; you see the devices allocated to your tenants",
+                }
+            )
+            return
+        if isinstance(node, bool) or not isinstance(node, int):
+            await self.send_json({"type": "error", "code": "invalid", "detail": "node must be a node id (integer)"})
+            return
+        if action == "unsubscribe":
+            await self.channel_layer.group_discard(node_group(node), self.channel_name)
+            self.groups_joined.discard(node_group(node))
+            self.pending.pop(node, None)
+            return
+        if not await database_sync_to_async(selectors.node_exists)(node_id=node):
+            await self.send_json({"type": "error", "code": "not_found", "detail": f"there is no node {node}"})
+            return
+        await self.join(node_group(node))
+        await self.add_snapshot({node: None})
+
+    async def add_snapshot(self, visible: dict[int, set[str] | None]) -> None:
+        """Queue the latest values of ``visible`` (node → device UUIDs, None = all) as the next message."""
+        if not visible:
+            return
+        latest = await latest_store().aget_nodes(visible.keys())
+        for node_id, uuids in visible.items():
+            devices = {
+                uuid: values for uuid, values in latest.get(node_id, {}).items() if uuids is None or uuid in uuids
+            }
+            if devices:
+                self.queue(node_id, {"node": node_id, "sent_at": None, "devices": devices, "snapshot": True})
+        await self.maybe_flush()
+
+    def queue(self, node_id: int, batch: dict) -> None:
+        entry = self.pending.get(node_id)
+        if entry is None:
+            self.pending[node_id] = {**batch, "devices": dict(batch["devices"]), "coalesced": 0}
+            return
+        entry["devices"].update(batch["devices"])
+        entry["coalesced"] += 1
+        for key in ("name", "sent_at"):
+            if batch.get(key):
+                entry[key] = batch[key]
+
+    async def telemetry_batch(self, event: dict) -> None:
+        self.queue(event["node"], event["batch"])
+        await self.maybe_flush()
+
+    async def maybe_flush(self) -> None:
+        if not self.pending:
+            return
+        delay = self.throttle.delay()
+        if delay <= 0:
+            if self.flush_task is not None:
+                self.flush_task.cancel()
+                self.flush_task = None
+            await self.flush()
+        elif self.flush_task is None:
+            self.flush_task = asyncio.ensure_future(self.flush_later(delay))
+
+    async def flush_later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self.flush_task = None
+        await self.flush()
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        nodes = list(self.pending.values())
+        self.pending = {}
+        self.throttle.sent()
+        await self.send_json({"type": "telemetry", "nodes": nodes})

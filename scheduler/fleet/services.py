@@ -1,0 +1,703 @@
+"""Writes of the fleet: bootstrap tokens, registration, node credentials, inventory, lease and telemetry rollups.
+
+Every state change is a function here, with keyword-only arguments, in a transaction, with an audit record.
+Calls into the scheduler (``scheduler.services``) are guarded so the fleet works before those land.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib
+import logging
+import re
+import secrets
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+from django.utils import timezone
+from django.utils.text import slugify
+
+from audit.services import audit_record
+from portal.api import DomainError
+from scheduler.fleet.models import BootstrapToken, NodeAgent, NodeCredential, TelemetryHour, TelemetryMinute
+from scheduler.fleet.telemetry import MinuteAggregate
+from scheduler.models import Device, DeviceHealth, Node, NodeStatus, ResourceFlavor, Vendor
+
+logger = logging.getLogger(__name__)
+
+BOOTSTRAP_PREFIX = "gpb_"
+CREDENTIAL_PREFIX = "gpn_"
+MAX_TOKEN_TTL_S = 30 * 24 * 3600
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_REPLACED = 4409
+
+
+class AuthenticationFailed(DomainError):
+    code = "authentication_failed"
+    status_code = 401
+
+
+def agent_group(node_id: int) -> str:
+    """The channel group of a node's agent socket (PROTOCOL.md: outbox events go here)."""
+    return f"agent.node.{node_id}"
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _scheduler_hook(name: str):
+    """``scheduler.services.<name>`` if the scheduler provides it yet, else None."""
+    try:
+        module = importlib.import_module("scheduler.services")
+    except ModuleNotFoundError as exc:
+        if exc.name != "scheduler.services":
+            raise
+        return None
+    return getattr(module, name, None)
+
+
+def _request_cycle() -> None:
+    hook = _scheduler_hook("request_cycle")
+    if hook is not None:
+        transaction.on_commit(hook)
+
+
+def _group_send_on_commit(group: str, event: dict) -> None:
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(layer.group_send)(group, event)
+
+    transaction.on_commit(send)
+
+
+# --- bootstrap tokens and registration ----------------------------------------------------------------------
+
+
+@transaction.atomic
+def bootstrap_token_create(
+    *, actor: Any | None, ttl_s: int | None = None, description: str = "", request: Any | None = None
+) -> tuple[BootstrapToken, str]:
+    """Make a one-time bootstrap token valid for ``ttl_s`` seconds. Returns the row and the secret, which is
+    shown to the caller this once and never stored."""
+    ttl_s = settings.GPUPOOL_BOOTSTRAP_TOKEN_TTL_S if ttl_s is None else ttl_s
+    if not 60 <= ttl_s <= MAX_TOKEN_TTL_S:
+        raise DomainError(
+            f"ttl must be between 60 seconds and {MAX_TOKEN_TTL_S // 86400} days; got {ttl_s} seconds.",
+            code="invalid_ttl",
+            field="ttl_s",
+        )
+    secret = BOOTSTRAP_PREFIX + secrets.token_urlsafe(32)
+    token = BootstrapToken.objects.create(
+        token_hash=_hash(secret),
+        prefix=secret[:12],
+        description=description[:200],
+        created_by=actor if getattr(actor, "pk", None) else None,
+        expires_at=timezone.now() + timedelta(seconds=ttl_s),
+    )
+    audit_record(
+        action="agent.bootstrap_token.create",
+        actor=actor,
+        target=f"bootstrap_token:{token.pk}",
+        details={"after": {"prefix": token.prefix, "expires_at": token.expires_at.isoformat(), "ttl_s": ttl_s}},
+        request=request,
+    )
+    return token, secret
+
+
+def _new_credential(node: Node) -> tuple[NodeCredential, str]:
+    key_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    credential = NodeCredential.objects.create(node=node, key_id=key_id, secret_hash=_hash(secret))
+    return credential, f"{CREDENTIAL_PREFIX}{key_id}_{secret}"
+
+
+def agent_register(
+    *, token: str, node_name: str, hostname: str = "", agent_version: str = "", request: Any | None = None
+) -> tuple[Node, str]:
+    """Trade a valid, unused bootstrap token for a credential of node ``node_name`` (created if new).
+
+    Registering an existing node again replaces its credentials: the old ones are revoked and its live
+    socket is closed. The node stays ``not_ready`` until its agent says hello. A refused attempt is audited.
+    """
+    try:
+        return _agent_register(
+            token=token, node_name=node_name, hostname=hostname, agent_version=agent_version, request=request
+        )
+    except DomainError as exc:
+        # Outside the failed transaction, so the refusal itself is on record.
+        audit_record(
+            action="agent.register",
+            actor=None,
+            target=f"node:{node_name}"[:200],
+            outcome="failure",
+            details={"reason": exc.code, "token_prefix": (token or "")[:12]},
+            request=request,
+        )
+        raise
+
+
+@transaction.atomic
+def _agent_register(*, token: str, node_name: str, hostname: str, agent_version: str, request: Any | None):
+    if not NODE_NAME_RE.match(node_name or ""):
+        raise DomainError(
+            "node_name must be 1-128 characters of letters, digits, '.', '_' or '-', starting with a letter or digit.",
+            code="invalid_node_name",
+            field="node_name",
+        )
+    row = BootstrapToken.objects.select_for_update().filter(token_hash=_hash(token or "")).first()
+    if row is None:
+        raise AuthenticationFailed(
+            "The bootstrap token is not valid. Ask a system admin for a new one "
+            "(gpupool agent_bootstrap_token, or POST /api/v1/agents/bootstrap-tokens/).",
+            code="invalid_token",
+        )
+    if row.used_at is not None:
+        raise AuthenticationFailed(
+            "This bootstrap token was already used; tokens work once. Ask a system admin for a new one.",
+            code="token_used",
+        )
+    now = timezone.now()
+    if row.expires_at <= now:
+        raise AuthenticationFailed(
+            f"This bootstrap token expired at {row.expires_at:%Y-%m-%d %H:%M:%S} UTC. Ask a system admin for a "
+            "new one.",
+            code="token_expired",
+        )
+    node, created = Node.objects.get_or_create(
+        name=node_name, defaults={"agent_version": agent_version[:32], "status": NodeStatus.NOT_READY}
+    )
+    replaced = 0
+    if not created:
+        replaced = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(revoked_at=now)
+        fields = {"agent_version": agent_version[:32]}
+        if node.status == NodeStatus.READY:
+            fields["status"] = NodeStatus.NOT_READY
+        Node.objects.filter(pk=node.pk).update(**fields)
+        node.refresh_from_db()
+        if replaced:
+            _group_send_on_commit(agent_group(node.pk), {"type": "agent.disconnect", "code": CLOSE_UNAUTHORIZED})
+    NodeAgent.objects.update_or_create(node=node, defaults={"hostname": hostname[:255]})
+    _credential, secret = _new_credential(node)
+    row.used_at = now
+    row.used_by_node = node
+    row.save(update_fields=["used_at", "used_by_node"])
+    audit_record(
+        action="agent.register",
+        actor=None,
+        target=f"node:{node.pk}",
+        details={
+            "after": {"node": node.name, "hostname": hostname, "agent_version": agent_version, "new_node": created},
+            "token_prefix": row.prefix,
+            "credentials_replaced": replaced,
+        },
+        request=request,
+    )
+    return node, secret
+
+
+@transaction.atomic
+def node_credentials_revoke(*, actor: Any | None, node: Node, request: Any | None = None) -> int:
+    """Revoke every active credential of ``node`` and close its live socket. Returns how many were revoked.
+
+    The agent has to be registered again with a new bootstrap token to come back.
+    """
+    now = timezone.now()
+    count = NodeCredential.objects.filter(node=node, revoked_at__isnull=True).update(
+        revoked_at=now, revoked_by=actor if getattr(actor, "pk", None) else None
+    )
+    audit_record(
+        action="agent.credential.revoke",
+        actor=actor,
+        target=f"node:{node.pk}",
+        details={"node": node.name, "revoked": count},
+        request=request,
+    )
+    _group_send_on_commit(agent_group(node.pk), {"type": "agent.disconnect", "code": CLOSE_UNAUTHORIZED})
+    return count
+
+
+def credential_authenticate(*, credential: str, peer: str = "") -> NodeCredential | None:
+    """The active credential matching ``credential``, or None (and an audit record ``node.auth_failed``).
+
+    The secret is compared in constant time; a revoked, replaced or forged credential is refused alike.
+    """
+    reason = "malformed"
+    row = None
+    if credential.startswith(CREDENTIAL_PREFIX):
+        key_id, _, secret = credential[len(CREDENTIAL_PREFIX) :].partition("_")
+        row = NodeCredential.objects.select_related("node").filter(key_id=key_id).first() if key_id else None
+        if row is None:
+            reason = "unknown_credential"
+        elif not hmac.compare_digest(row.secret_hash, _hash(secret)):
+            reason = "wrong_secret"
+        elif row.revoked_at is not None:
+            reason = "revoked"
+        else:
+            NodeCredential.objects.filter(pk=row.pk).update(last_seen_at=timezone.now())
+            return row
+    elif not credential:
+        reason = "missing"
+    audit_record(
+        action="node.auth_failed",
+        actor=None,
+        target=f"node:{row.node_id}" if row is not None else "node:?",
+        outcome="failure",
+        details={"reason": reason, "peer": peer, "key_id": row.key_id if row is not None else ""},
+    )
+    return None
+
+
+# --- inventory, lease -----------------------------------------------------------------------------------------
+
+
+def _flavor_mapping() -> dict[str, str]:
+    return {key.lower(): value for key, value in getattr(settings, "GPUPOOL_FLAVOR_MAP", {}).items()}
+
+
+def flavor_for_device(*, vendor: str, model: str, memory_mib: int) -> ResourceFlavor:
+    """The flavor of a device: an explicit mapping (``GPUPOOL_FLAVOR_MAP`` model → flavor name), else a
+    flavor of the same vendor and model string with the closest memory, else a new flavor named from vendor,
+    model and memory (``nvidia-h100-80gb-hbm3-80g``) that an admin may rename or merge later."""
+    mapped = _flavor_mapping().get(model.lower())
+    if mapped:
+        flavor = ResourceFlavor.objects.filter(name=mapped).first()
+        if flavor is not None:
+            return flavor
+    candidates = list(ResourceFlavor.objects.filter(vendor=vendor, model__iexact=model))
+    if candidates:
+        return min(candidates, key=lambda flavor: abs(flavor.memory_mib - memory_mib))
+    gib = max(1, round(memory_mib / 1024))
+    model_slug = slugify(model.lower().removeprefix(vendor.lower()).strip()) or "device"
+    name = f"{slugify(vendor) or 'device'}-{model_slug}"[:58] + f"-{gib}g"
+    flavor, _created = ResourceFlavor.objects.get_or_create(
+        name=name,
+        defaults={
+            "vendor": vendor,
+            "model": model[:64],
+            "memory_mib": memory_mib,
+            "description": "created automatically when a node reported this model",
+        },
+    )
+    return flavor
+
+
+def _vendor(value: str) -> str:
+    value = (value or "").lower()
+    return value if value in Vendor.values else Vendor.SIMULATED
+
+
+def _health(value: str) -> str:
+    value = (value or "").lower()
+    return value if value in DeviceHealth.values else DeviceHealth.UNHEALTHY
+
+
+@transaction.atomic
+def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dict[str, int]:
+    """Apply an agent's ``hello``: node facts, device inventory (upserted by UUID), node ready.
+
+    Devices the agent no longer reports are kept (allocations may point at them) but marked unhealthy and
+    moved out of the way of index reuse. Running workloads the agent reports are passed to the scheduler so
+    a restarted agent re-adopts them. Returns device UUID → device id.
+    """
+    now = now or timezone.now()
+    node = Node.objects.select_for_update().get(pk=node_id)
+    before_status = node.status
+    reported = [device for device in hello.get("devices") or [] if isinstance(device, dict) and device.get("uuid")]
+    reported_uuids = {str(device["uuid"]) for device in reported}
+    stale = list(node.devices.exclude(uuid__in=reported_uuids))
+    for offset, device in enumerate(stale):
+        device.health = DeviceHealth.UNHEALTHY
+        device.index = 32767 - offset
+        device.save(update_fields=["health", "index"])
+    # Park the reported devices' rows on free indexes first, so indexes that moved between cards (a swap)
+    # never collide with the (node, index) uniqueness while the rows are rewritten one by one.
+    for offset, device in enumerate(node.devices.filter(uuid__in=reported_uuids)):
+        device.index = 30000 + offset
+        device.save(update_fields=["index"])
+    device_fields = {field.name for field in Device._meta.get_fields()}
+    mapping: dict[str, int] = {}
+    for item in reported:
+        uuid = str(item["uuid"])[:96]
+        vendor = _vendor(item.get("vendor", ""))
+        model = str(item.get("model") or "unknown")[:64]
+        memory_mib = int(item.get("memory_mib") or 0)
+        fields = {
+            "node": node,
+            "index": int(item.get("index") or 0),
+            "vendor": vendor,
+            "model": model,
+            "memory_mib": memory_mib,
+            "numa_node": item.get("numa_node"),
+            "pci_bus_id": str(item.get("pci_bus_id") or "")[:32],
+            "health": _health(item.get("health", "healthy")),
+            "mig_mode": bool(item.get("mig_mode")),
+        }
+        for link in ("nvlink_domain", "pcie_switch"):
+            if link in device_fields:
+                fields[link] = str(item.get(link) or "")[:64]
+        device = Device.objects.filter(uuid=uuid).first()
+        if device is None or device.model != model or device.memory_mib != memory_mib or device.flavor_id is None:
+            fields["flavor"] = flavor_for_device(vendor=vendor, model=model, memory_mib=memory_mib)
+        device, _created = Device.objects.update_or_create(uuid=uuid, defaults=fields)
+        mapping[uuid] = device.pk
+    node.agent_version = str(hello.get("agent_version") or node.agent_version)[:32]
+    node.cpu_cores = int(hello.get("cpu_cores") or node.cpu_cores or 0)
+    node.memory_mib = int(hello.get("memory_mib") or node.memory_mib or 0)
+    if isinstance(hello.get("labels"), dict):
+        node.labels = hello["labels"]
+    if isinstance(hello.get("topology"), dict):
+        node.topology = hello["topology"]
+    node.last_heartbeat_at = now
+    if node.status == NodeStatus.NOT_READY:
+        node.status = NodeStatus.READY
+    node.save()
+    NodeAgent.objects.update_or_create(
+        node=node,
+        defaults={"connected_at": now, "disconnected_at": None, "lost_at": None, "jobs_requeued_at": None},
+    )
+    audit_record(
+        action="node.hello",
+        actor=None,
+        target=f"node:{node.pk}",
+        details={
+            "before": {"status": before_status},
+            "after": {"status": node.status, "devices": len(mapping), "agent_version": node.agent_version},
+            "stale_devices": [device.uuid for device in stale],
+        },
+    )
+    report = _scheduler_hook("workload_status_report")
+    for workload in hello.get("workloads") or []:
+        if report is None:
+            break
+        try:
+            report(
+                node=node,
+                job_id=int(workload["job_id"]),
+                replica=int(workload.get("replica") or 0),
+                state=str(workload.get("state") or "running"),
+                exit_code=None,
+                last_checkpoint_at=None,
+                message="reported by the agent on reconnect",
+            )
+        except (KeyError, TypeError, ValueError, DomainError) as exc:
+            logger.warning("node %s reported a workload the scheduler refused: %r (%s)", node.name, workload, exc)
+    _request_cycle()
+    return mapping
+
+
+def node_heartbeat(*, node_id: int, now: datetime | None = None) -> bool:
+    """Renew the node's lease. A node the lease check declared lost while its socket stayed open becomes
+    ready again. Returns True when the node became ready."""
+    now = now or timezone.now()
+    Node.objects.filter(pk=node_id).update(last_heartbeat_at=now)
+    lost = NodeAgent.objects.filter(node_id=node_id, lost_at__isnull=False).exists()
+    if not lost:
+        return False
+    with transaction.atomic():
+        NodeAgent.objects.filter(node_id=node_id).update(lost_at=None, jobs_requeued_at=None)
+        revived = Node.objects.filter(pk=node_id, status=NodeStatus.NOT_READY).update(status=NodeStatus.READY)
+        audit_record(
+            action="node.ready",
+            actor=None,
+            target=f"node:{node_id}",
+            details={"reason": "heartbeat resumed", "after": {"status": NodeStatus.READY if revived else "unchanged"}},
+        )
+        _request_cycle()
+    return bool(revived)
+
+
+def node_disconnected(*, node_id: int, now: datetime | None = None) -> None:
+    """Record that the agent's socket closed. The node keeps its status until its lease runs out."""
+    NodeAgent.objects.filter(node_id=node_id).update(disconnected_at=now or timezone.now())
+
+
+def lease_check(*, now: datetime | None = None) -> dict[str, list[int]]:
+    """Declare nodes whose lease ran out (``GPUPOOL_LEASE_MISSES`` heartbeats missed) lost — a ready node
+    becomes ``not_ready`` so nothing new is placed on it — and requeue the jobs of nodes lost for longer than
+    ``GPUPOOL_NODE_LOST_GRACE_S``. Idempotent; run periodically by Celery beat."""
+    now = now or timezone.now()
+    lease_s = settings.GPUPOOL_HEARTBEAT_INTERVAL_S * settings.GPUPOOL_LEASE_MISSES
+    expired_before = now - timedelta(seconds=lease_s)
+    lost: list[int] = []
+    requeued: list[int] = []
+    candidates = Node.objects.filter(last_heartbeat_at__lt=expired_before).exclude(agent__lost_at__isnull=False)
+    for node_id in candidates.values_list("pk", flat=True):
+        with transaction.atomic():
+            node = Node.objects.select_for_update().get(pk=node_id)
+            if node.last_heartbeat_at is None or node.last_heartbeat_at >= expired_before:
+                continue  # a heartbeat arrived in between
+            before = node.status
+            if node.status == NodeStatus.READY:
+                node.status = NodeStatus.NOT_READY
+                node.save(update_fields=["status"])
+            NodeAgent.objects.update_or_create(node=node, defaults={"lost_at": now, "jobs_requeued_at": None})
+            audit_record(
+                action="node.not_ready",
+                actor=None,
+                target=f"node:{node.pk}",
+                details={
+                    "reason": "lease_expired",
+                    "last_heartbeat_at": node.last_heartbeat_at.isoformat(),
+                    "before": {"status": before},
+                    "after": {"status": node.status},
+                },
+            )
+            _request_cycle()
+            lost.append(node.pk)
+    grace_before = now - timedelta(seconds=settings.GPUPOOL_NODE_LOST_GRACE_S)
+    overdue = NodeAgent.objects.filter(lost_at__lte=grace_before, jobs_requeued_at__isnull=True)
+    requeue = _scheduler_hook("node_jobs_requeue")
+    for node_id in overdue.values_list("node_id", flat=True):
+        with transaction.atomic():
+            agent = NodeAgent.objects.select_for_update().select_related("node").get(pk=node_id)
+            if agent.lost_at is None or agent.jobs_requeued_at is not None:
+                continue
+            count = requeue(node=agent.node, reason="node_lost") if requeue is not None else 0
+            agent.jobs_requeued_at = now
+            agent.save(update_fields=["jobs_requeued_at"])
+            audit_record(
+                action="node.jobs_requeued",
+                actor=None,
+                target=f"node:{node_id}",
+                details={"reason": "node_lost", "jobs": count, "lost_at": agent.lost_at.isoformat()},
+            )
+            requeued.append(node_id)
+    return {"lost": lost, "requeued": requeued}
+
+
+# --- workloads and the outbox ------------------------------------------------------------------------------
+
+
+def workload_status_forward(*, node_id: int, status: dict) -> bool:
+    """Pass a ``workload.status`` frame to ``scheduler.services.workload_status_report``.
+
+    Returns False when the scheduler does not take reports yet.
+    """
+    from scheduler.fleet.telemetry import parse_time
+
+    report = _scheduler_hook("workload_status_report")
+    if report is None:
+        logger.info("workload.status from node %s dropped: the scheduler takes no reports yet", node_id)
+        return False
+    checkpoint = status.get("last_checkpoint_at")
+    report(
+        node=Node.objects.get(pk=node_id),
+        job_id=int(status["job_id"]),
+        replica=int(status.get("replica") or 0),
+        state=str(status["state"]),
+        exit_code=status.get("exit_code"),
+        last_checkpoint_at=parse_time(checkpoint, default=None) if checkpoint else None,
+        message=str(status.get("message") or ""),
+        log_tail=str(status.get("log_tail") or ""),
+    )
+    return True
+
+
+def _agent_command_model():
+    from scheduler import models as scheduler_models
+
+    return getattr(scheduler_models, "AgentCommand", None)
+
+
+def commands_pending(*, node_id: int, command_id: int | None = None) -> list[tuple[int, dict]]:
+    """Unacknowledged commands of the node (or just ``command_id``), oldest first, marked sent now.
+
+    Sent-but-unacked commands are sent again on reconnect; the agent deduplicates by ``command_id``.
+    """
+    model = _agent_command_model()
+    if model is None:
+        return []
+    rows = model.objects.filter(node_id=node_id, acked_at__isnull=True).order_by("pk")
+    if command_id is not None:
+        rows = rows.filter(pk=command_id)
+    commands = [(row.pk, row.payload) for row in rows]
+    if commands:
+        update: dict[str, Any] = {"sent_at": timezone.now()}
+        if hasattr(model, "attempts"):
+            update["attempts"] = F("attempts") + 1
+        model.objects.filter(pk__in=[pk for pk, _ in commands]).update(**update)
+    return commands
+
+
+def command_ack(*, node_id: int, command_id: int, ok: bool = True, error: str = "") -> bool:
+    """Mark the node's command acknowledged. Returns False for an id that is not this node's."""
+    model = _agent_command_model()
+    if model is None:
+        return False
+    update: dict[str, Any] = {"acked_at": timezone.now()}
+    field_names = {field.name for field in model._meta.get_fields()}
+    if "ack_ok" in field_names:
+        update["ack_ok"] = ok
+    if "error" in field_names:
+        update["error"] = error[: model._meta.get_field("error").max_length or 500]
+    return bool(model.objects.filter(pk=command_id, node_id=node_id).update(**update))
+
+
+# --- telemetry rollups ---------------------------------------------------------------------------------------
+
+
+def _merge(
+    row: TelemetryMinute | TelemetryHour,
+    *,
+    samples: int,
+    util_avg: float,
+    util_max: float,
+    mem_avg: float,
+    mem_max: float,
+    power_avg: float | None,
+    temp_max: float | None,
+) -> None:
+    total = row.samples + samples
+    row.utilization_avg_pct = (row.utilization_avg_pct * row.samples + util_avg * samples) / total
+    row.memory_used_avg_mib = (row.memory_used_avg_mib * row.samples + mem_avg * samples) / total
+    row.utilization_max_pct = max(row.utilization_max_pct, util_max)
+    row.memory_used_max_mib = max(row.memory_used_max_mib, mem_max)
+    if power_avg is not None:
+        row.power_avg_w = (
+            power_avg if row.power_avg_w is None else ((row.power_avg_w * row.samples + power_avg * samples) / total)
+        )
+    if temp_max is not None:
+        row.temperature_max_c = temp_max if row.temperature_max_c is None else max(row.temperature_max_c, temp_max)
+    row.samples = total
+
+
+def telemetry_minutes_write(*, aggregates: Iterable[MinuteAggregate], device_ids: dict[str, int]) -> int:
+    """Store finished minute aggregates: one bulk insert, merging into rows that already exist for the same
+    device and minute (an agent that reconnected within the minute). Returns the number of rows written."""
+    by_key: dict[tuple[int, datetime], MinuteAggregate] = {}
+    for aggregate in aggregates:
+        device_id = device_ids.get(aggregate.uuid)
+        if device_id is None or aggregate.samples == 0:
+            continue
+        by_key[(device_id, aggregate.minute)] = aggregate
+    if not by_key:
+        return 0
+    for _attempt in range(2):
+        try:
+            with transaction.atomic():
+                return _write_minutes(by_key)
+        except IntegrityError:
+            continue  # another connection inserted the same minute concurrently: merge on the retry
+    return 0
+
+
+def _write_minutes(by_key: dict[tuple[int, datetime], MinuteAggregate]) -> int:
+    minutes = {minute for _device, minute in by_key}
+    existing = {
+        (row.device_id, row.minute): row
+        for row in TelemetryMinute.objects.select_for_update().filter(
+            device_id__in={device for device, _minute in by_key}, minute__in=minutes
+        )
+    }
+    new_rows, changed = [], []
+    for key, agg in by_key.items():
+        row = existing.get(key)
+        if row is None:
+            new_rows.append(
+                TelemetryMinute(
+                    device_id=key[0],
+                    minute=key[1],
+                    samples=agg.samples,
+                    utilization_avg_pct=agg.utilization_avg,
+                    utilization_max_pct=agg.utilization_max,
+                    memory_used_avg_mib=agg.memory_avg,
+                    memory_used_max_mib=agg.memory_max,
+                    power_avg_w=agg.power_avg,
+                    temperature_max_c=agg.temperature_max,
+                )
+            )
+        else:
+            _merge(
+                row,
+                samples=agg.samples,
+                util_avg=agg.utilization_avg,
+                util_max=agg.utilization_max,
+                mem_avg=agg.memory_avg,
+                mem_max=agg.memory_max,
+                power_avg=agg.power_avg,
+                temp_max=agg.temperature_max,
+            )
+            changed.append(row)
+    TelemetryMinute.objects.bulk_create(new_rows)
+    if changed:
+        TelemetryMinute.objects.bulk_update(
+            changed,
+            [
+                "samples",
+                "utilization_avg_pct",
+                "utilization_max_pct",
+                "memory_used_avg_mib",
+                "memory_used_max_mib",
+                "power_avg_w",
+                "temperature_max_c",
+            ],
+        )
+    return len(new_rows) + len(changed)
+
+
+@transaction.atomic
+def telemetry_hours_rollup(*, now: datetime | None = None) -> int:
+    """(Re)build the hourly rows of every hour that has minutes and is over, up to the current hour.
+
+    Rebuilding an hour from its minutes (rather than adding to it) keeps the task idempotent. Only hours after
+    the newest finished hour row minus one hour are touched, so the work stays bounded.
+    """
+    now = now or timezone.now()
+    current_hour = now.replace(minute=0, second=0, microsecond=0)
+    newest = TelemetryHour.objects.aggregate(newest=Max("hour"))["newest"]
+    start = newest - timedelta(hours=1) if newest else None
+    minutes = TelemetryMinute.objects.filter(minute__lt=current_hour)
+    if start is not None:
+        minutes = minutes.filter(minute__gte=start)
+    buckets: dict[tuple[int, datetime], TelemetryHour] = {}
+    for row in minutes.order_by("minute").iterator():
+        hour = row.minute.replace(minute=0, second=0, microsecond=0)
+        bucket = buckets.get((row.device_id, hour))
+        if bucket is None:
+            buckets[(row.device_id, hour)] = TelemetryHour(
+                device_id=row.device_id,
+                hour=hour,
+                samples=row.samples,
+                utilization_avg_pct=row.utilization_avg_pct,
+                utilization_max_pct=row.utilization_max_pct,
+                memory_used_avg_mib=row.memory_used_avg_mib,
+                memory_used_max_mib=row.memory_used_max_mib,
+                power_avg_w=row.power_avg_w,
+                temperature_max_c=row.temperature_max_c,
+            )
+        else:
+            _merge(
+                bucket,
+                samples=row.samples,
+                util_avg=row.utilization_avg_pct,
+                util_max=row.utilization_max_pct,
+                mem_avg=row.memory_used_avg_mib,
+                mem_max=row.memory_used_max_mib,
+                power_avg=row.power_avg_w,
+                temp_max=row.temperature_max_c,
+            )
+    if not buckets:
+        return 0
+    TelemetryHour.objects.filter(hour__in={hour for _device, hour in buckets}).delete()
+    TelemetryHour.objects.bulk_create(buckets.values())
+    return len(buckets)
+
+
+def telemetry_purge(*, now: datetime | None = None) -> dict[str, int]:
+    """Delete minute rows older than 30 days and hour rows older than a year (configurable)."""
+    now = now or timezone.now()
+    minute_days = getattr(settings, "GPUPOOL_TELEMETRY_MINUTE_RETENTION_DAYS", 30)
+    hour_days = getattr(settings, "GPUPOOL_TELEMETRY_HOUR_RETENTION_DAYS", 365)
+    minutes, _ = TelemetryMinute.objects.filter(minute__lt=now - timedelta(days=minute_days)).delete()
+    hours, _ = TelemetryHour.objects.filter(hour__lt=now - timedelta(days=hour_days)).delete()
+    return {"minutes": minutes, "hours": hours}

@@ -1,0 +1,22 @@
+"""Periodic fleet work (Celery beat entries in ``portal.celery``). Thin: each calls one service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from scheduler.fleet import services
+
+
+@shared_task(name="fleet.lease_check", acks_late=True, ignore_result=True)
+def lease_check() -> dict:
+    return services.lease_check()
+
+
+@shared_task(name="fleet.telemetry_rollup_hours", acks_late=True, ignore_result=True)
+def telemetry_rollup_hours() -> int:
+    return services.telemetry_hours_rollup()
+
+
+@shared_task(name="fleet.telemetry_purge", acks_late=True, ignore_result=True)
+def telemetry_purge() -> dict:
+    return services.telemetry_purge()
