@@ -1,4 +1,4 @@
-"""Steps 3–5: filter, score (best-fit fractions, topology, energy mode) and gang all-or-nothing."""
+"""Steps 3 to 5: filter, score (best-fit fractions, topology, energy mode) and gang all-or-nothing."""
 
 from __future__ import annotations
 
@@ -162,7 +162,9 @@ def test_gang_places_all_replicas_across_nodes():
     s = snapshot([node("n1", 4), node("n2", 4)], pending=[job("g", cards=4, replicas=2)])
     (place,) = plan(s, Policy()).places
     assert place.replicas == 2
-    assert {a.node for a in place.assignments if a.replica == 0} != {a.node for a in place.assignments if a.replica == 1}
+    assert {a.node for a in place.assignments if a.replica == 0} != {
+        a.node for a in place.assignments if a.replica == 1
+    }
 
 
 def test_gang_is_all_or_nothing():

@@ -22,7 +22,10 @@ def _victims(result) -> dict[str, PreemptReason]:
 def test_higher_priority_job_preempts_lower_priority_work_of_its_tenant():
     s = snapshot(
         [node("n1", 2)],
-        allocations=[alloc("low", "n1-gpu0", priority=200, started_at=OLD), alloc("low2", "n1-gpu1", priority=200, started_at=OLD)],
+        allocations=[
+            alloc("low", "n1-gpu0", priority=200, started_at=OLD),
+            alloc("low2", "n1-gpu1", priority=200, started_at=OLD),
+        ],
         pending=[job("high", cards=1, priority=800)],
     )
     result = plan(s, Policy(grace_period_s=30))
@@ -118,7 +121,10 @@ def test_borrowing_job_does_not_reclaim_but_may_preempt_lower_priority_borrowers
     # a2 would borrow (team-a's guarantee of 1 is in use): it may not reclaim b-borrow (priority 800 > 500),
     # and b-own is inside team-b's guarantee.
     assert not plan(s, Policy()).preemptions
-    lower = [alloc("b-borrow", "n1-gpu0", "team-b", priority=200, borrowed_millis=1000, started_at=OLD), *allocations[1:]]
+    lower = [
+        alloc("b-borrow", "n1-gpu0", "team-b", priority=200, borrowed_millis=1000, started_at=OLD),
+        *allocations[1:],
+    ]
     s2 = snapshot([node("n1", 3)], allocations=lower, pending=[job("a2", "team-a", priority=500)], quotas=quotas)
     assert _victims(plan(s2, Policy())) == {"b-borrow": PreemptReason.PRIORITY}
 
@@ -164,12 +170,18 @@ def test_preempted_capacity_is_held_for_the_preemptor_not_given_to_later_jobs():
 
 def test_multi_replica_gang_preempts_across_nodes():
     allocations = [alloc(f"low{n}{i}", f"n{n}-gpu{i}", priority=100, started_at=OLD) for n in (1, 2) for i in range(2)]
-    s = snapshot([node("n1", 2), node("n2", 2)], allocations=allocations, pending=[job("g", cards=2, replicas=2, priority=800)])
+    s = snapshot(
+        [node("n1", 2), node("n2", 2)], allocations=allocations, pending=[job("g", cards=2, replicas=2, priority=800)]
+    )
     assert len(plan(s, Policy()).preemptions) == 4
 
 
 def test_a_victim_is_preempted_once_per_cycle():
     allocations = [alloc("low", "n1-gpu0", priority=100, started_at=OLD)]
-    s = snapshot([node("n1", 1)], allocations=allocations, pending=[job("h1", priority=800), job("h2", priority=800, submitted_at=1)])
+    s = snapshot(
+        [node("n1", 1)],
+        allocations=allocations,
+        pending=[job("h1", priority=800), job("h2", priority=800, submitted_at=1)],
+    )
     result = plan(s, Policy())
     assert [p.job_id for p in result.preemptions] == ["low"]
