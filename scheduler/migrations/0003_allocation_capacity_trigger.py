@@ -20,12 +20,12 @@ BEGIN
       FROM scheduler_allocation
      WHERE device_id = NEW.device_id AND ended_at IS NULL AND id <> NEW.id;
     IF used_millis + NEW.millis > 1000 THEN
-        RAISE EXCEPTION 'device % would be double-booked: % + % millis > 1000', NEW.device_id, used_millis, NEW.millis
-            USING ERRCODE = '23514';
+        RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = 'device ' || NEW.device_id || ' would be double-booked: '
+            || used_millis || ' + ' || NEW.millis || ' millis > 1000';
     END IF;
     IF used_memory + NEW.memory_mib > device_memory THEN
-        RAISE EXCEPTION 'device % memory exceeded: % + % MiB > % MiB', NEW.device_id, used_memory, NEW.memory_mib,
-            device_memory USING ERRCODE = '23514';
+        RAISE EXCEPTION USING ERRCODE = '23514', MESSAGE = 'device ' || NEW.device_id || ' memory exceeded: '
+            || used_memory || ' + ' || NEW.memory_mib || ' MiB > ' || device_memory || ' MiB';
     END IF;
     RETURN NEW;
 END
@@ -44,7 +44,7 @@ DROP FUNCTION IF EXISTS scheduler_allocation_check_capacity();
 
 def forwards(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        # A plain cursor without parameters: the SQL holds literal % signs (RAISE placeholders).
+        # A plain cursor without parameters: keep the SQL free of parameter parsing.
         with schema_editor.connection.cursor() as cursor:
             cursor.execute(CREATE)
 
