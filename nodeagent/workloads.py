@@ -422,10 +422,18 @@ class WorkloadRunner:
             if r.active
         ]
 
-    def report_all(self) -> None:
-        """Queue the current status of every known workload (after a reconnect, the portal may have missed some)."""
+    def report_finished(self, *, within_s: float) -> None:
+        """Queue again the final status of workloads that finished in the last ``within_s`` seconds.
+
+        After a reconnect the portal may have missed a status written into the dying socket; repeats are
+        harmless. Workloads with a status already queued are skipped.
+        """
+        now = self.clock()
+        queued = {(status.job_id, status.replica) for status in self.outbox}
         for record in self.records.values():
-            self._report(record)
+            recent = record.finished_at is not None and now - record.finished_at < within_s
+            if not record.active and recent and record.key not in queued:
+                self._report(record)
 
     def loads(self) -> list[WorkloadLoad]:
         return [

@@ -1,0 +1,470 @@
+"""The agent's connection loop: hello, heartbeats, telemetry, portal commands, reconnects.
+
+The loop is a repeated single step (STYLE.md #7): :meth:`Agent.tick` does one step and returns the delay
+until the next one, reading time only from the injected clock, so tests drive it without real time. One
+step polls the workloads, takes a telemetry sample when it is due, (re)connects when the backoff allows it,
+handles the frames that arrived, and sends what is due. Telemetry taken while disconnected waits in a
+bounded buffer (oldest dropped first) and is sent after the reconnect marked ``buffered``; workload status
+changes wait in the runner's outbox, so none is lost while the portal is away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import random
+import socket
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from nodeagent import __version__, protocol
+from nodeagent.backends.base import DeviceBackend
+from nodeagent.sampling import Sampler
+from nodeagent.workloads import WorkloadRejected, WorkloadRunner
+
+log = logging.getLogger(__name__)
+
+#: Close codes the portal uses (see scheduler.fleet.services).
+CLOSE_UNAUTHORIZED = 4401
+CLOSE_REPLACED = 4409
+#: Statuses of workloads that finished this recently are sent again after a reconnect, in case the frame
+#: was written into a socket that died before the portal read it (the portal treats repeats as no-ops).
+RESEND_FINISHED_WITHIN_S = 3600.0
+#: The longest a tick sleeps, so workload exits are noticed promptly even with slow telemetry.
+MAX_TICK_DELAY_S = 1.0
+
+
+def ws_url_for(server: str, path: str = "/ws/agent/") -> str:
+    """``http://host:8000`` → ``ws://host:8000/ws/agent/`` (``https`` → ``wss``); a ws(s) URL keeps its scheme."""
+    parts = urlsplit(server if "://" in server else f"http://{server}")
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme)
+    if scheme is None:
+        raise ValueError(f"server URL {server!r} must start with http://, https://, ws:// or wss://")
+    if path.startswith(("ws://", "wss://")):
+        return path
+    base = parts.path.rstrip("/")
+    return urlunsplit((scheme, parts.netloc, base + "/" + path.lstrip("/"), "", ""))
+
+
+class Backoff:
+    """Exponential backoff with "equal jitter": attempt n waits between half and all of min(cap, base·2ⁿ).
+
+    The jitter spreads a fleet's reconnects after a portal restart; the floor keeps one agent from
+    hammering a portal that is down.
+    """
+
+    def __init__(self, *, base_s: float = 1.0, cap_s: float = 60.0, rng: random.Random | None = None) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.rng = rng or random.Random()
+        self.attempt = 0
+
+    def bounds(self, attempt: int) -> tuple[float, float]:
+        ceiling = min(self.cap_s, self.base_s * 2**attempt)
+        return ceiling / 2, ceiling
+
+    def next_delay(self) -> float:
+        low, high = self.bounds(self.attempt)
+        self.attempt += 1
+        return self.rng.uniform(low, high)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class TelemetryBuffer:
+    """Telemetry frames taken while disconnected; the oldest are dropped once ``max_frames`` is reached."""
+
+    def __init__(self, max_frames: int) -> None:
+        self.frames: deque[protocol.Telemetry] = deque(maxlen=max_frames)
+        self.dropped = 0
+
+    def add(self, frame: protocol.Telemetry) -> None:
+        if len(self.frames) == self.frames.maxlen:
+            self.dropped += 1
+        self.frames.append(frame)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+
+class ConnectionLost(Exception):
+    pass
+
+
+class Connection(Protocol):
+    """A message connection to the portal (a WebSocket in production, a fake in tests)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def close_code(self) -> int | None: ...
+
+    async def send(self, text: str) -> None:
+        """Send one frame; raises :class:`ConnectionLost` when the connection is gone."""
+        ...
+
+    def received(self) -> list[str]:
+        """The frames that arrived since the last call."""
+        ...
+
+    async def wait(self, timeout_s: float) -> None:
+        """Return when a frame arrives, the connection closes, or ``timeout_s`` passes."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+Connector = Callable[[], Awaitable[Connection]]
+
+
+class WebSocketConnection:
+    """A ``websockets`` client connection with a reader task that queues incoming frames."""
+
+    def __init__(self, websocket) -> None:
+        self.websocket = websocket
+        self._frames: deque[str] = deque()
+        self._arrived = asyncio.Event()
+        self._closed = False
+        self._close_code: int | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            async for frame in self.websocket:
+                self._frames.append(frame if isinstance(frame, str) else frame.decode("utf-8", "replace"))
+                self._arrived.set()
+        except ConnectionClosed:
+            pass
+        finally:
+            self._mark_closed()
+
+    def _mark_closed(self) -> None:
+        self._closed = True
+        self._close_code = self.websocket.close_code
+        self._arrived.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def close_code(self) -> int | None:
+        return self._close_code
+
+    async def send(self, text: str) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        if self._closed:
+            raise ConnectionLost("connection already closed")
+        try:
+            await self.websocket.send(text)
+        except ConnectionClosed as exc:
+            self._mark_closed()
+            raise ConnectionLost(str(exc)) from exc
+
+    def received(self) -> list[str]:
+        frames = list(self._frames)
+        self._frames.clear()
+        if not self._closed:
+            self._arrived.clear()
+        return frames
+
+    async def wait(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._arrived.wait(), timeout=max(0.0, timeout_s))
+
+    async def close(self) -> None:
+        await self.websocket.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader
+
+
+def websocket_connector(url: str, credential: str, *, open_timeout_s: float = 10.0) -> Connector:
+    """A connector that opens ``url`` with ``Authorization: Bearer <credential>``."""
+
+    async def connect() -> Connection:
+        from websockets.asyncio.client import connect as ws_connect
+
+        websocket = await ws_connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {credential}"},
+            user_agent_header=f"gpupool-agent/{__version__}",
+            open_timeout=open_timeout_s,
+            max_size=protocol.MAX_FRAME_BYTES,
+            proxy=None,
+        )
+        return WebSocketConnection(websocket)
+
+    return connect
+
+
+def _memory_mib() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError):
+        return 0
+
+
+@dataclass
+class AgentSettings:
+    node_name: str
+    telemetry_interval_s: float = 1.0
+    heartbeat_interval_s: float = 10.0
+    process_interval_s: float = 5.0
+    ecc_interval_s: float = 60.0
+    buffer_frames: int = 300
+    backoff_base_s: float = 1.0
+    backoff_cap_s: float = 60.0
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        settings: AgentSettings,
+        backend: DeviceBackend,
+        runner: WorkloadRunner,
+        connector: Connector,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.runner = runner
+        self.connector = connector
+        self.clock = clock
+        self.backoff = Backoff(base_s=settings.backoff_base_s, cap_s=settings.backoff_cap_s, rng=rng)
+        self.buffer = TelemetryBuffer(settings.buffer_frames)
+        self.sampler = Sampler(
+            backend, process_interval_s=settings.process_interval_s, ecc_interval_s=settings.ecc_interval_s
+        )
+        self.connection: Connection | None = None
+        self.heartbeat_seq = 0
+        self.connects = 0
+        self._next_connect_at = float("-inf")
+        self._next_telemetry_at = float("-inf")
+        self._next_heartbeat_at = float("-inf")
+
+    @property
+    def connected(self) -> bool:
+        return self.connection is not None and not self.connection.closed
+
+    # --- the step ----------------------------------------------------------------------------------------
+
+    async def tick(self) -> float:
+        """One step of the agent; returns the seconds until the next step is due."""
+        now = self.clock()
+        if self.connection is not None and self.connection.closed:
+            self._lost(now)
+        if self.connection is None and now >= self._next_connect_at:
+            await self._connect(now)
+        if self.connected:
+            for text in self.connection.received():
+                await self._handle(text)
+        self.runner.poll()
+        self.backend.observe_workloads(self.runner.loads())
+        telemetry = self._take_telemetry(now)
+        if not self.connected:
+            if telemetry is not None:
+                self.buffer.add(telemetry)
+            return self._delay(now)
+        await self._flush_statuses()
+        if telemetry is not None and not await self._send(telemetry, now):
+            self.buffer.add(telemetry)
+        if self.connected and now >= self._next_heartbeat_at:
+            self.heartbeat_seq += 1
+            if await self._send(protocol.Heartbeat(seq=self.heartbeat_seq), now):
+                self._next_heartbeat_at = now + self.settings.heartbeat_interval_s
+        return self._delay(now)
+
+    def _delay(self, now: float) -> float:
+        due = [self._next_telemetry_at, MAX_TICK_DELAY_S + now]
+        if self.connected:
+            due.append(self._next_heartbeat_at)
+        elif self.connection is None:
+            due.append(self._next_connect_at)
+        return max(0.0, min(due) - now)
+
+    def _take_telemetry(self, now: float) -> protocol.Telemetry | None:
+        if now < self._next_telemetry_at:
+            return None
+        interval = self.settings.telemetry_interval_s
+        # Keep the cadence, but skip missed slots instead of bursting after a stall.
+        on_time = now - self._next_telemetry_at < interval
+        self._next_telemetry_at = self._next_telemetry_at + interval if on_time else now + interval
+        moment = protocol.utc_now_text()
+        return protocol.Telemetry(sent_at=moment, sampled_at=moment, samples=self.sampler.sample(now))
+
+    # --- connection --------------------------------------------------------------------------------------
+
+    async def _connect(self, now: float) -> None:
+        try:
+            connection = await self.connector()
+        except Exception as exc:  # any failure to connect (refused, DNS, TLS, HTTP 4xx) is retried later
+            delay = self.backoff.next_delay()
+            self._next_connect_at = now + delay
+            log.warning("agent: cannot connect to the portal (%s); retrying in %.1f s", _describe(exc), delay)
+            return
+        self.connection = connection
+        self.connects += 1
+        self.backoff.reset()
+        log.info("agent: connected to the portal as %s", self.settings.node_name)
+        if not await self._send(self._hello(), now):
+            return
+        self.runner.report_finished(within_s=RESEND_FINISHED_WITHIN_S)
+        await self._flush_statuses()
+        await self._flush_buffer(now)
+        self._next_heartbeat_at = now  # the first heartbeat right away: the portal marks the node alive
+
+    def _hello(self) -> protocol.Hello:
+        return protocol.Hello(
+            node_name=self.settings.node_name,
+            agent_version=__version__,
+            hostname=socket.gethostname(),
+            cpu_cores=os.cpu_count() or 0,
+            memory_mib=_memory_mib(),
+            labels={"gpupool.io/backend": self.backend.name, **self.settings.labels},
+            topology=self.backend.topology(),
+            devices=self.backend.inventory(),
+            workloads=self.runner.running(),
+        )
+
+    def _lost(self, now: float) -> None:
+        code = self.connection.close_code if self.connection is not None else None
+        self.connection = None
+        delay = self.backoff.next_delay()
+        self._next_connect_at = now + delay
+        if code == CLOSE_UNAUTHORIZED:
+            log.error(
+                "agent: the portal rejected this node's credential (revoked or replaced); run "
+                "`gpupool-agent register` with a new bootstrap token. Retrying in %.1f s",
+                delay,
+            )
+        elif code == CLOSE_REPLACED:
+            log.warning("agent: another agent connected with this node's credential; retrying in %.1f s", delay)
+        else:
+            log.warning("agent: connection to the portal lost (code %s); reconnecting in %.1f s", code, delay)
+
+    async def _send(self, message: protocol.Message, now: float) -> bool:
+        if not self.connected:
+            return False
+        try:
+            await self.connection.send(protocol.encode(message))
+        except ConnectionLost:
+            self._lost(now)
+            return False
+        return True
+
+    async def _flush_statuses(self) -> None:
+        while self.runner.outbox and self.connected:
+            if not await self._send(self.runner.outbox[0], self.clock()):
+                return
+            self.runner.outbox.pop(0)
+
+    async def _flush_buffer(self, now: float) -> None:
+        if self.buffer.dropped:
+            log.warning("agent: %d telemetry frames were dropped while disconnected", self.buffer.dropped)
+            self.buffer.dropped = 0
+        sent_at = protocol.utc_now_text()
+        while self.buffer.frames and self.connected:
+            frame = dataclasses.replace(self.buffer.frames[0], buffered=True, sent_at=sent_at)
+            if not await self._send(frame, now):
+                return
+            self.buffer.frames.popleft()
+
+    # --- frames from the portal --------------------------------------------------------------------------
+
+    async def _handle(self, text: str) -> None:
+        try:
+            message = protocol.decode(text)
+        except protocol.ProtocolError as exc:
+            log.warning("agent: ignoring a bad frame from the portal: %s", exc)
+            return
+        now = self.clock()
+        if isinstance(message, protocol.WorkloadStart):
+            await self._command(message, now, lambda: self.runner.start(message))
+        elif isinstance(message, protocol.WorkloadStop):
+            await self._command(message, now, lambda: self.runner.stop(message))
+        elif isinstance(message, protocol.Config):
+            self._configure(message)
+            if message.command_id is not None:
+                await self._send(protocol.Ack(command_id=message.command_id), now)
+        elif isinstance(message, protocol.Error):
+            log.warning("agent: the portal reported %s: %s (frame %s)", message.code, message.detail, message.ref_id)
+        else:
+            log.warning("agent: ignoring %s frame, which only agents send", message.type)
+
+    async def _command(self, message: protocol.WorkloadStart | protocol.WorkloadStop, now: float, action) -> None:
+        ack = protocol.Ack(command_id=message.command_id)
+        try:
+            action()
+        except WorkloadRejected as exc:
+            ack = protocol.Ack(command_id=message.command_id, ok=False, error=str(exc))
+            if isinstance(message, protocol.WorkloadStart):
+                self.runner.outbox.append(
+                    protocol.WorkloadStatus(
+                        job_id=message.job_id, replica=message.replica, state="failed", message=str(exc)
+                    )
+                )
+        except Exception as exc:  # a bug or a full disk must not take the agent down
+            log.exception("agent: %s for job %s failed", message.type, message.job_id)
+            ack = protocol.Ack(command_id=message.command_id, ok=False, error=f"agent error: {exc}")
+        await self._flush_statuses()
+        await self._send(ack, now)
+
+    def _configure(self, config: protocol.Config) -> None:
+        settings = self.settings
+        settings.telemetry_interval_s = max(0.1, config.telemetry_interval_s)
+        settings.heartbeat_interval_s = max(0.5, config.heartbeat_interval_s)
+        settings.process_interval_s = max(settings.telemetry_interval_s, config.process_sample_interval_s)
+        self.sampler.process_interval_s = settings.process_interval_s
+        log.info(
+            "agent: telemetry every %.1f s, heartbeat every %.1f s",
+            settings.telemetry_interval_s,
+            settings.heartbeat_interval_s,
+        )
+
+    # --- the loop ----------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until ``stop`` is set. Workloads keep running after the agent exits (re-adopted on restart)."""
+        try:
+            while not stop.is_set():
+                delay = await self.tick()
+                await self._wait(delay, stop)
+        finally:
+            if self.connection is not None:
+                with contextlib.suppress(Exception):
+                    await self.connection.close()
+            self.backend.close()
+            self.runner.close()
+
+    async def _wait(self, delay: float, stop: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if self.connected:
+            waiters.append(asyncio.ensure_future(self.connection.wait(delay)))
+        try:
+            await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+
+def _describe(exc: BaseException) -> str:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status in (401, 403):
+        return f"HTTP {status}: the portal refused this node's credential; register again"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
