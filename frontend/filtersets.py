@@ -7,7 +7,7 @@ from django import forms
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from scheduler.models import Node, NodeStatus, ResourceFlavor
+from scheduler.models import JobKind, JobState, Node, NodeStatus, PriorityClass, ResourceFlavor
 
 
 class DateInput(forms.DateInput):
@@ -50,3 +50,23 @@ class AuditFilterSet(django_filters.FilterSet):
         return queryset.filter(
             Q(action__icontains=value) | Q(target__icontains=value) | Q(actor_username__icontains=value)
         )
+
+
+class JobFilterSet(django_filters.FilterSet):
+    q = django_filters.CharFilter(method="search", label=_("Search"))
+    state = django_filters.MultipleChoiceFilter(choices=JobState.choices, label=_("State"))
+    tenant = django_filters.CharFilter(field_name="tenant__slug", label=_("Tenant (slug)"))
+    kind = django_filters.ChoiceFilter(choices=JobKind.choices, label=_("Kind"), empty_label=_("any"))
+    priority_class = django_filters.ChoiceFilter(
+        choices=PriorityClass.choices, label=_("Priority"), empty_label=_("any")
+    )
+    mine = django_filters.BooleanFilter(method="only_mine", label=_("Only mine"), widget=forms.CheckboxInput)
+
+    def search(self, queryset, name, value):
+        query = Q(name__icontains=value)
+        if value.isdigit():
+            query |= Q(pk=int(value))
+        return queryset.filter(query)
+
+    def only_mine(self, queryset, name, value):
+        return queryset.filter(submitter=self.request.user) if value and self.request else queryset

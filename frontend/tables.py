@@ -71,3 +71,32 @@ class AuditTable(ConsoleTable):
 
     def value_actor_username(self, value):
         return value or "system"
+
+
+class JobTable(ConsoleTable):
+    id = tables.Column(verbose_name=_("ID"))
+    name = tables.LinkColumn("frontend:job-detail", args=[tables.A("pk")], verbose_name=_("Name"))
+    tenant = tables.Column(accessor="tenant__slug", verbose_name=_("Tenant"), order_by="tenant__slug")
+    submitter = tables.Column(accessor="submitter__username", verbose_name=_("Submitter"), default="—")
+    state = BadgeColumn(verbose_name=_("State"))
+    priority_class = tables.Column(verbose_name=_("Priority"))
+    request = tables.Column(verbose_name=_("Request"), empty_values=(), orderable=False)
+    submitted_at = tables.DateTimeColumn(verbose_name=_("Submitted (UTC)"), format="Y-m-d H:i:s")
+
+    class Meta(ConsoleTable.Meta):
+        empty_text = _("No jobs match these filters.")
+
+    def render_priority_class(self, record):
+        return record.get_priority_class_display()
+
+    def value_priority_class(self, record):
+        return record.get_priority_class_display()
+
+    def render_request(self, record):
+        flavors = "/".join(record.flavors)
+        if record.fractional:
+            return f"{record.replicas} x {record.millis_per_replica / 1000:.1f} {flavors}"
+        return f"{record.replicas} x {record.devices_per_replica} {flavors}"
+
+    def value_request(self, record):
+        return self.render_request(record)

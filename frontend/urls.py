@@ -1,13 +1,18 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend.views import audit, nodes, overview
+from frontend.views import audit, jobs, nodes, overview
 
 console_patterns = [
     path("overview/", overview.overview, name="overview"),
     path("overview/numbers/", overview.overview_numbers, name="overview-numbers"),
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<int:pk>/", nodes.node_detail, name="node-detail"),
+    path("nodes/<int:pk>/action/", nodes.node_action, name="node-action"),
+    path("jobs/", jobs.job_list, name="job-list"),
+    path("jobs/submit/", jobs.job_submit, name="job-submit"),
+    path("jobs/<int:pk>/", jobs.job_detail, name="job-detail"),
+    path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("audit/", audit.audit_list, name="audit"),
 ]
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.db.models import Count, Prefetch, Q, Sum
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import gettext_lazy as _
+from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
-from frontend.access import Section, is_system_admin, section_required
+from frontend.access import Section, is_system_admin, section_required, system_admin_required
 from frontend.export import export_response
 from frontend.filtersets import NodeFilterSet
 from frontend.summaries import devices_for_charts
 from frontend.tables import NodeTable
+from portal.api import DomainError
+from scheduler import services as scheduler_services
 from scheduler.models import Allocation, Device, Node
 
 
@@ -54,3 +59,28 @@ def node_detail(request, pk: int):
         "can_operate": is_system_admin(request.user),
     }
     return render(request, "frontend/nodes/detail.html", context)
+
+
+NODE_ACTIONS = {
+    "cordon": (scheduler_services.node_cordon, _("Node %(name)s cordoned: no new work is placed on it.")),
+    "drain": (scheduler_services.node_drain, _("Node %(name)s is draining: its jobs checkpoint and move.")),
+    "uncordon": (scheduler_services.node_uncordon, _("Node %(name)s is back in service.")),
+}
+
+
+@require_POST
+@system_admin_required
+def node_action(request, pk: int):
+    node = get_object_or_404(Node, pk=pk)
+    action = NODE_ACTIONS.get(request.POST.get("action", ""))
+    if action is None:
+        messages.error(request, _("Unknown action."))
+        return redirect("frontend:node-detail", pk=node.pk)
+    service, done = action
+    try:
+        service(node=node, actor=request.user)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, done % {"name": node.name})
+    return redirect("frontend:node-detail", pk=node.pk)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
@@ -23,8 +25,10 @@ def home(request):
 
 def _context(request) -> dict:
     summary = pool_summary()
-    devices = Device.objects.select_related("node", "flavor")
+    devices = list(Device.objects.select_related("node", "flavor"))
+    node_ids = sorted({d.node_id for d in devices})
     return {
+        "subscribe_json": json.dumps([{"subscribe": {"node": node_id}} for node_id in node_ids]),
         "section": Section.OVERVIEW,
         "summary": summary,
         "chart_devices": devices_for_charts(devices),

@@ -2,7 +2,8 @@
 //
 // Markup (rendered by the server, no inline script):
 //   <section data-live-telemetry data-mode="devices|flavors" data-devices="ID-OF-JSON-SCRIPT"
-//            data-subscribe='{"type": "subscribe", ...}'>
+//            data-subscribe='[{"subscribe": {"node": 3}}, ...]'>   (system admins watch whole nodes;
+//            tenant users are joined to their tenants' devices by the server and send nothing)
 //     <span data-live-status></span>
 //     <div data-device-chart="UUID"></div> ...        (mode "devices": one chart per card)
 //     <div data-flavor-chart></div>                   (mode "flavors": average utilisation per flavor)
@@ -18,25 +19,27 @@ function cssVar(name, fallback) {
   return value || fallback;
 }
 
-// Telemetry frames may carry samples at the top level, per node, or as a snapshot of latest values.
+// The portal sends {"type": "telemetry", "nodes": [{"node": id, "sent_at": iso|null, "devices": {uuid: {...}}}]};
+// the first frame after subscribing is a snapshot of the latest values. Lists of samples are accepted too.
+function toSeconds(at) {
+  if (typeof at === "number") return at > 1e12 ? at / 1000 : at;
+  if (typeof at === "string" && !Number.isNaN(Date.parse(at))) return Date.parse(at) / 1000;
+  return Date.now() / 1000;
+}
+
 export function extractSamples(message) {
   if (!message || typeof message !== "object") return [];
   const out = [];
-  const stamp = (sample, parent) => {
-    if (!sample || !sample.uuid) return;
-    const at = sample.sent_at || sample.at || sample.ts || parent.sent_at || parent.at || parent.ts;
-    let seconds = Date.now() / 1000;
-    if (typeof at === "number") seconds = at > 1e12 ? at / 1000 : at;
-    else if (typeof at === "string" && !Number.isNaN(Date.parse(at))) seconds = Date.parse(at) / 1000;
-    out.push({ ...sample, _t: seconds });
+  const add = (uuid, values, parent) => {
+    if (!uuid || !values || typeof values !== "object") return;
+    out.push({ ...values, uuid, _t: toSeconds(values.sent_at || parent.sent_at) });
   };
-  for (const key of ["samples", "devices", "latest"]) {
-    if (Array.isArray(message[key])) message[key].forEach((s) => stamp(s, message));
+  for (const key of ["devices", "samples"]) {
+    const group = message[key];
+    if (Array.isArray(group)) group.forEach((s) => add(s && s.uuid, s, message));
+    else if (group && typeof group === "object") Object.entries(group).forEach(([uuid, v]) => add(uuid, v, message));
   }
-  for (const key of ["nodes", "frames", "batch"]) {
-    if (Array.isArray(message[key])) message[key].forEach((child) => out.push(...extractSamples({ ...child, sent_at: child.sent_at || message.sent_at })));
-  }
-  if (message.data && typeof message.data === "object") out.push(...extractSamples(message.data));
+  if (Array.isArray(message.nodes)) message.nodes.forEach((child) => out.push(...extractSamples(child)));
   return out;
 }
 
@@ -184,6 +187,13 @@ function mountFlavors(section, devices) {
   const chart = new RingChart(element, series, { x: { time: true }, "%": { range: [0, 100] } }, [{}, { scale: "%", values: (u, v) => v.map((x) => x + "%") }]);
   const flavorOf = new Map(devices.map((d) => [d.uuid, d.flavor || "—"]));
   const latest = new Map();
+  let lastValues = [];
+  // The numbers table is re-rendered by htmx every few seconds: paint the live column again after each swap.
+  const paintCells = () => flavors.forEach((flavor, i) => {
+    const cell = document.querySelector(`[data-flavor-util="${CSS.escape(flavor)}"]`);
+    if (cell && lastValues[i] != null) cell.textContent = `${lastValues[i].toFixed(0)}%`;
+  });
+  document.body.addEventListener("htmx:afterSwap", paintCells);
   return (samples) => {
     let newest = 0;
     for (const sample of samples) {
@@ -197,10 +207,8 @@ function mountFlavors(section, devices) {
       return readings.length ? readings.reduce((a, b) => a + b, 0) / readings.length : null;
     });
     chart.push(newest, values);
-    flavors.forEach((flavor, i) => {
-      const cell = section.querySelector(`[data-flavor-util="${CSS.escape(flavor)}"]`);
-      if (cell && values[i] !== null) cell.textContent = `${values[i].toFixed(0)}%`;
-    });
+    lastValues = values;
+    paintCells();
   };
 }
 
@@ -217,7 +225,9 @@ export function mountLiveCharts(root) {
       onState: (state) => { if (status) { status.dataset.state = state; status.title = state; } },
     });
     if (section.dataset.subscribe) {
-      try { feed.subscribe(JSON.parse(section.dataset.subscribe)); } catch (e) { /* malformed: ignore */ }
+      let messages = [];
+      try { messages = JSON.parse(section.dataset.subscribe); } catch (e) { /* malformed: ignore */ }
+      for (const message of Array.isArray(messages) ? messages : [messages]) feed.subscribe(message);
     }
   }
 }

@@ -1,0 +1,115 @@
+"""Console forms. They check the shape of the input and build the dict a service takes; rules stay in services."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from django import forms
+from django.utils.translation import gettext_lazy as _
+
+from scheduler.models import JobKind, PriorityClass
+
+FRACTION_CHOICES = [(str(m), f"{m / 1000:.1f}") for m in range(100, 1000, 100)]
+
+
+class JobSubmitForm(forms.Form):
+    """The fields of a job spec most people need; anything else goes in the pasted JSON."""
+
+    tenant = forms.ChoiceField(label=_("Tenant"))
+    name = forms.CharField(label=_("Name"), max_length=128)
+    kind = forms.ChoiceField(label=_("Kind"), choices=JobKind.choices, initial=JobKind.TRAINING)
+    priority_class = forms.ChoiceField(
+        label=_("Priority"),
+        choices=[(c.name.lower(), c.label) for c in PriorityClass],
+        initial="normal",
+    )
+    preemptible = forms.BooleanField(
+        label=_("Preemptible (may be paused for more urgent work)"), required=False, initial=True
+    )
+    replicas = forms.IntegerField(label=_("Replicas (gang size)"), min_value=1, max_value=256, initial=1)
+    flavor = forms.ChoiceField(label=_("Flavor"))
+    size = forms.ChoiceField(
+        label=_("Per replica"),
+        choices=[("whole", _("whole cards")), ("fraction", _("a fraction of one card"))],
+        initial="whole",
+        widget=forms.RadioSelect,
+    )
+    gpus = forms.IntegerField(label=_("Cards per replica"), min_value=1, max_value=64, initial=1, required=False)
+    millis = forms.ChoiceField(label=_("Share of one card"), choices=FRACTION_CHOICES, initial="500", required=False)
+    memory_gib = forms.FloatField(label=_("Device memory (GiB, for a fraction)"), min_value=0.1, required=False)
+    command = forms.CharField(
+        label=_("Command"),
+        help_text=_("As you would type it in a shell, e.g. python train.py --epochs 3"),
+        max_length=8000,
+    )
+    max_runtime_s = forms.IntegerField(label=_("Maximum runtime (seconds)"), min_value=1, required=False)
+    checkpoint_dir = forms.CharField(label=_("Checkpoint directory"), max_length=1024, required=False)
+
+    def __init__(self, *args, tenants: list[tuple[str, str]], flavors: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].choices = tenants
+        self.fields["flavor"].choices = [(f, f) for f in flavors]
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if data.get("size") == "fraction":
+            if not data.get("memory_gib"):
+                self.add_error("memory_gib", _("Say how much device memory a fraction of a card needs."))
+        elif not data.get("gpus"):
+            self.add_error("gpus", _("Say how many whole cards each replica needs."))
+        command = data.get("command")
+        if command:
+            try:
+                data["argv"] = shlex.split(command)
+            except ValueError as exc:
+                self.add_error("command", _("The command cannot be split into arguments: %(error)s") % {"error": exc})
+        return data
+
+    def spec(self) -> dict:
+        data = self.cleaned_data
+        resources: dict = {"flavors": [data["flavor"]]}
+        if data["size"] == "fraction":
+            resources["millis"] = int(data["millis"])
+            resources["memory_mib"] = round(data["memory_gib"] * 1024)
+        else:
+            resources["gpus"] = data["gpus"]
+        spec = {
+            "name": data["name"],
+            "tenant": data["tenant"],
+            "kind": data["kind"],
+            "priority_class": data["priority_class"],
+            "preemptible": bool(data["preemptible"]),
+            "replicas": data["replicas"],
+            "resources": resources,
+            "command": data["argv"],
+        }
+        if data.get("max_runtime_s"):
+            spec["max_runtime_s"] = data["max_runtime_s"]
+        if data.get("checkpoint_dir"):
+            spec["checkpoint_dir"] = data["checkpoint_dir"]
+        return spec
+
+
+class JobJsonForm(forms.Form):
+    spec_json = forms.CharField(
+        label=_("Job spec (JSON)"),
+        widget=forms.Textarea(attrs={"rows": 14, "spellcheck": "false"}),
+        help_text=_("The same JSON the API and the CLI take."),
+    )
+
+    def clean_spec_json(self) -> dict:
+        try:
+            value = json.loads(self.cleaned_data["spec_json"])
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                _("This is not valid JSON (line %(line)s, column %(col)s): %(msg)s")
+                % {"line": exc.lineno, "col": exc.colno, "msg": exc.msg}
+            ) from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError(_("A job spec is a JSON object: {...}."))
+        return value
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(label=_("Reason (optional)"), max_length=300, required=False)

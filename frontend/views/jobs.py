@@ -1,0 +1,148 @@
+"""Jobs: a filterable list, the submit form (fields or pasted JSON), the job page, cancel."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_POST
+from django_tables2 import RequestConfig
+
+from frontend.access import Section, section_required
+from frontend.export import export_response
+from frontend.filtersets import JobFilterSet
+from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
+from frontend.tables import JobTable
+from portal.api import DomainError, NotFoundError
+from scheduler import access as scheduler_access
+from scheduler import selectors as scheduler_selectors
+from scheduler import services as scheduler_services
+from scheduler.models import FINAL_JOB_STATES, JobState
+from tenants.models import Tenant
+
+
+def submittable_tenants(user) -> list[Tenant]:
+    """Tenants ``user`` may submit work to (members and tenant admins, inherited down the tree)."""
+    visible = Tenant.objects.filter(pk__in=scheduler_access.visible_tenant_ids(user)).order_by("slug")
+    return [t for t in visible if scheduler_access.can_submit_work(user, t)]
+
+
+@section_required(Section.JOBS)
+def job_list(request):
+    jobs = scheduler_selectors.jobs_visible_to(request.user).order_by("-submitted_at", "-id")
+    filterset = JobFilterSet(request.GET, queryset=jobs, request=request)
+    table = JobTable(filterset.qs)
+    if request.GET.get("export") == "csv":
+        RequestConfig(request, paginate=False).configure(table)
+        return export_response(table, fmt="csv", filename="jobs")
+    RequestConfig(request, paginate={"per_page": 50}).configure(table)
+    context = {
+        "section": Section.JOBS,
+        "filter": filterset,
+        "table": table,
+        "can_submit": bool(submittable_tenants(request.user)),
+    }
+    return render(request, "frontend/jobs/list.html", context)
+
+
+def _attach_domain_error(form, exc: DomainError) -> None:
+    """Show a service's error next to the field it names when the form has that field."""
+    field = (exc.field or "").split(".")[-1].split("[")[0]
+    aliases = {"flavors": "flavor", "memory_mib": "memory_gib"}
+    field = aliases.get(field, field)
+    form.add_error(field if field in form.fields else None, exc.message)
+
+
+@section_required(Section.JOBS)
+def job_submit(request):
+    tenants = submittable_tenants(request.user)
+    if not tenants:
+        raise Http404
+    flavors = [f.name for f in scheduler_selectors.flavors_visible_to(request.user)]
+    choices = [(t.slug, f"{t.name} ({t.slug})") for t in tenants]
+    form = JobSubmitForm(tenants=choices, flavors=flavors, prefix="f")
+    json_form = JobJsonForm(prefix="j", initial={"spec_json": _example_spec(tenants[0].slug, flavors)})
+    if request.method == "POST":
+        use_json = "submit_json" in request.POST
+        bound = (
+            JobJsonForm(request.POST, prefix="j")
+            if use_json
+            else JobSubmitForm(request.POST, tenants=choices, flavors=flavors, prefix="f")
+        )
+        if use_json:
+            json_form = bound
+        else:
+            form = bound
+        if bound.is_valid():
+            spec = bound.cleaned_data["spec_json"] if use_json else bound.spec()
+            try:
+                job = scheduler_services.job_submit(actor=request.user, spec=spec, request=request)
+            except DomainError as exc:
+                _attach_domain_error(bound, exc)
+            else:
+                messages.success(request, _("Job %(id)s submitted.") % {"id": job.pk})
+                return redirect("frontend:job-detail", pk=job.pk)
+    context = {"section": Section.JOBS, "form": form, "json_form": json_form}
+    return render(request, "frontend/jobs/submit.html", context)
+
+
+def _example_spec(tenant: str, flavors: list[str]) -> str:
+    import json
+
+    example = {
+        "name": "my-training",
+        "tenant": tenant,
+        "priority_class": "normal",
+        "replicas": 1,
+        "resources": {"flavors": flavors[:1] or ["nvidia-h100-80g"], "gpus": 1},
+        "command": ["python", "train.py"],
+    }
+    return json.dumps(example, indent=2)
+
+
+def _job_or_404(request, pk):
+    try:
+        return scheduler_selectors.job_get_visible(user=request.user, pk=pk)
+    except NotFoundError:
+        raise Http404 from None
+
+
+@section_required(Section.JOBS)
+def job_detail(request, pk: int):
+    job = _job_or_404(request, pk)
+    events = list(job.events.all())
+    log_tail = next((e.details.get("log_tail") for e in reversed(events) if e.details.get("log_tail")), "")
+    context = {
+        "section": Section.JOBS,
+        "job": job,
+        "events": events,
+        "allocations": [a for a in job.allocations.all() if a.ended_at is None],
+        "past_allocations": [a for a in job.allocations.all() if a.ended_at is not None],
+        "pending_sentence": scheduler_selectors.job_pending_sentence(job),
+        "log_tail": log_tail,
+        "can_cancel": job.state not in FINAL_JOB_STATES and scheduler_access.can_manage_job(request.user, job),
+        "cancel_form": CancelForm(),
+        "is_live": job.state not in FINAL_JOB_STATES,
+        "JobState": JobState,
+    }
+    if request.headers.get("HX-Request"):
+        # 286 tells htmx to stop polling: a finished job changes no more.
+        status = 286 if job.state in FINAL_JOB_STATES else 200
+        return render(request, "frontend/jobs/detail_body.html", context, status=status)
+    return render(request, "frontend/jobs/detail.html", context)
+
+
+@require_POST
+@section_required(Section.JOBS)
+def job_cancel(request, pk: int):
+    job = _job_or_404(request, pk)
+    form = CancelForm(request.POST)
+    reason = form.cleaned_data["reason"] if form.is_valid() else ""
+    try:
+        scheduler_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, _("Job %(id)s cancelled.") % {"id": job.pk})
+    return redirect("frontend:job-detail", pk=job.pk)

@@ -1,0 +1,56 @@
+"""Each demo role logs in and sees exactly its part of the console."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.frontend.browser.conftest import login, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def nav_labels(page) -> list[str]:
+    return [text.strip() for text in page.locator("header nav a").all_inner_texts()]
+
+
+def test_system_admin_sees_the_pool_and_live_chart(page):
+    login(page, "admin")
+    page.wait_for_url("**/console/overview/")
+    assert {"Overview", "Nodes"} <= set(nav_labels(page))
+    assert "Audit" not in nav_labels(page)
+    page.locator("[data-live-status][data-state='open']").first.wait_for()
+    shot(page, "admin-overview")
+
+
+def test_auditor_sees_only_the_audit_trail(page):
+    login(page, "auditor")
+    page.wait_for_url("**/console/audit/")
+    assert nav_labels(page) == ["Audit"]
+    assert page.goto("/console/nodes/").status == 404
+
+
+def test_member_sees_no_nodes(page):
+    login(page, "bob")
+    assert "Nodes" not in nav_labels(page)
+    assert page.goto("/console/nodes/").status == 404
+
+
+def test_dark_mode_toggle_is_remembered(page):
+    login(page, "admin")
+    toggle = page.locator("[data-theme-toggle]")
+    before = page.evaluate("document.documentElement.getAttribute('data-theme')")
+    toggle.click()
+    after = page.evaluate("document.documentElement.getAttribute('data-theme')")
+    assert after in ("dark", "light") and after != before
+    page.reload()
+    assert page.evaluate("document.documentElement.getAttribute('data-theme')") == after
+
+
+def test_language_switch_to_simplified_chinese(page):
+    login(page, "admin")
+    page.locator("#language-select").select_option("zh-hans")
+    page.wait_for_load_state("load")
+    assert page.locator("html").get_attribute("lang") == "zh-Hans"
+    page.locator("#language-select").select_option("en")
+    page.wait_for_load_state("load")
+    assert page.locator("html").get_attribute("lang") == "en"

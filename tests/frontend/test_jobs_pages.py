@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler.models import Job, JobState
+from scheduler.services import job_submit
+from tenants.models import MembershipRole, PlatformRole
+from tests.frontend.factories import make_flavor, make_member, make_tenant, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def world():
+    make_flavor("nvidia-h100-80g")
+    acme = make_tenant("acme")
+    vision = make_tenant("vision", parent=acme)
+    nlp = make_tenant("nlp", parent=acme)
+    return {
+        "acme": acme,
+        "vision": vision,
+        "nlp": nlp,
+        "bob": make_member(vision, username="bob"),
+        "carol": make_member(nlp, username="carol"),
+        "alice": make_member(acme, role=MembershipRole.TENANT_ADMIN, username="alice"),
+    }
+
+
+def submit(actor, tenant, name="train"):
+    spec = {
+        "name": name,
+        "tenant": tenant.slug,
+        "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1},
+        "command": ["python", "train.py"],
+    }
+    return job_submit(actor=actor, spec=spec)
+
+
+def test_member_submits_a_job_through_the_form(client, world):
+    client.force_login(world["bob"])
+    response = client.post(
+        "/console/jobs/submit/",
+        {
+            "submit_form": "1",
+            "f-tenant": "vision",
+            "f-name": "resnet",
+            "f-kind": "training",
+            "f-priority_class": "normal",
+            "f-preemptible": "on",
+            "f-replicas": "1",
+            "f-flavor": "nvidia-h100-80g",
+            "f-size": "fraction",
+            "f-millis": "500",
+            "f-memory_gib": "10",
+            "f-command": "python train.py --epochs 3",
+        },
+    )
+    job = Job.objects.get(name="resnet")
+    assert response.status_code == 302 and response["Location"] == f"/console/jobs/{job.pk}/"
+    assert job.tenant == world["vision"] and job.submitter == world["bob"]
+    assert job.millis_per_replica == 500 and job.memory_mib_per_replica == 10240
+    assert job.command == ["python", "train.py", "--epochs", "3"]
+
+
+def test_member_submits_pasted_json(client, world):
+    client.force_login(world["bob"])
+    spec = {"name": "from-json", "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 2}, "command": ["sleep", "1"]}
+    response = client.post("/console/jobs/submit/", {"submit_json": "1", "j-spec_json": json.dumps(spec)})
+    assert response.status_code == 302
+    assert Job.objects.get(name="from-json").millis_per_replica == 2000
+
+
+def test_service_errors_show_next_to_the_field(client, world):
+    client.force_login(world["bob"])
+    spec = {"name": "bad", "resources": {"flavors": ["no-such-flavor"], "gpus": 1}, "command": ["x"]}
+    response = client.post("/console/jobs/submit/", {"submit_json": "1", "j-spec_json": json.dumps(spec)})
+    assert response.status_code == 200
+    assert "unknown flavor" in response.content.decode()
+    assert not Job.objects.filter(name="bad").exists()
+
+
+def test_broken_json_is_explained(client, world):
+    client.force_login(world["bob"])
+    response = client.post("/console/jobs/submit/", {"submit_json": "1", "j-spec_json": "{nope"})
+    assert "not valid JSON" in response.content.decode()
+
+
+def test_job_list_shows_only_the_members_tenant(client, world):
+    submit(world["bob"], world["vision"], name="vision-job")
+    submit(world["carol"], world["nlp"], name="nlp-job")
+    client.force_login(world["bob"])
+    page = client.get("/console/jobs/").content.decode()
+    assert "vision-job" in page and "nlp-job" not in page
+    # The tenant admin of the parent sees the whole subtree.
+    client.force_login(world["alice"])
+    page = client.get("/console/jobs/").content.decode()
+    assert "vision-job" in page and "nlp-job" in page
+
+
+def test_another_tenants_job_page_is_404(client, world):
+    job = submit(world["carol"], world["nlp"])
+    client.force_login(world["bob"])
+    assert client.get(f"/console/jobs/{job.pk}/").status_code == 404
+    assert client.post(f"/console/jobs/{job.pk}/cancel/").status_code == 404
+    assert Job.objects.get(pk=job.pk).state != JobState.CANCELLED
+
+
+def test_job_page_explains_why_it_waits_and_lists_its_timeline(client, world):
+    job = submit(world["bob"], world["vision"])
+    client.force_login(world["bob"])
+    page = client.get(f"/console/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="pending-reason"' in page
+    assert "Queued" in page
+    assert page.count("<li><strong>") >= 2  # submitted, queued
+
+
+def test_submitter_cancels_their_job(client, world):
+    job = submit(world["bob"], world["vision"])
+    client.force_login(world["bob"])
+    response = client.post(f"/console/jobs/{job.pk}/cancel/", {"reason": "wrong data"})
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert job.state == JobState.CANCELLED
+
+
+def test_polling_a_finished_job_tells_htmx_to_stop(client, world):
+    job = submit(world["bob"], world["vision"])
+    client.force_login(world["bob"])
+    client.post(f"/console/jobs/{job.pk}/cancel/")
+    response = client.get(f"/console/jobs/{job.pk}/", headers={"HX-Request": "true"})
+    assert response.status_code == 286
+    assert b"<html" not in response.content
+
+
+def test_job_list_filters_by_state_and_exports_csv(client, world):
+    keep = submit(world["bob"], world["vision"], name="keep")
+    gone = submit(world["bob"], world["vision"], name="gone")
+    client.force_login(world["bob"])
+    client.post(f"/console/jobs/{gone.pk}/cancel/")
+    page = client.get("/console/jobs/?state=cancelled").content.decode()
+    assert "gone" in page and f'/console/jobs/{keep.pk}/"' not in page
+    csv_lines = client.get("/console/jobs/?state=queued&export=csv").content.decode().strip().splitlines()
+    assert len(csv_lines) == 2 and ",keep," in csv_lines[1]
+
+
+@pytest.mark.parametrize("role", [PlatformRole.AUDITOR, PlatformRole.SECURITY_ADMIN])
+def test_jobs_are_hidden_from_auditor_and_security_admin(client, world, role):
+    client.force_login(make_user(platform_role=role))
+    assert client.get("/console/jobs/").status_code == 404
+
+
+def test_system_admin_sees_all_jobs_but_has_no_submit_form(client, world):
+    submit(world["carol"], world["nlp"], name="nlp-job")
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    assert "nlp-job" in client.get("/console/jobs/").content.decode()
+    assert client.get("/console/jobs/submit/").status_code == 404
