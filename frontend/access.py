@@ -63,6 +63,17 @@ def is_tenant_admin(user: User) -> bool:
     return any(m.role == MembershipRole.TENANT_ADMIN for m in memberships_of(user))
 
 
+def visible_tenant_ids(user: User) -> set[int] | None:
+    """Ids of the tenants whose work ``user`` sees in the console; None = all (the system admin)."""
+    if is_system_admin(user):
+        return None
+    if not memberships_of(user):
+        return set()
+    from scheduler.access import visible_tenant_ids as scheduler_visible_tenant_ids
+
+    return set(scheduler_visible_tenant_ids(user).values_list("pk", flat=True))
+
+
 def sections_for(user: User) -> set[str]:
     """The console sections ``user`` may open."""
     if not user.is_authenticated:

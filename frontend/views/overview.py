@@ -7,8 +7,8 @@ import json
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
-from frontend.access import Section, section_required, sections_for
-from frontend.summaries import devices_for_charts, pool_summary
+from frontend.access import Section, section_required, sections_for, visible_tenant_ids
+from frontend.summaries import devices_for_charts, job_counts, pool_summary
 from scheduler.models import Device
 
 
@@ -25,6 +25,8 @@ def home(request):
 
 def _context(request) -> dict:
     summary = pool_summary()
+    tenant_ids = visible_tenant_ids(request.user)
+    own_queued, own_running = job_counts(tenant_ids) if tenant_ids else (None, None)
     devices = list(Device.objects.select_related("node", "flavor"))
     node_ids = sorted({d.node_id for d in devices})
     return {
@@ -33,6 +35,7 @@ def _context(request) -> dict:
         "summary": summary,
         "chart_devices": devices_for_charts(devices),
         "sees_nodes": Section.NODES in sections_for(request.user),
+        "own_jobs": None if not tenant_ids else {"queued": own_queued, "running": own_running},
     }
 
 

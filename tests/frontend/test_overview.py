@@ -62,3 +62,19 @@ def test_numbers_fragment_renders_without_the_layout(client):
     assert response.status_code == 200
     assert b"<html" not in response.content
     assert b'data-testid="nodes-ready"' in response.content
+
+
+def test_member_overview_counts_only_their_tenants_jobs(client):
+    from scheduler.services import job_submit
+
+    make_flavor("nvidia-h100-80g")
+    mine, other = make_tenant("mine"), make_tenant("other")
+    me, them = make_member(mine), make_member(other)
+    spec = {"resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1}, "command": ["true"]}
+    job_submit(actor=me, spec={**spec, "name": "a", "tenant": "mine"})
+    job_submit(actor=them, spec={**spec, "name": "b", "tenant": "other"})
+    job_submit(actor=them, spec={**spec, "name": "c", "tenant": "other"})
+    client.force_login(me)
+    response = client.get("/console/overview/")
+    assert response.context["own_jobs"] == {"queued": 1, "running": 0}
+    assert response.context["summary"].jobs_queued == 3
