@@ -1,11 +1,266 @@
-"""The one entry point that records an audit event. Call it inside the service's transaction, so the change
-and its record commit together (or neither does)."""
+"""Writes to the audit trail. ``audit_record`` is the one entry point every app calls.
+
+Call it inside the service's transaction: the record (and its hash-chain link) commits together with the change,
+or neither does. If the record cannot be written, the exception propagates and the caller's transaction fails —
+nothing changes unaudited — and an alert is raised (PCI DSS 10.7.2).
+
+Appends to the chain are serialised by one transaction-scoped lock (PostgreSQL ``pg_advisory_xact_lock``;
+SQLite's write transactions are serial already). One lock for every stream cannot deadlock however many
+streams a transaction touches, in whatever order.
+"""
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import ipaddress
+import json
+import logging
+import os
+import uuid
+from collections.abc import Iterable
 from typing import Any
 
-from audit.models import AuditRecord
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection, transaction
+from django.db.models import F, Max
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from audit import chain, conf, crypto, events, witness
+from audit.context import Origin, current_origin, request_origin
+from audit.models import (
+    PLATFORM_STREAM,
+    AuditRecord,
+    ChainHead,
+    Checkpoint,
+    DataKey,
+    LegalHold,
+    Outcome,
+    SigningKey,
+    Tombstone,
+    tenant_stream,
+)
+from audit.signing import get_signer
+from portal.api import ConflictError, DomainError
+
+logger = logging.getLogger(__name__)
+alert_logger = logging.getLogger("audit.alert")
+
+# pg_advisory_xact_lock key for chain appends: the first 8 bytes of SHA-256("gpupool-audit-chain") as int64.
+CHAIN_LOCK_KEY = 0x2A7D_61C0_5E93_4B11
+SHREDDED = "[shredded]"
+SEAL_BROKEN = "[seal broken]"
+_PLATFORM_ROLES = {"system_admin", "security_admin", "auditor"}
+_json_encoder = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- alerts -----------------------------------------------------------------------------------------------
+
+
+def raise_alert(*, event: str, message: str, details: dict | None = None) -> None:
+    """Log at CRITICAL and call the optional hook (``GPUPOOL_AUDIT_ALERT_HOOK``: a dotted path to a callable
+    ``hook(event: str, message: str, details: dict)``). A broken hook is logged, never raised."""
+    alert_logger.critical("%s: %s", event, message, extra={"audit_event": event, "audit_details": details or {}})
+    path = conf.alert_hook_path()
+    if not path:
+        return
+    try:
+        import_string(path)(event, message, details or {})
+    except Exception:
+        alert_logger.exception("audit alert hook %s failed", path)
+
+
+# --- building a record ------------------------------------------------------------------------------------
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).isoformat(timespec="microseconds")
+
+
+def _clean_ip(raw: str | None) -> str | None:
+    if not raw:
+        return None
+    try:
+        address = ipaddress.ip_address(raw)
+    except ValueError:
+        return None
+    # Store (and hash) the form the database gives back: IPv4-mapped IPv6 unwrapped, IPv6 compressed.
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
+        return str(address.ipv4_mapped)
+    return str(address)
+
+
+def record_header(record: AuditRecord) -> dict[str, Any]:
+    """The canonical header of a stored record (what its hash and its AEAD associated data cover)."""
+    created = record.created_at
+    return {
+        "v": chain.HEADER_VERSION,
+        "stream": record.stream,
+        "seq": record.seq,
+        "event_id": record.event_id,
+        "time": _iso(created) if isinstance(created, dt.datetime) else str(created),
+        "actor_id": record.actor_id,
+        "actor_username": record.actor_username,
+        "actor_role": record.actor_role,
+        "actor_ip": record.actor_ip,
+        "user_agent": record.user_agent,
+        "tenant_id": record.tenant_id,
+        "action": record.action,
+        "target": record.target,
+        "outcome": record.outcome,
+        "request_id": record.request_id,
+        "cipher": record.cipher,
+        "key_id": record.key_id,
+        "nonce": record.nonce,
+    }
+
+
+# --- data keys --------------------------------------------------------------------------------------------
+
+# key_id → (master_key_id, wrapped bytes, raw key). Checked against the row on every use, so a re-wrapped or
+# destroyed key (or a rolled-back test database) is never served stale.
+_key_cache: dict[str, tuple[str, bytes, bytes]] = {}
+
+
+def _raw_key(data_key: DataKey) -> bytes:
+    wrapped = bytes(data_key.wrapped_key)
+    if data_key.destroyed_at is not None or not wrapped:
+        raise crypto.KeyUnavailable(f"data key {data_key.key_id} was destroyed")
+    cached = _key_cache.get(data_key.key_id)
+    if cached is not None and cached[0] == data_key.master_key_id and cached[1] == wrapped:
+        return cached[2]
+    raw = crypto.unwrap_data_key(
+        key_id=data_key.key_id,
+        tenant_id=data_key.tenant_id,
+        cipher=data_key.cipher,
+        master_key_id=data_key.master_key_id,
+        wrapped=wrapped,
+    )
+    _key_cache[data_key.key_id] = (data_key.master_key_id, wrapped, raw)
+    return raw
+
+
+def _active_data_key(tenant_id: int | None, cipher: str) -> tuple[DataKey, bytes]:
+    data_key = (
+        DataKey.objects.filter(tenant_id=tenant_id, cipher=cipher, destroyed_at__isnull=True)
+        .order_by("-created_at")
+        .first()
+    )
+    if data_key is None:
+        key_id = uuid.uuid4().hex
+        raw = crypto.new_data_key(cipher)
+        master_id, wrapped = crypto.wrap_data_key(key_id=key_id, tenant_id=tenant_id, cipher=cipher, data_key=raw)
+        data_key = DataKey.objects.create(
+            key_id=key_id, tenant_id=tenant_id, cipher=cipher, master_key_id=master_id, wrapped_key=wrapped
+        )
+        _key_cache[key_id] = (master_id, wrapped, raw)
+        return data_key, raw
+    return data_key, _raw_key(data_key)
+
+
+def open_details(record: AuditRecord, data_key: DataKey | None) -> dict | str:
+    """The record's details, ``"[shredded]"`` when its key was destroyed, ``"[seal broken]"`` if tampered."""
+    if data_key is None:
+        return SHREDDED
+    try:
+        raw = _raw_key(data_key)
+    except crypto.KeyUnavailable:
+        return SHREDDED
+    try:
+        plaintext = crypto.open_sealed(
+            record.cipher,
+            raw,
+            base64.b64decode(record.nonce),
+            bytes(record.ciphertext),
+            chain.canonical_json(record_header(record)),
+        )
+    except crypto.SealBroken:
+        return SEAL_BROKEN
+    return json.loads(plaintext)["details"]
+
+
+def record_view(record: AuditRecord, details: dict | str) -> dict[str, Any]:
+    """A record as an auditor reads it: the header fields, the opened ``details`` and the chain fields."""
+    return {
+        "id": record.pk,
+        **record_header(record),
+        "created_at": record.created_at,
+        "details": details,
+        "prev_hash": record.prev_hash,
+        "hash": record.hash,
+    }
+
+
+def record_details(record: AuditRecord) -> dict | str:
+    """The opened details (before/after dict) of one record, ``"[shredded]"`` after crypto-shredding or
+    ``"[seal broken]"`` if tampered. Only auditors' code paths (selectors, exports) and tests call this."""
+    return open_details(record, DataKey.objects.filter(key_id=record.key_id).first())
+
+
+def details_for(records: Iterable[AuditRecord]) -> dict[int, dict | str]:
+    """Details of many records with one query for their keys."""
+    records = list(records)
+    keys = {k.key_id: k for k in DataKey.objects.filter(key_id__in={r.key_id for r in records})}
+    return {r.pk: open_details(r, keys.get(r.key_id)) for r in records}
+
+
+# --- appending --------------------------------------------------------------------------------------------
+
+
+def _lock_chain() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CHAIN_LOCK_KEY])
+
+
+def _head(stream: str) -> ChainHead:
+    head = ChainHead.objects.filter(stream=stream).first()
+    if head is None:
+        # Safe under the chain lock: nobody else creates this row meanwhile.
+        head = ChainHead.objects.create(stream=stream, seq=0, hash=chain.GENESIS_HASH)
+    return head
+
+
+def _append(
+    *, stream: str, fields: dict[str, Any], cipher: str, data_key: DataKey, raw_key: bytes, plaintext: bytes
+) -> AuditRecord:
+    head = _head(stream)
+    nonce = os.urandom(crypto.NONCE_BYTES)
+    record = AuditRecord(
+        stream=stream,
+        seq=head.seq + 1,
+        cipher=cipher,
+        key_id=data_key.key_id,
+        nonce=base64.b64encode(nonce).decode("ascii"),
+        prev_hash=head.hash,
+        **fields,
+    )
+    header = record_header(record)
+    ciphertext = crypto.seal(cipher, raw_key, nonce, plaintext, chain.canonical_json(header))
+    record.ciphertext = ciphertext
+    record.hash = chain.record_hash(head.hash, header, ciphertext)
+    record.save(force_insert=True)
+    ChainHead.objects.filter(stream=stream).update(seq=record.seq, hash=record.hash, updated_at=timezone.now())
+    if record.seq - head.checkpoint_seq >= conf.checkpoint_every_records():
+        transaction.on_commit(lambda: checkpoint_create(stream=stream))
+    return record
+
+
+def _tenant_id(tenant: Any) -> int | None:
+    if tenant is None:
+        return None
+    if isinstance(tenant, int):
+        return tenant
+    return getattr(tenant, "pk", None)
+
+
+def _streams(tenant_id: int | None, actor_role: str) -> list[str]:
+    if tenant_id is None:
+        return [PLATFORM_STREAM]
+    if actor_role in _PLATFORM_ROLES:
+        return [tenant_stream(tenant_id), PLATFORM_STREAM]
+    return [tenant_stream(tenant_id)]
 
 
 def audit_record(
@@ -20,23 +275,303 @@ def audit_record(
 ) -> AuditRecord:
     """Record that ``actor`` did ``action`` on ``target`` (within ``tenant``) with ``outcome``.
 
-    ``details`` holds before/after values; ``request`` (a Django/DRF request) supplies IP, user agent and
-    request id. ``actor`` None means the system itself.
+    ``details`` holds before/after values (sealed, readable only by auditors). ``request`` — a DRF Request,
+    Django HttpRequest or ASGI scope — supplies IP, user agent and request id; without it, the origin of the
+    request being served (set by ``audit.context.RequestIdMiddleware``) is used. ``actor`` None means the
+    system itself. Returns the record in the tenant's stream (or the platform stream when there is no tenant).
+    Raises (and alerts) if the record cannot be written, so the caller's transaction fails with it.
     """
-    actor_ip = None
-    request_id = ""
-    if request is not None:
-        meta = getattr(request, "META", {})
-        actor_ip = meta.get("REMOTE_ADDR") or None
-        request_id = meta.get("HTTP_X_REQUEST_ID", "")[:64]
-    return AuditRecord.objects.create(
-        actor_id=getattr(actor, "pk", None),
-        actor_username=getattr(actor, "username", "") or "",
-        actor_ip=actor_ip,
-        tenant_id=getattr(tenant, "pk", None),
-        action=action,
-        target=target,
-        outcome=outcome,
-        request_id=request_id,
-        details=details or {},
+    try:
+        with transaction.atomic(savepoint=False):
+            return _audit_record(
+                action=action,
+                actor=actor,
+                tenant=tenant,
+                target=target,
+                outcome=outcome,
+                details=details,
+                request=request,
+            )
+    except Exception as exc:
+        raise_alert(
+            event="audit.write_failed",
+            message=f"could not write audit record {action!r}: {exc!r}; the change it audits is rolled back",
+            details={"action": action, "target": target},
+        )
+        raise
+
+
+def _audit_record(
+    *, action: str, actor: Any, tenant: Any, target: str, outcome: str, details: dict | None, request: Any
+) -> AuditRecord:
+    events.lookup(action)
+    origin: Origin = request_origin(request) if request is not None else (current_origin() or Origin())
+    actor_id = getattr(actor, "pk", None) if actor is not None else None
+    actor_role = (getattr(actor, "platform_role", "") or "") if actor is not None else ""
+    tenant_id = _tenant_id(tenant)
+    fields = {
+        "event_id": uuid.uuid4().hex,
+        "created_at": timezone.now(),
+        "actor_id": actor_id,
+        "actor_username": (getattr(actor, "username", "") or "")[:150] if actor is not None else "",
+        "actor_role": str(actor_role)[:32],
+        "actor_ip": _clean_ip(origin.ip),
+        "user_agent": origin.user_agent[:300],
+        "tenant_id": tenant_id,
+        "action": action[:64],
+        "target": str(target)[:200],
+        "outcome": str(outcome)[:16],
+        "request_id": origin.request_id[:64],
+    }
+    cipher = conf.cipher()
+    plaintext = _json_encoder.encode({"details": details or {}}).encode("utf-8")
+    _lock_chain()
+    # Details about a tenant are sealed under the tenant's key in every stream, so shredding the tenant's keys
+    # makes them unreadable everywhere.
+    data_key, raw_key = _active_data_key(tenant_id, cipher)
+    written = [
+        _append(stream=stream, fields=fields, cipher=cipher, data_key=data_key, raw_key=raw_key, plaintext=plaintext)
+        for stream in _streams(tenant_id, actor_role)
+    ]
+    if conf.siem_url():
+        from audit.siem import forward_on_commit
+
+        forward_on_commit(written)
+    return written[0]
+
+
+# --- checkpoints ------------------------------------------------------------------------------------------
+
+
+def _remember_signer_key() -> None:
+    signer = get_signer()
+    SigningKey.objects.get_or_create(
+        key_id=signer.key_id, defaults={"algorithm": signer.algorithm, "public_key_pem": signer.public_key_pem()}
     )
+
+
+def checkpoint_create(*, stream: str) -> Checkpoint | None:
+    """Sign the head of ``stream`` and the Merkle root of its records since the previous checkpoint; append it
+    to the witness file once committed. None when nothing was appended since the last checkpoint."""
+    signer = get_signer()
+    with transaction.atomic():
+        _lock_chain()
+        head = ChainHead.objects.filter(stream=stream).first()
+        if head is None or head.seq <= head.checkpoint_seq:
+            return None
+        from_seq = head.checkpoint_seq + 1
+        hashes = list(
+            AuditRecord.objects.filter(stream=stream, seq__gte=from_seq, seq__lte=head.seq)
+            .order_by("seq")
+            .values_list("hash", flat=True)
+        )
+        fields = {
+            "stream": stream,
+            "from_seq": from_seq,
+            "seq": head.seq,
+            "head_hash": head.hash,
+            "merkle_root": chain.merkle_root(hashes),
+            "signed_at": _iso(timezone.now()),
+            "key_id": signer.key_id,
+        }
+        checkpoint = Checkpoint.objects.create(
+            **fields, algorithm=signer.algorithm, signature=signer.sign(chain.checkpoint_payload(fields))
+        )
+        ChainHead.objects.filter(stream=stream).update(checkpoint_seq=head.seq)
+        _remember_signer_key()
+        entry = {"type": "checkpoint", **checkpoint.as_dict(), "public_key_pem": signer.public_key_pem()}
+        transaction.on_commit(lambda: _witness(entry))
+    return checkpoint
+
+
+def _witness(entry: dict[str, Any]) -> None:
+    try:
+        witness.append(entry)
+    except OSError as exc:
+        raise_alert(
+            event="audit.witness_failed",
+            message=f"could not append to the audit witness file {conf.witness_path()}: {exc}",
+            details={"stream": entry.get("stream"), "seq": entry.get("seq")},
+        )
+
+
+def checkpoint_all() -> list[Checkpoint]:
+    """A checkpoint for every stream with records since its last one (the periodic task calls this)."""
+    streams = ChainHead.objects.filter(seq__gt=F("checkpoint_seq")).values_list("stream", flat=True)
+    made = [checkpoint_create(stream=stream) for stream in list(streams)]
+    return [c for c in made if c is not None]
+
+
+# --- keys -------------------------------------------------------------------------------------------------
+
+
+def data_keys_rotate(*, actor: Any | None) -> int:
+    """Re-wrap every live data key under the newest master key (records are not touched). Returns the count."""
+    active_id = conf.master_keys()[-1][0]
+    with transaction.atomic():
+        count = 0
+        for data_key in (
+            DataKey.objects.select_for_update().filter(destroyed_at__isnull=True).exclude(master_key_id=active_id)
+        ):
+            raw = _raw_key(data_key)
+            master_id, wrapped = crypto.wrap_data_key(
+                key_id=data_key.key_id, tenant_id=data_key.tenant_id, cipher=data_key.cipher, data_key=raw
+            )
+            data_key.master_key_id, data_key.wrapped_key, data_key.rewrapped_at = master_id, wrapped, timezone.now()
+            data_key.save(update_fields=["master_key_id", "wrapped_key", "rewrapped_at"])
+            count += 1
+        audit_record(
+            action="audit.key.rotate",
+            actor=actor,
+            target=f"master_key:{active_id}",
+            details={"rewrapped": count, "master_key_id": active_id},
+        )
+    return count
+
+
+def _active_hold(tenant_id: int | None) -> LegalHold | None:
+    return LegalHold.objects.filter(tenant_id=tenant_id, released_at__isnull=True).first()
+
+
+def tenant_keys_shred(*, actor: Any | None, tenant_id: int, now: dt.datetime | None = None) -> int:
+    """Destroy a tenant's data keys at the end of retention (crypto-shredding). Its records stay in the chain
+    (hashes cover ciphertext, so the chain still verifies) but their details read as "[shredded]".
+
+    Refused while the tenant is under legal hold or still has records inside the retention period.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        hold = _active_hold(tenant_id)
+        if hold is not None:
+            raise ConflictError(
+                f"Tenant {tenant_id} is under legal hold ({hold.reason!r}); release the hold before shredding.",
+                code="legal_hold",
+            )
+        newest = AuditRecord.objects.filter(tenant_id=tenant_id).aggregate(newest=Max("created_at"))["newest"]
+        keep_until = newest + dt.timedelta(days=conf.retention_days()) if newest else None
+        if keep_until is not None and keep_until > now:
+            raise ConflictError(
+                f"Tenant {tenant_id} has audit records inside the {conf.retention_days()}-day retention period "
+                f"until {keep_until:%Y-%m-%d}; shred after that date.",
+                code="inside_retention",
+            )
+        keys = list(DataKey.objects.select_for_update().filter(tenant_id=tenant_id, destroyed_at__isnull=True))
+        for data_key in keys:
+            data_key.wrapped_key, data_key.destroyed_at = b"", now
+            data_key.save(update_fields=["wrapped_key", "destroyed_at"])
+            _key_cache.pop(data_key.key_id, None)
+        audit_record(
+            action="audit.key.shred",
+            actor=actor,
+            target=f"tenant:{tenant_id}",
+            details={"tenant_id": tenant_id, "key_ids": [k.key_id for k in keys]},
+        )
+    return len(keys)
+
+
+def legal_hold_place(*, actor: Any | None, tenant_id: int | None, reason: str) -> LegalHold:
+    if not reason.strip():
+        raise DomainError("Give the reason for the legal hold (case or request number).", field="reason")
+    with transaction.atomic():
+        existing = _active_hold(tenant_id)
+        if existing is not None:
+            return existing
+        hold = LegalHold.objects.create(
+            tenant_id=tenant_id, reason=reason, placed_by=getattr(actor, "username", "") or ""
+        )
+        audit_record(
+            action="audit.legal_hold.set",
+            actor=actor,
+            tenant=tenant_id,
+            target=f"legal_hold:{hold.pk}",
+            details={"reason": reason},
+        )
+    return hold
+
+
+def legal_hold_release(*, actor: Any | None, tenant_id: int | None) -> int:
+    with transaction.atomic():
+        holds = list(LegalHold.objects.filter(tenant_id=tenant_id, released_at__isnull=True))
+        for hold in holds:
+            hold.released_at = timezone.now()
+            hold.save(update_fields=["released_at"])
+            audit_record(
+                action="audit.legal_hold.release", actor=actor, tenant=tenant_id, target=f"legal_hold:{hold.pk}"
+            )
+    return len(holds)
+
+
+# --- purge ------------------------------------------------------------------------------------------------
+
+
+def _allow_purge_deletes() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL gpupool.audit_purge = 'on'")
+
+
+def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[Tombstone]:
+    """Remove records older than the retention period and not under legal hold, leaving a signed tombstone per
+    stream. Purges stop at a checkpoint boundary, so the tombstone names a signed head and the verifier starts
+    the chain there. Returns the tombstones written."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(days=conf.retention_days())
+    signer = get_signer()
+    tombstones: list[Tombstone] = []
+    with transaction.atomic():
+        _lock_chain()
+        held = set(LegalHold.objects.filter(released_at__isnull=True).values_list("tenant_id", flat=True))
+        for head in ChainHead.objects.order_by("stream"):
+            stream_tenant = None if head.stream == PLATFORM_STREAM else int(head.stream.split(":", 1)[1])
+            if stream_tenant in held:
+                continue
+            last = Tombstone.objects.filter(stream=head.stream).order_by("-through_seq").first()
+            start = last.through_seq if last else 0
+            limit_seq = None
+            held_tenants = {t for t in held if t is not None}
+            if head.stream == PLATFORM_STREAM and held_tenants:
+                # Platform copies of actions on a held tenant's objects are held too.
+                limit_seq = (
+                    AuditRecord.objects.filter(stream=head.stream, seq__gt=start, tenant_id__in=held_tenants)
+                    .order_by("seq")
+                    .values_list("seq", flat=True)
+                    .first()
+                )
+            old_seqs = AuditRecord.objects.filter(stream=head.stream, seq__gt=start, created_at__lt=cutoff)
+            newest_old = old_seqs.aggregate(top=Max("seq"))["top"]
+            if newest_old is None:
+                continue
+            candidates = Checkpoint.objects.filter(stream=head.stream, seq__gt=start, seq__lte=newest_old)
+            if limit_seq is not None:
+                candidates = candidates.filter(seq__lt=limit_seq)
+            checkpoint = candidates.order_by("-seq").first()
+            if checkpoint is None:
+                continue
+            _allow_purge_deletes()
+            purged, _ = AuditRecord.objects.filter(stream=head.stream, seq__gt=start, seq__lte=checkpoint.seq).delete()
+            fields = {
+                "stream": head.stream,
+                "through_seq": checkpoint.seq,
+                "through_hash": checkpoint.head_hash,
+                "purged_count": purged + (last.purged_count if last else 0),
+                "purged_at": _iso(now),
+                "key_id": signer.key_id,
+            }
+            tombstone = Tombstone.objects.create(
+                **fields, algorithm=signer.algorithm, signature=signer.sign(chain.tombstone_payload(fields))
+            )
+            tombstones.append(tombstone)
+            entry = {"type": "tombstone", **tombstone.as_dict(), "public_key_pem": signer.public_key_pem()}
+            transaction.on_commit(lambda entry=entry: _witness(entry))
+        _remember_signer_key()
+        audit_record(
+            action="audit.purge",
+            actor=actor,
+            target="audit",
+            outcome=Outcome.SUCCESS,
+            details={
+                "cutoff": _iso(cutoff),
+                "tombstones": [{"stream": t.stream, "through_seq": t.through_seq} for t in tombstones],
+            },
+        )
+    return tombstones

@@ -50,6 +50,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "audit.context.RequestIdMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
@@ -216,6 +217,25 @@ GPUPOOL_NODE_LOST_GRACE_S = env_int("GPUPOOL_NODE_LOST_GRACE_S", 120)
 GPUPOOL_TELEMETRY_INTERVAL_S = env_int("GPUPOOL_TELEMETRY_INTERVAL_S", 1)
 GPUPOOL_BOOTSTRAP_TOKEN_TTL_S = env_int("GPUPOOL_BOOTSTRAP_TOKEN_TTL_S", 3600)
 GPUPOOL_METRICS_TOKEN = env_str("GPUPOOL_METRICS_TOKEN", "")
+
+# --- Audit trail (audit/, README "Audit trail") --------------------------------------------------------
+# Master key ring "kid1:BASE64,kid2:BASE64" (last = active); unset = a development ring derived from
+# SECRET_KEY (portal.production_settings refuses that).
+GPUPOOL_AUDIT_MASTER_KEYS = env_str("GPUPOOL_AUDIT_MASTER_KEYS", "")
+GPUPOOL_AUDIT_CIPHER = env_str("GPUPOOL_AUDIT_CIPHER", "aes-256-gcm")  # or sm4-gcm (国密)
+GPUPOOL_AUDIT_SIGNER = env_str("GPUPOOL_AUDIT_SIGNER", "audit.signing.Ed25519Signer")
+GPUPOOL_AUDIT_SIGNING_KEY = env_str("GPUPOOL_AUDIT_SIGNING_KEY", "")  # base64 Ed25519 seed; unset = dev-derived
+GPUPOOL_AUDIT_WITNESS_PATH = env_str("GPUPOOL_AUDIT_WITNESS_PATH", str(DATA_DIR / "audit-witness.jsonl"))
+GPUPOOL_AUDIT_CHECKPOINT_RECORDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_RECORDS", 1000)
+GPUPOOL_AUDIT_CHECKPOINT_SECONDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 60)
+GPUPOOL_AUDIT_RETENTION_DAYS = env_int("GPUPOOL_AUDIT_RETENTION_DAYS", 365)  # audit refuses < 180
+GPUPOOL_AUDIT_ALERT_HOOK = env_str("GPUPOOL_AUDIT_ALERT_HOOK", "")  # dotted path: hook(event, message, details)
+GPUPOOL_AUDIT_SIEM_URL = env_str("GPUPOOL_AUDIT_SIEM_URL", "")  # udp://host:514?format=rfc5424 | tcp://…?format=cef
+GPUPOOL_AUDIT_TRUST_FORWARDED_FOR = env_bool("GPUPOOL_AUDIT_TRUST_FORWARDED_FOR", default=False)
+CELERY_BEAT_SCHEDULE["audit-checkpoint"] = {
+    "task": "audit.checkpoint",
+    "schedule": float(GPUPOOL_AUDIT_CHECKPOINT_SECONDS),
+}
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,117 @@
+"""The audit event registry: every action code is registered once here, with a stable code and a description.
+
+Codes are ``<domain>.<verb>``; never rename one (exports and SIEM rules match on them). ``audit_record``
+accepts codes that are not registered yet — other apps add actions as they grow — and logs a warning once
+per unknown code so it gets registered.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    code: str
+    category: str
+    description: str
+
+
+REGISTRY: dict[str, AuditEvent] = {}
+_unknown_warned: set[str] = set()
+
+
+def register(code: str, category: str, description: str) -> AuditEvent:
+    """Register ``code`` (idempotent for the same description; a clash is a programming error)."""
+    existing = REGISTRY.get(code)
+    event = AuditEvent(code, category, description)
+    if existing is not None and existing != event:
+        raise ValueError(f"audit event {code!r} is already registered as {existing}")
+    REGISTRY[code] = event
+    return event
+
+
+def lookup(code: str) -> AuditEvent | None:
+    """The registered event, or None (warning once per unknown code, never raising)."""
+    event = REGISTRY.get(code)
+    if event is None and code not in _unknown_warned:
+        _unknown_warned.add(code)
+        logger.warning("audit action %r is not registered in audit.events; recording it anyway", code)
+    return event
+
+
+_EVENTS = [
+    # Authentication
+    ("auth.login", "auth", "A user signed in"),
+    ("auth.login.failure", "auth", "A sign-in attempt failed"),
+    ("auth.logout", "auth", "A user signed out"),
+    ("auth.lockout", "auth", "An account was locked after repeated failures"),
+    ("auth.mfa.enrol.begin", "auth", "A user began enrolling a second factor"),
+    ("auth.mfa.enrol.confirm", "auth", "A user confirmed a second factor"),
+    ("auth.mfa.verify", "auth", "A second factor was checked at sign-in"),
+    ("auth.mfa.reset", "auth", "A user's second factor was reset"),
+    # Users, roles, tokens, memberships
+    ("user.create", "identity", "A user was created"),
+    ("user.update", "identity", "A user was changed"),
+    ("user.deactivate", "identity", "A user was deactivated"),
+    ("user.password.set", "identity", "A password was set"),
+    ("user.role.change", "identity", "A platform role was granted or removed"),
+    ("token.create", "identity", "An API token was created"),
+    ("token.revoke", "identity", "An API token was revoked"),
+    ("membership.create", "identity", "A user joined a tenant"),
+    ("membership.role.change", "identity", "A tenant role changed"),
+    ("membership.delete", "identity", "A user left a tenant"),
+    # Tenants, quotas, approvals
+    ("tenant.create", "tenancy", "A tenant was created"),
+    ("tenant.update", "tenancy", "A tenant was changed"),
+    ("tenant.move", "tenancy", "A tenant moved in the tree"),
+    ("tenant.delete", "tenancy", "A tenant was deleted"),
+    ("quota.create", "tenancy", "A quota was set"),
+    ("quota.update", "tenancy", "A quota was changed"),
+    ("quota.delete", "tenancy", "A quota was removed"),
+    ("quota_request.create", "approval", "A quota change was requested"),
+    ("quota_request.approve", "approval", "A quota change request was approved"),
+    ("quota_request.reject", "approval", "A quota change request was rejected"),
+    ("approval.request", "approval", "An approval was requested"),
+    ("approval.approve", "approval", "An approval was granted"),
+    ("approval.reject", "approval", "An approval was refused"),
+    # Workloads
+    ("job.submit", "workload", "A job was submitted"),
+    ("job.approve", "workload", "A job waiting for approval was approved"),
+    ("job.reject", "workload", "A job waiting for approval was rejected"),
+    ("job.cancel", "workload", "A job was cancelled"),
+    ("job.preempt", "workload", "A job was preempted"),
+    ("job.transition", "workload", "A job changed state"),
+    # Fleet
+    ("agent.bootstrap_token.create", "fleet", "A node bootstrap token was made"),
+    ("agent.register", "fleet", "A node agent registered"),
+    ("agent.credential.revoke", "fleet", "A node credential was revoked"),
+    ("node.auth_failed", "fleet", "A node presented a bad credential"),
+    ("node.hello", "fleet", "A node agent connected"),
+    ("node.ready", "fleet", "A node became ready"),
+    ("node.not_ready", "fleet", "A node missed its lease"),
+    ("node.jobs_requeued", "fleet", "A lost node's jobs were requeued"),
+    ("node.cordon", "fleet", "A node was cordoned"),
+    ("node.uncordon", "fleet", "A node was uncordoned"),
+    ("node.drain", "fleet", "A node was drained"),
+    ("flavor.create", "fleet", "A resource flavor was created"),
+    ("flavor.update", "fleet", "A resource flavor was changed"),
+    # The audit trail itself
+    ("audit.search", "audit", "An auditor searched audit records"),
+    ("audit.read", "audit", "An auditor read an audit record"),
+    ("audit.export", "audit", "Audit records were exported"),
+    ("audit.verify", "audit", "The audit trail was verified"),
+    ("audit.tamper_detected", "audit", "Verification found tampered audit records"),
+    ("audit.access_denied", "audit", "A non-auditor tried to read or change the audit trail"),
+    ("audit.write_failed", "audit", "An audit record could not be written"),
+    ("audit.key.rotate", "audit", "Data keys were re-wrapped under a new master key"),
+    ("audit.key.shred", "audit", "A tenant's data keys were destroyed (crypto-shredding)"),
+    ("audit.purge", "audit", "Audit records beyond retention were purged"),
+    ("audit.legal_hold.set", "audit", "A legal hold was placed"),
+    ("audit.legal_hold.release", "audit", "A legal hold was released"),
+]
+for _code, _category, _description in _EVENTS:
+    register(_code, _category, _description)

@@ -1,0 +1,17 @@
+"""Audit tests write their witness file to a temporary directory and start from known keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from audit import services
+
+
+@pytest.fixture(autouse=True)
+def audit_settings(settings, tmp_path):
+    settings.GPUPOOL_AUDIT_WITNESS_PATH = str(tmp_path / "witness.jsonl")
+    settings.GPUPOOL_AUDIT_CIPHER = "aes-256-gcm"
+    settings.GPUPOOL_AUDIT_ALERT_HOOK = ""
+    settings.GPUPOOL_AUDIT_SIEM_URL = ""
+    services._key_cache.clear()
+    return settings
