@@ -7,6 +7,7 @@ from django import forms
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from audit.models import Outcome
 from scheduler.models import JobKind, JobState, Node, NodeStatus, PriorityClass, ResourceFlavor
 
 
@@ -38,7 +39,10 @@ class AuditFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label=_("Search"))
     action = django_filters.CharFilter(field_name="action", lookup_expr="startswith", label=_("Action starts with"))
     actor = django_filters.CharFilter(field_name="actor_username", lookup_expr="iexact", label=_("Actor"))
-    outcome = django_filters.CharFilter(field_name="outcome", label=_("Outcome"))
+    outcome = django_filters.ChoiceFilter(
+        field_name="outcome", choices=Outcome.choices, label=_("Outcome"), empty_label=_("any")
+    )
+    stream = django_filters.CharFilter(field_name="stream", label=_("Stream"))
     since = django_filters.DateFilter(
         field_name="created_at", lookup_expr="date__gte", label=_("From (date)"), widget=DateInput
     )

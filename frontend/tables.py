@@ -54,17 +54,20 @@ class NodeTable(ConsoleTable):
 
 
 class AuditTable(ConsoleTable):
-    seq = tables.Column(verbose_name=_("Seq"))
+    id = tables.LinkColumn("frontend:audit-detail", args=[tables.A("pk")], verbose_name=_("ID"))
     created_at = tables.DateTimeColumn(verbose_name=_("Time (UTC)"), format="Y-m-d H:i:s")
+    stream = tables.Column(verbose_name=_("Stream"))
+    seq = tables.Column(verbose_name=_("Seq"))
     actor_username = tables.Column(verbose_name=_("Actor"), empty_values=())
+    actor_role = tables.Column(verbose_name=_("Role"))
     actor_ip = tables.Column(verbose_name=_("IP"))
-    tenant_id = tables.Column(verbose_name=_("Tenant"))
     action = tables.Column(verbose_name=_("Action"))
     target = tables.Column(verbose_name=_("Target"))
     outcome = BadgeColumn(verbose_name=_("Outcome"))
 
     class Meta(ConsoleTable.Meta):
         empty_text = _("No audit records match these filters.")
+        row_attrs = {"data-outcome": lambda record: record.outcome}
 
     def render_actor_username(self, value):
         return value or _("system")

@@ -14,6 +14,8 @@ console_patterns = [
     path("jobs/<int:pk>/", jobs.job_detail, name="job-detail"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("audit/", audit.audit_list, name="audit"),
+    path("audit/verify/", audit.audit_verify, name="audit-verify"),
+    path("audit/<int:pk>/", audit.audit_detail, name="audit-detail"),
 ]
 
 urlpatterns = [
