@@ -72,8 +72,8 @@ def load_demo_data() -> bool:
 def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
     """Start ``count`` simulated node agents as child processes connected to ``server_url``.
 
-    Returns the processes so the caller can stop them. The node agent issue fills this in; until the agent
-    can register, no agent is started.
+    Returns the processes so the caller can stop them. Each agent gets a fresh one-time bootstrap token
+    (written 0600 next to its credential file), so a demo on a fresh database registers its nodes again.
     """
     processes: list[subprocess.Popen] = []
     if count <= 0:
@@ -82,8 +82,19 @@ def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
         from nodeagent import demo as agent_demo
     except ImportError:
         return processes
+    from django.conf import settings
+
+    from scheduler.fleet.services import bootstrap_token_create
+
     for index in range(count):
-        command = agent_demo.demo_agent_command(python=sys.executable, server_url=server_url, index=index)
+        paths = agent_demo.demo_agent_paths(index=index, data_dir=settings.DATA_DIR)
+        _token, secret = bootstrap_token_create(
+            actor=None, ttl_s=3600, description=f"gpupool demo agent {paths.node_name}"
+        )
+        agent_demo.write_bootstrap_token(paths.token_file, secret)
+        command = agent_demo.demo_agent_command(
+            python=sys.executable, server_url=server_url, index=index, data_dir=settings.DATA_DIR
+        )
         processes.append(
             subprocess.Popen(command, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=subprocess.DEVNULL)
         )

@@ -1,0 +1,82 @@
+"""Simulated agents for ``gpupool demo``.
+
+``portal/demo.py`` mints one bootstrap token per demo agent, writes it with :func:`write_bootstrap_token` to
+the path from :func:`demo_agent_paths`, and starts :func:`demo_agent_command`. The agent trades the token for
+a credential (retrying while the portal starts), deletes the token file and runs a simulated node. Each
+agent has its own credential file and work dir under ``<data dir>/demo-agents/sim-NN/``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The fleet the demo shows, cycled by agent index: (simulated model, cards).
+DEMO_NODES: list[tuple[str, int]] = [("H100-80G", 8), ("A100-40G", 4), ("910B", 8), ("H100-80G", 4)]
+
+
+@dataclass(frozen=True)
+class DemoAgentPaths:
+    node_name: str
+    token_file: Path
+    credential_file: Path
+    work_dir: Path
+
+
+def _data_dir(data_dir: str | os.PathLike | None) -> Path:
+    return Path(data_dir or os.environ.get("GPUPOOL_DATA_DIR") or "var").resolve()
+
+
+def demo_agent_paths(*, index: int, data_dir: str | os.PathLike | None = None) -> DemoAgentPaths:
+    node_name = f"sim-{index:02d}"
+    root = _data_dir(data_dir) / "demo-agents" / node_name
+    return DemoAgentPaths(
+        node_name=node_name,
+        token_file=root / "bootstrap-token",
+        credential_file=root / "credential.json",
+        work_dir=root / "work",
+    )
+
+
+def write_bootstrap_token(path: Path, secret: str) -> None:
+    """Write a one-time token readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(descriptor, 0o600)
+        os.write(descriptor, secret.encode())
+    finally:
+        os.close(descriptor)
+
+
+def demo_agent_command(
+    *, python: str, server_url: str, index: int, data_dir: str | os.PathLike | None = None
+) -> list[str]:
+    """The command line of demo agent ``index``: a simulated node ``sim-NN`` of the model DEMO_NODES picks."""
+    paths = demo_agent_paths(index=index, data_dir=data_dir)
+    model, cards = DEMO_NODES[index % len(DEMO_NODES)]
+    return [
+        python,
+        "-m",
+        "nodeagent",
+        "demo-run",
+        "--server",
+        server_url,
+        "--node-name",
+        paths.node_name,
+        "--bootstrap-token-file",
+        str(paths.token_file),
+        "--credential-file",
+        str(paths.credential_file),
+        "--work-dir",
+        str(paths.work_dir),
+        "--backend",
+        "simulated",
+        "--model",
+        model,
+        "--cards",
+        str(cards),
+        "--seed",
+        str(index),
+    ]
