@@ -19,6 +19,8 @@ then pruned); for a gang across nodes it is one greedy pass over the cheapest vi
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -118,26 +120,39 @@ class Preemptor:
         self.min_runtime_s = min_runtime_s
         self.victims = build_victims(snapshot, cluster)
         self.taken: set[str] = set()  # victims already chosen this cycle
-        self.by_node_flavor: dict[tuple[int, str], list[Victim]] = {}
+        # Only preemptible victims past the minimum runtime can ever be chosen; per flavor, cheapest first
+        # (cost starts with the priority, so "lower priority than P" is a prefix found by bisection).
+        self.movable: dict[str, list[Victim]] = {}
         for v in self.victims.values():
-            if not v.preemptible:
-                continue
-            for n in v.nodes:
-                self.by_node_flavor.setdefault((n, v.flavor), []).append(v)
+            if v.preemptible and self.now - v.started_at >= min_runtime_s:
+                self.movable.setdefault(v.flavor, []).append(v)
+        self.priorities: dict[str, list[int]] = {}
+        self.borrowers: dict[str, list[int]] = {}  # positions in ``movable`` of victims that borrow
+        for flavor, victims in self.movable.items():
+            victims.sort(key=Victim.cost)
+            self.priorities[flavor] = [v.priority for v in victims]
+            self.borrowers[flavor] = [i for i, v in enumerate(victims) if v.borrowed_millis > 0]
+        self._account: dict[str, str | None] = {}
+
+    def _victim_account(self, v: Victim) -> str | None:
+        if v.job_id not in self._account:
+            self._account[v.job_id] = self.book.account(v.tenant, v.flavor)
+        return self._account[v.job_id]
 
     def rule(self, v: Victim, job: PendingJob, flavor: str, accounted_to: str, borrowing: bool) -> PreemptReason | None:
         """Why ``v`` may be preempted for ``job`` (None: it may not)."""
         if not v.preemptible or v.flavor != flavor or v.job_id in self.taken or v.job_id in job.preempted_by:
             return None
-        if v.job_id == job.job_id:
+        if v.job_id == job.job_id or self.now - v.started_at < self.min_runtime_s:
             return None
-        if self.now - v.started_at < self.min_runtime_s:
-            return None
-        v_account = self.book.account(v.tenant, flavor)
+        lower = v.priority < int(job.priority)
+        if v.borrowed_millis <= 0 and not lower:
+            return None  # within a guarantee and not lower priority: untouchable
+        v_account = self._victim_account(v)
         own = v_account is not None and self.book.in_subtree(v_account, accounted_to)
         if not borrowing and v.borrowed_millis > 0 and not own:
             return PreemptReason.RECLAIM_BORROWED
-        if v.priority < int(job.priority) and (v.borrowed_millis > 0 or own):
+        if lower and (v.borrowed_millis > 0 or own):
             return PreemptReason.PRIORITY
         return None
 
@@ -224,18 +239,31 @@ class Preemptor:
 
     # -- searches --------------------------------------------------------------------------------------------
 
+    def _candidates(self, flavor: str, job: PendingJob, eligible) -> list[tuple[Victim, PreemptReason]]:
+        """Eligible victims on ``flavor``, cheapest first."""
+        victims = self.movable.get(flavor, ())
+        if not victims:
+            return []
+        lower = bisect.bisect_left(self.priorities[flavor], int(job.priority))
+        out = []
+        # At or above the job's priority only borrowers can be victims (reclaim).
+        higher = [victims[i] for i in self.borrowers[flavor] if i >= lower]
+        for v in itertools.chain(victims[:lower], higher):
+            r = eligible(v)
+            if r is not None:
+                out.append((v, r))
+        return out
+
     def _search_per_node(self, job: PendingJob, flavor: str, count: int, eligible) -> VictimChoice | None:
-        c = self.c
-        nodes: list[tuple[tuple, int, list[tuple[Victim, PreemptReason]]]] = []
-        for n in range(len(c.node_name)):
-            listed = self.by_node_flavor.get((n, flavor))
-            if not listed or not self.placer.node_matches(n, job.node_selector):
-                continue
-            cands = [(v, r) for v in listed if (r := eligible(v)) is not None]
-            if cands:
-                cands.sort(key=lambda vr: vr[0].cost())
-                nodes.append((cands[0][0].cost(), n, cands))
-        nodes.sort(key=lambda item: (item[0], item[1]))
+        per_node: dict[int, list[tuple[Victim, PreemptReason]]] = {}
+        for v, r in self._candidates(flavor, job, eligible):  # cheapest first, so each node's list is sorted
+            for n in v.nodes:
+                per_node.setdefault(n, []).append((v, r))
+        nodes = sorted(
+            (cands[0][0].cost(), n, cands)
+            for n, cands in per_node.items()
+            if self.placer.node_matches(n, job.node_selector)
+        )
         best: tuple[tuple, list[tuple[Victim, PreemptReason]], list[int]] | None = None
         for _, n, cands in nodes[:MAX_NODES]:
 
@@ -264,13 +292,7 @@ class Preemptor:
         return VictimChoice(tuple(best[1]), tuple(best[2]))
 
     def _search_gang(self, job: PendingJob, flavor: str, count: int, eligible) -> VictimChoice | None:
-        cands = []
-        for v in self.victims.values():
-            r = eligible(v)
-            if r is not None:
-                cands.append((v, r))
-        cands.sort(key=lambda vr: vr[0].cost())
-        cands = cands[:MAX_VICTIMS_GANG]
+        cands = self._candidates(flavor, job, eligible)[:MAX_VICTIMS_GANG]
 
         def check(victims: list[Victim]) -> list[int] | None:
             given = self._free(victims)

@@ -42,6 +42,7 @@ class Admission:
 
 class _FlavorTree:
     __slots__ = (
+        "_paths",
         "children",
         "demand",
         "guaranteed",
@@ -75,6 +76,7 @@ class _FlavorTree:
         self.sum_child_lendable: dict[str, int] = {_ROOT: 0}
         self.sum_child_g: dict[str, int] = {_ROOT: 0}
         self.root_pool = 0
+        self._paths: dict[str, list[str]] = {}
 
     def add(self, name: str, quota: Quota | None) -> None:
         self.children[name] = []
@@ -89,11 +91,16 @@ class _FlavorTree:
         self.lendable[name] = 0
 
     def path(self, name: str) -> list[str]:
-        out = []
-        while name != _ROOT:
-            out.append(name)
-            name = self.parent[name]
-        return out
+        """``name`` and its ancestors with a quota row, nearest first (cached: the tree does not move)."""
+        cached = self._paths.get(name)
+        if cached is None:
+            cached = []
+            node = name
+            while node != _ROOT:
+                cached.append(node)
+                node = self.parent[node]
+            self._paths[name] = cached
+        return cached
 
     def _values(self, name: str, used: int, own: int, child_demand: int, child_lendable: int) -> tuple[int, int]:
         g = self.guaranteed[name]
@@ -110,8 +117,7 @@ class _FlavorTree:
         updates = []
         d_demand = 0
         d_lendable = 0
-        node = name
-        while node != _ROOT:
+        for node in self.path(name):
             used = self.used[node] + millis
             own = self.own[node] + (millis if node == name else 0)
             demand, lendable = self._values(
@@ -120,7 +126,6 @@ class _FlavorTree:
             d_demand = demand - self.demand[node]
             d_lendable = lendable - self.lendable[node]
             updates.append((node, used, demand, lendable))
-            node = self.parent[node]
         top_demand = self.sum_child_demand[_ROOT] + d_demand
         top_lendable = self.sum_child_lendable[_ROOT] + d_lendable
         return updates, self.root_pool + top_lendable - top_demand
@@ -144,6 +149,9 @@ class QuotaBook:
     def __init__(self, snapshot: Snapshot, capacity_millis: dict[str, int], *, require_quota: bool) -> None:
         self.require_quota = require_quota
         self.tenant_parent: dict[str, str | None] = {t.name: t.parent for t in snapshot.tenants}
+        self._ancestors: dict[str, list[str]] = {}
+        self._accounts: dict[tuple[str, str], str | None] = {}
+        self._subtree: dict[tuple[str, str], bool] = {}
         self.trees: dict[str, _FlavorTree] = {}
         rows: dict[str, dict[str, Quota]] = {}
         for q in snapshot.quotas:
@@ -173,6 +181,9 @@ class QuotaBook:
     # -- tree helpers ----------------------------------------------------------------------------------------
 
     def ancestors(self, tenant: str) -> list[str]:
+        cached = self._ancestors.get(tenant)
+        if cached is not None:
+            return cached
         out: list[str] = []
         seen = {tenant}
         parent = self.tenant_parent.get(tenant)
@@ -180,10 +191,16 @@ class QuotaBook:
             out.append(parent)
             seen.add(parent)
             parent = self.tenant_parent.get(parent)
+        self._ancestors[tenant] = out
         return out
 
     def in_subtree(self, tenant: str, root: str) -> bool:
-        return tenant == root or root in self.ancestors(tenant)
+        key = (tenant, root)
+        found = self._subtree.get(key)
+        if found is None:
+            found = tenant == root or root in self.ancestors(tenant)
+            self._subtree[key] = found
+        return found
 
     def _nearest_row(self, tenant: str | None, by_tenant: dict[str, Quota]) -> str:
         while tenant is not None:
@@ -200,6 +217,14 @@ class QuotaBook:
 
     def account(self, tenant: str, flavor: str) -> str | None:
         """The quota node a job of ``tenant`` on ``flavor`` is charged to; None when there is none."""
+        key = (tenant, flavor)
+        if key in self._accounts:
+            return self._accounts[key]
+        found = self._account(tenant, flavor)
+        self._accounts[key] = found
+        return found
+
+    def _account(self, tenant: str, flavor: str) -> str | None:
         tree = self.trees.get(flavor)
         if tree is None:
             tree = _FlavorTree()

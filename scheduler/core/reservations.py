@@ -63,9 +63,8 @@ class Reservations:
             whole = res.millis >= MILLIS_PER_DEVICE
             slot.millis = min(MILLIS_PER_DEVICE, slot.millis + res.millis)
             slot.memory_mib = cluster.dev_mem[d] if whole else min(cluster.dev_mem[d], slot.memory_mib + res.memory_mib)
-        for alloc in sorted(snapshot.allocations, key=lambda a: (a.job_id, a.replica, a.device_uuid)):
-            if alloc.reservation_of is None:
-                continue
+        on_loan = [a for a in snapshot.allocations if a.reservation_of is not None]
+        for alloc in sorted(on_loan, key=lambda a: (a.job_id, a.replica, a.device_uuid)):
             d = cluster.dev_id.get(alloc.device_uuid)
             slot = index.get((alloc.reservation_of, d)) if d is not None else None
             if slot is None:
