@@ -187,9 +187,16 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for signum in signals:
             loop.add_signal_handler(signum, stop.set)
-        await agent.run(stop)
+        try:
+            await agent.run(stop)
+        finally:
+            # Before the loop closes its wakeup fd: a late second signal must not hit a closed fd.
+            for signum in signals:
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, signal.SIG_IGN)
 
     asyncio.run(main())
     log.info("gpupool-agent stopped; running workloads keep running and are re-adopted on the next start")
