@@ -90,13 +90,38 @@ def test_cordoned_nodes_get_no_new_work(member, node):
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_cycle_that_cannot_take_the_lock_does_nothing(member, node):
-    from django.db import transaction
+    import threading
+    from contextlib import nullcontext
+
+    from django.db import connection, transaction
 
     from scheduler import locks
 
-    services.job_submit(actor=member, spec=SPEC)
-    with transaction.atomic(), locks.cycle_lock() as held:
-        assert held
-        # On SQLite the lock is per process: a second cycle in this process is refused.
+    job = services.job_submit(actor=member, spec=SPEC)
+    holding, release, seen = threading.Event(), threading.Event(), []
+
+    def hold_the_lock() -> None:
+        # Another worker: its own connection and transaction (PostgreSQL advisory lock), or another thread
+        # of this process (SQLite: the process lock; no transaction, SQLite would lock the whole database).
+        scope = transaction.atomic() if connection.vendor == "postgresql" else nullcontext()
+        try:
+            with scope, locks.cycle_lock() as held:
+                seen.append(held)
+                holding.set()
+                release.wait(timeout=30)
+        finally:
+            holding.set()
+            connection.close()
+
+    thread = threading.Thread(target=hold_the_lock)
+    thread.start()
+    try:
+        assert holding.wait(timeout=30) and seen == [True]
         assert services.run_cycle().ran is False
+        assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
+    finally:
+        release.set()
+        thread.join(timeout=30)
+    assert services.run_cycle().placed == [job.pk]
