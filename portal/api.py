@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, status
@@ -60,6 +62,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         if exc.field:
             body["errors"] = {exc.field: [exc.message]}
         return Response(body, status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            {
+                "code": "request_too_large",
+                "detail": f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes; send less.",
+            },
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(
             exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}

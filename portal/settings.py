@@ -40,6 +40,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "axes",
+    "django_otp",
+    "django_otp.plugins.otp_totp",
     "portal",
     "tenants",
     "scheduler",
@@ -57,8 +60,12 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django_otp.middleware.OTPMiddleware",
+    "tenants.middleware.RequireSecondFactorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a locked-out sign-in into its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -163,13 +170,48 @@ SESSION_COOKIE_AGE = env_int("GPUPOOL_SESSION_AGE_SECONDS", 8 * 3600)
 SESSION_EXPIRE_AT_BROWSER_CLOSE = True
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False
+AUTHENTICATION_BACKENDS = [
+    "tenants.authentication.LockoutBackend",  # django-axes: refuse locked-out sign-ins first
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Lockout (django-axes): after AXES_FAILURE_LIMIT wrong passwords for one username from one address, that
+# pair is locked for AXES_COOLOFF_TIME hours; a success resets the count. Lockouts are audited.
+AXES_FAILURE_LIMIT = env_int("GPUPOOL_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = env_int("GPUPOOL_LOGIN_LOCKOUT_MINUTES", 15) / 60
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+# Two-factor (django-otp TOTP) for platform roles: asked at sign-in once a device is enrolled; with
+# GPUPOOL_MFA_REQUIRED platform-role accounts must enrol before they can do anything else.
+GPUPOOL_MFA_REQUIRED = env_bool("GPUPOOL_MFA_REQUIRED", default=False)
+OTP_TOTP_ISSUER = "gpupool"
+# Single sign-on (OpenID Connect, mozilla-django-oidc): on only when the GPUPOOL_OIDC_* variables are set.
+GPUPOOL_OIDC_ENABLED = bool(env_str("GPUPOOL_OIDC_CLIENT_ID", "") and env_str("GPUPOOL_OIDC_ISSUER_URL", ""))
+if GPUPOOL_OIDC_ENABLED:
+    INSTALLED_APPS.append("mozilla_django_oidc")
+    AUTHENTICATION_BACKENDS.insert(1, "tenants.oidc.GpupoolOIDCBackend")
+    _oidc_issuer = env_str("GPUPOOL_OIDC_ISSUER_URL", "").rstrip("/")
+    OIDC_RP_CLIENT_ID = env_str("GPUPOOL_OIDC_CLIENT_ID", "")
+    OIDC_RP_CLIENT_SECRET = env_str("GPUPOOL_OIDC_CLIENT_SECRET", "")
+    OIDC_RP_SIGN_ALGO = env_str("GPUPOOL_OIDC_SIGN_ALGO", "RS256")
+    OIDC_RP_SCOPES = env_str("GPUPOOL_OIDC_SCOPES", "openid email profile")
+    OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("GPUPOOL_OIDC_AUTHORIZATION_URL", f"{_oidc_issuer}/authorize")
+    OIDC_OP_TOKEN_ENDPOINT = env_str("GPUPOOL_OIDC_TOKEN_URL", f"{_oidc_issuer}/token")
+    OIDC_OP_USER_ENDPOINT = env_str("GPUPOOL_OIDC_USERINFO_URL", f"{_oidc_issuer}/userinfo")
+    OIDC_OP_JWKS_ENDPOINT = env_str("GPUPOOL_OIDC_JWKS_URL", f"{_oidc_issuer}/jwks")
+    OIDC_CREATE_USER = env_bool("GPUPOOL_OIDC_CREATE_USERS", default=True)
 
 # --- REST API -----------------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # First, so an unauthenticated request gets 401 with a "WWW-Authenticate: Bearer" challenge.
+        "tenants.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "tenants.permissions.TokenScopePermission",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",

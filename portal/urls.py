@@ -33,6 +33,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
+    path("accounts/", include("tenants.urls")),
     path("i18n/", include("django.conf.urls.i18n")),
     path("", include("scheduler.fleet.urls")),  # /metrics (Prometheus)
     path("", include("frontend.urls")),

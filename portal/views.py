@@ -17,6 +17,11 @@ API_ROOT_LINKS: dict[str, str] = {
     "nodes": "node-list",
     "devices": "device-list",
     "flavors": "flavor-list",
+    "me": "me",
+    "tenants": "tenant-list",
+    "memberships": "membership-list",
+    "users": "user-list",
+    "tokens": "apitoken-list",
 }
 
 

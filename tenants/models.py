@@ -80,3 +80,37 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"
+
+
+class TokenScope(models.TextChoices):
+    """What an API token may do: ``read`` = safe methods only, ``write`` = changes too, ``admin`` = also the
+    platform operations that views mark ``required_scope = "admin"`` (users, roles, approvals)."""
+
+    READ = "read", _("read")
+    WRITE = "write", _("write")
+    ADMIN = "admin", _("admin")
+
+
+TOKEN_PREFIX = "gp_"
+
+
+class ApiToken(models.Model):
+    """A personal API token. Only ``key_prefix`` (for lookup and display) and the SHA-256 of the whole token
+    are stored; the secret is shown once when the token is created."""
+
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    key_prefix = models.CharField(max_length=16, unique=True)
+    key_sha256 = models.CharField(max_length=64, unique=True)
+    scope = models.CharField(max_length=8, choices=TokenScope.choices, default=TokenScope.READ)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], name="apitoken_name_unique_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.user} / {self.name} ({self.key_prefix}…)"

@@ -1,0 +1,261 @@
+"""REST endpoints for tenants, memberships, users, API tokens and ``me``.
+
+Reads are generic views over the selectors (so anything outside the caller's view is a 404); writes take a
+strict input serializer and call one service.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.api import NotFoundError, PermissionDeniedError
+from tenants import selectors, services
+from tenants.api import serializers as s
+from tenants.filtersets import ApiTokenFilterSet, MembershipFilterSet, TenantFilterSet, UserFilterSet
+from tenants.models import Membership, TokenScope, User
+from tenants.permissions import ReadOnlyForAuditor, can_manage_memberships, is_security_admin
+
+ERROR = OpenApiResponse(description='Error: {"code": "...", "detail": "..."}')
+ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR}
+
+
+def _validated(serializer_class: type, request: Request, **kwargs: Any) -> dict:
+    serializer = serializer_class(data=request.data, **kwargs)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
+class TenantScopedViewSet(viewsets.GenericViewSet):
+    permission_classes = [*viewsets.GenericViewSet.permission_classes, ReadOnlyForAuditor]
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Tenants visible to you", responses={200: s.TenantSerializer(many=True)}),
+    retrieve=extend_schema(summary="One tenant", responses={200: s.TenantSerializer, **ERRORS}),
+)
+class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    serializer_class = s.TenantSerializer
+    filterset_class = TenantFilterSet
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.tenants_visible_to(self.request.user).order_by("depth", "slug")
+
+    def get_object(self):
+        return selectors.tenant_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+
+    @extend_schema(
+        summary="Create a tenant (top level: system admin; child: tenant admin of the parent)",
+        request=s.TenantCreateSerializer,
+        responses={201: s.TenantSerializer, **ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        data = _validated(s.TenantCreateSerializer, request)
+        parent_id = data.pop("parent", None)
+        parent = selectors.tenant_get_visible(user=request.user, pk=parent_id) if parent_id else None
+        tenant = services.tenant_create(actor=request.user, parent=parent, request=request, **data)
+        return Response(s.TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Rename, describe or move a tenant (parent: new parent id, null = top level)",
+        request=s.TenantUpdateSerializer,
+        responses={200: s.TenantSerializer, **ERRORS},
+    )
+    def partial_update(self, request: Request, pk: str) -> Response:
+        tenant = self.get_object()
+        data = _validated(s.TenantUpdateSerializer, request)
+        if "parent" in data:
+            parent_id = data.pop("parent")
+            data["parent"] = selectors.tenant_get_visible(user=request.user, pk=parent_id) if parent_id else None
+        tenant = services.tenant_update(actor=request.user, tenant=tenant, request=request, **data)
+        return Response(s.TenantSerializer(tenant).data)
+
+    @extend_schema(summary="Delete an empty tenant", responses={204: None, 409: ERROR, **ERRORS})
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.tenant_delete(actor=request.user, tenant=self.get_object(), request=request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(summary="The tenant and everything below it", responses={200: s.TenantSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def subtree(self, request: Request, pk: str) -> Response:
+        tenant = self.get_object()
+        queryset = self.filter_queryset(selectors.tenant_subtree(tenant).order_by("depth", "slug"))
+        page = self.paginate_queryset(queryset)
+        return self.get_paginated_response(s.TenantSerializer(page, many=True).data)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Memberships in tenants visible to you", responses={200: s.MembershipSerializer(many=True)}
+    ),
+    retrieve=extend_schema(summary="One membership", responses={200: s.MembershipSerializer, **ERRORS}),
+)
+class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    serializer_class = s.MembershipSerializer
+    filterset_class = MembershipFilterSet
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.memberships_visible_to(self.request.user).order_by("tenant__slug", "user__username")
+
+    def get_object(self) -> Membership:
+        try:
+            return self.get_queryset().get(pk=int(self.kwargs["pk"]))
+        except (Membership.DoesNotExist, ValueError):
+            raise NotFoundError(f"No membership with id {self.kwargs['pk']} is visible to you.") from None
+
+    @extend_schema(
+        summary="Add a user to a tenant (security admin, or tenant admin of the tenant)",
+        request=s.MembershipCreateSerializer,
+        responses={201: s.MembershipSerializer, **ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        data = _validated(s.MembershipCreateSerializer, request)
+        tenant = selectors.tenant_get_visible(user=request.user, pk=data["tenant"])
+        if not can_manage_memberships(request.user, tenant):
+            # Checked before the user lookup so that non-admins learn nothing about which usernames exist.
+            raise PermissionDeniedError(f"Only a tenant admin of {tenant.slug!r} may add members to it.")
+        lookup = {"pk": data["user"]} if "user" in data else {"username": data["username"]}
+        user = User.objects.filter(is_active=True, **lookup).first()
+        if user is None:
+            raise NotFoundError(f"No active user {next(iter(lookup.values()))!r}.")
+        membership = services.membership_create(
+            actor=request.user, user=user, tenant=tenant, role=data["role"], request=request
+        )
+        return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Change a member's role",
+        request=s.MembershipUpdateSerializer,
+        responses={200: s.MembershipSerializer, **ERRORS},
+    )
+    def partial_update(self, request: Request, pk: str) -> Response:
+        membership = self.get_object()
+        data = _validated(s.MembershipUpdateSerializer, request)
+        membership = services.membership_update(
+            actor=request.user, membership=membership, role=data["role"], request=request
+        )
+        return Response(s.MembershipSerializer(membership).data)
+
+    @extend_schema(summary="Remove a member", responses={204: None, **ERRORS})
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.membership_delete(actor=request.user, membership=self.get_object(), request=request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Accounts visible to you", responses={200: s.UserSerializer(many=True)}),
+    retrieve=extend_schema(summary="One account", responses={200: s.UserSerializer, **ERRORS}),
+)
+class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """Accounts and platform roles; changes are the security admin's (with an admin-scoped token)."""
+
+    serializer_class = s.UserSerializer
+    filterset_class = UserFilterSet
+    http_method_names = ["get", "post", "patch", "head", "options"]
+    required_scope = TokenScope.ADMIN
+
+    def get_queryset(self):
+        return selectors.users_visible_to(self.request.user)
+
+    def get_object(self) -> User:
+        return selectors.user_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+
+    @extend_schema(
+        summary="Create an account (security admin)",
+        request=s.UserCreateSerializer,
+        responses={201: s.UserSerializer, **ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        data = _validated(s.UserCreateSerializer, request)
+        user = services.user_create(actor=request.user, request=request, **data)
+        return Response(s.UserSerializer(user).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Change an account or its platform role (security admin)",
+        request=s.UserUpdateSerializer,
+        responses={200: s.UserSerializer, **ERRORS},
+    )
+    def partial_update(self, request: Request, pk: str) -> Response:
+        user = self.get_object()
+        data = _validated(s.UserUpdateSerializer, request)
+        role = data.pop("platform_role", None)
+        if data or role is None:
+            user = services.user_update(actor=request.user, user=user, request=request, **data)
+        if role is not None:
+            user = services.user_set_platform_role(actor=request.user, user=user, platform_role=role, request=request)
+        return Response(s.UserSerializer(user).data)
+
+    @extend_schema(
+        summary="Set an account's password (security admin, or yourself)",
+        request=s.PasswordSerializer,
+        responses={204: None, **ERRORS},
+    )
+    @action(detail=True, methods=["post"], url_path="set-password")
+    def set_password(self, request: Request, pk: str) -> Response:
+        user = self.get_object()
+        data = _validated(s.PasswordSerializer, request)
+        services.user_set_password(actor=request.user, user=user, password=data["password"], request=request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        summary="Remove an account's two-factor devices (security admin)",
+        request=None,
+        responses={200: s.MfaResetResultSerializer, **ERRORS},
+    )
+    @action(detail=True, methods=["post"], url_path="mfa-reset")
+    def mfa_reset(self, request: Request, pk: str) -> Response:
+        user = self.get_object()
+        removed = services.mfa_reset(actor=request.user, user=user, request=request)
+        return Response({"removed": removed})
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Your API tokens (security admins: everyone's)", responses={200: s.ApiTokenSerializer(many=True)}
+    ),
+    retrieve=extend_schema(summary="One API token", responses={200: s.ApiTokenSerializer, **ERRORS}),
+)
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = s.ApiTokenSerializer
+    filterset_class = ApiTokenFilterSet
+    http_method_names = ["get", "post", "delete", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.tokens_visible_to(self.request.user)
+
+    def get_object(self):
+        return selectors.token_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+
+    @extend_schema(
+        summary="Create a token for yourself; the response holds its secret, shown only this once",
+        request=s.ApiTokenCreateSerializer,
+        responses={201: s.ApiTokenCreatedSerializer, **ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        data = _validated(s.ApiTokenCreateSerializer, request)
+        token, secret = services.api_token_create(actor=request.user, request=request, **data)
+        token.secret = secret
+        return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(summary="Revoke a token (its owner or a security admin)", responses={204: None, **ERRORS})
+    def destroy(self, request: Request, pk: str) -> Response:
+        token = self.get_object()
+        if not (token.user_id == request.user.pk or is_security_admin(request.user)):
+            raise NotFoundError(f"No API token with id {pk} is visible to you.")
+        services.api_token_revoke(actor=request.user, token=token, request=request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MeView(APIView):
+    @extend_schema(summary="Who you are: account, platform role, memberships", responses={200: s.MeSerializer})
+    def get(self, request: Request) -> Response:
+        user = User.objects.prefetch_related("memberships__tenant").get(pk=request.user.pk)
+        return Response(s.MeSerializer(user).data)

@@ -1,0 +1,61 @@
+"""django-filter filtersets for the tenants API. They narrow querysets already scoped by the selectors."""
+
+from __future__ import annotations
+
+import django_filters
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, Tenant, TenantKind, TokenScope, User
+from tenants.selectors import subtree_q
+
+
+class TenantFilterSet(django_filters.FilterSet):
+    name = django_filters.CharFilter(lookup_expr="icontains")
+    kind = django_filters.ChoiceFilter(choices=TenantKind.choices)
+    parent = django_filters.NumberFilter(field_name="parent_id")
+    depth = django_filters.NumberFilter()
+    within = django_filters.NumberFilter(method="filter_within", label="subtree of this tenant id (itself included)")
+
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "kind", "parent", "depth", "within"]
+
+    def filter_within(self, queryset: QuerySet, name: str, value: int) -> QuerySet:
+        return queryset.filter(subtree_q([int(value)]))
+
+
+class MembershipFilterSet(django_filters.FilterSet):
+    tenant = django_filters.NumberFilter(field_name="tenant_id")
+    user = django_filters.NumberFilter(field_name="user_id")
+    username = django_filters.CharFilter(field_name="user__username")
+    role = django_filters.ChoiceFilter(choices=MembershipRole.choices)
+
+    class Meta:
+        model = Membership
+        fields = ["tenant", "user", "username", "role"]
+
+
+class UserFilterSet(django_filters.FilterSet):
+    username = django_filters.CharFilter(lookup_expr="icontains")
+    platform_role = django_filters.ChoiceFilter(choices=PlatformRole.choices)
+    is_active = django_filters.BooleanFilter()
+    tenant = django_filters.NumberFilter(field_name="memberships__tenant_id", distinct=True)
+
+    class Meta:
+        model = User
+        fields = ["username", "platform_role", "is_active", "tenant"]
+
+
+class ApiTokenFilterSet(django_filters.FilterSet):
+    user = django_filters.NumberFilter(field_name="user_id")
+    scope = django_filters.ChoiceFilter(choices=TokenScope.choices)
+    active = django_filters.BooleanFilter(method="filter_active")
+
+    class Meta:
+        model = ApiToken
+        fields = ["user", "scope", "active"]
+
+    def filter_active(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
+        usable = Q(revoked_at__isnull=True, expires_at__gt=timezone.now())
+        return queryset.filter(usable) if value else queryset.exclude(usable)
