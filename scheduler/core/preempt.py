@@ -13,14 +13,15 @@ Who may be a victim of job J (all must hold):
 
 Victim sets are compared by ``(highest victim priority, victims not borrowing, work lost since their last
 checkpoint, number of victims)`` — lowest priority first, borrowed first, least work lost, fewest victims.
-For a job whose replicas must share a node the search is per node (victims on that node, cheapest first,
-then pruned); for a gang across nodes it is one greedy pass over the cheapest victims, then pruned.
+The search is per node: on each node with candidates (cheapest first, at most ``MAX_NODES``), add victims
+in cost order until the job fits there, prune the ones not needed, and keep the cheapest node's set. A gang
+across nodes does this replica by replica (replicas that fit on free capacity take no victims).
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,9 +31,8 @@ from .quota import QuotaBook
 from .types import MILLIS_PER_DEVICE, JobKind, PendingJob, PreemptReason, Snapshot, Topology
 
 # Bounds per search, so a cycle stays fast on big clusters: nodes looked at, victims tried on one node,
-# victims tried for a gang, fit checks while pruning.
+# fit checks while pruning.
 MAX_NODES = 48
-MAX_VICTIMS_GANG = 256
 MAX_PRUNE_CHECKS = 32
 
 
@@ -120,19 +120,26 @@ class Preemptor:
         self.min_runtime_s = min_runtime_s
         self.victims = build_victims(snapshot, cluster)
         self.taken: set[str] = set()  # victims already chosen this cycle
-        # Only preemptible victims past the minimum runtime can ever be chosen; per flavor, cheapest first
-        # (cost starts with the priority, so "lower priority than P" is a prefix found by bisection).
-        self.movable: dict[str, list[Victim]] = {}
-        for v in self.victims.values():
-            if v.preemptible and self.now - v.started_at >= min_runtime_s:
-                self.movable.setdefault(v.flavor, []).append(v)
-        self.priorities: dict[str, list[int]] = {}
-        self.borrowers: dict[str, list[int]] = {}  # positions in ``movable`` of victims that borrow
-        for flavor, victims in self.movable.items():
-            victims.sort(key=Victim.cost)
-            self.priorities[flavor] = [v.priority for v in victims]
-            self.borrowers[flavor] = [i for i, v in enumerate(victims) if v.borrowed_millis > 0]
+        # Only preemptible victims past the minimum runtime can ever be chosen. Per flavor they are kept in
+        # lists sorted by cost (which starts with the priority, so "lower priority than P" is a prefix found
+        # by bisection): borrowers in one list, the others per quota node (priority preemption of work within
+        # a guarantee only happens inside the preemptor's own quota node).
         self._account: dict[str, str | None] = {}
+        self.borrowers: dict[str, list[Victim]] = {}
+        self.by_account: dict[str, dict[str | None, list[Victim]]] = {}
+        for v in self.victims.values():
+            if not v.preemptible or self.now - v.started_at < min_runtime_s:
+                continue
+            if v.borrowed_millis > 0:
+                self.borrowers.setdefault(v.flavor, []).append(v)
+            else:
+                self.by_account.setdefault(v.flavor, {}).setdefault(self._victim_account(v), []).append(v)
+        for victims in self.borrowers.values():
+            victims.sort(key=Victim.cost)
+        for groups in self.by_account.values():
+            for victims in groups.values():
+                victims.sort(key=Victim.cost)
+        self._priorities: dict[int, list[int]] = {}
 
     def _victim_account(self, v: Victim) -> str | None:
         if v.job_id not in self._account:
@@ -168,9 +175,12 @@ class Preemptor:
         def eligible(v: Victim) -> PreemptReason | None:
             return self.rule(v, job, flavor, accounted_to, borrowing)
 
+        cands = self._candidates(flavor, job, accounted_to, borrowing, eligible)
+        if not cands:
+            return None
         if count == 1 or job.topology == Topology.SAME_NODE:
-            return self._search_per_node(job, flavor, count, eligible)
-        return self._search_gang(job, flavor, count, eligible)
+            return self._search_per_node(job, flavor, count, cands)
+        return self._search_gang(job, flavor, count, cands)
 
     # -- what-if helpers -------------------------------------------------------------------------------------
 
@@ -239,24 +249,39 @@ class Preemptor:
 
     # -- searches --------------------------------------------------------------------------------------------
 
-    def _candidates(self, flavor: str, job: PendingJob, eligible) -> list[tuple[Victim, PreemptReason]]:
+    def _prefix(self, victims: list[Victim], priority: int) -> list[Victim]:
+        """The victims (sorted by cost) with a priority below ``priority``."""
+        priorities = self._priorities.get(id(victims))
+        if priorities is None:
+            priorities = [v.priority for v in victims]
+            self._priorities[id(victims)] = priorities
+        return victims[: bisect.bisect_left(priorities, priority)]
+
+    def _candidates(
+        self, flavor: str, job: PendingJob, accounted_to: str, borrowing: bool, eligible
+    ) -> list[tuple[Victim, PreemptReason]]:
         """Eligible victims on ``flavor``, cheapest first."""
-        victims = self.movable.get(flavor, ())
-        if not victims:
-            return []
-        lower = bisect.bisect_left(self.priorities[flavor], int(job.priority))
+        priority = int(job.priority)
+        lists = [
+            self._prefix(victims, priority)
+            for account, victims in self.by_account.get(flavor, {}).items()
+            if account is not None and self.book.in_subtree(account, accounted_to)
+        ]
+        borrowers = self.borrowers.get(flavor, [])
+        # Borrowers at any priority may be reclaimed by a job within its guarantee; otherwise only lower ones.
+        lists.append(borrowers if not borrowing else self._prefix(borrowers, priority))
         out = []
-        # At or above the job's priority only borrowers can be victims (reclaim).
-        higher = [victims[i] for i in self.borrowers[flavor] if i >= lower]
-        for v in itertools.chain(victims[:lower], higher):
+        for v in heapq.merge(*lists, key=Victim.cost):
             r = eligible(v)
             if r is not None:
                 out.append((v, r))
         return out
 
-    def _search_per_node(self, job: PendingJob, flavor: str, count: int, eligible) -> VictimChoice | None:
+    def _search_per_node(
+        self, job: PendingJob, flavor: str, count: int, cands: list[tuple[Victim, PreemptReason]]
+    ) -> VictimChoice | None:
         per_node: dict[int, list[tuple[Victim, PreemptReason]]] = {}
-        for v, r in self._candidates(flavor, job, eligible):  # cheapest first, so each node's list is sorted
+        for v, r in cands:  # cheapest first, so each node's list is sorted
             for n in v.nodes:
                 per_node.setdefault(n, []).append((v, r))
         nodes = sorted(
@@ -291,34 +316,39 @@ class Preemptor:
             return None
         return VictimChoice(tuple(best[1]), tuple(best[2]))
 
-    def _search_gang(self, job: PendingJob, flavor: str, count: int, eligible) -> VictimChoice | None:
-        cands = self._candidates(flavor, job, eligible)[:MAX_VICTIMS_GANG]
-
-        def check(victims: list[Victim]) -> list[int] | None:
-            given = self._free(victims)
-            try:
-                return self._fits(job, flavor, count, None)
-            finally:
-                self._unfree(given)
-
-        need = job.request.millis * count
+    def _search_gang(
+        self, job: PendingJob, flavor: str, count: int, cands: list[tuple[Victim, PreemptReason]]
+    ) -> VictimChoice | None:
+        """Replica by replica: place it on free capacity if it fits, else on the node whose victims are
+        cheapest (a per-node search), with the earlier replicas' devices taken and victims freed meanwhile."""
+        req = job.request
+        log: list[Take] = []
+        freed: list[tuple[int, int, int]] = []
         chosen: list[tuple[Victim, PreemptReason]] = []
-        freed = 0
-        devices = None
-        for v, r in cands:
-            chosen.append((v, r))
-            freed += sum(m for _, m, _ in v.rows)
-            if freed < need // 2:  # no point checking yet
-                continue
-            devices = check([x for x, _ in chosen])
-            if devices is not None:
-                break
-        if devices is None and chosen and freed < need // 2:
-            devices = check([x for x, _ in chosen])  # free capacity may cover the rest
-        if devices is None:
-            return None
-        chosen, devices = self._prune(chosen, check)
-        return VictimChoice(tuple(chosen), tuple(devices))
+        try:
+            for i in range(count):
+                replica = job.first_replica + i
+                if self.placer.place_replica(
+                    flavor, req.millis, req.memory_mib, replica, job.topology, job.node_selector, log
+                ):
+                    continue
+                picked = {v.job_id for v, _ in chosen}
+                choice = self._search_per_node(job, flavor, 1, [(v, r) for v, r in cands if v.job_id not in picked])
+                if choice is None:
+                    return None
+                freed.extend(self._free([v for v, _ in choice.victims]))
+                chosen.extend(choice.victims)
+                node = self.c.dev_node[choice.devices[0]]
+                if not self.placer.place_replica(
+                    flavor, req.millis, req.memory_mib, replica, job.topology, job.node_selector, log, node
+                ):
+                    return None
+            if not chosen:
+                return None
+            return VictimChoice(tuple(chosen), tuple(d for _, d, _, _ in log))
+        finally:
+            rollback(self.c, log)
+            self._unfree(freed)
 
     def commit(self, choice: VictimChoice) -> None:
         for v, _ in choice.victims:
