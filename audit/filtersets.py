@@ -1,0 +1,24 @@
+"""Filters of the audit record list: time range, actor, tenant, action (prefix), outcome, stream."""
+
+from __future__ import annotations
+
+import django_filters
+
+from audit.models import AuditRecord, Outcome
+
+
+class AuditRecordFilterSet(django_filters.FilterSet):
+    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    actor = django_filters.CharFilter(field_name="actor_username")
+    actor_id = django_filters.NumberFilter(field_name="actor_id")
+    tenant = django_filters.NumberFilter(field_name="tenant_id")
+    action = django_filters.CharFilter(field_name="action", lookup_expr="startswith")
+    outcome = django_filters.ChoiceFilter(choices=Outcome.choices)
+    stream = django_filters.CharFilter(field_name="stream")
+    target = django_filters.CharFilter(field_name="target")
+    request_id = django_filters.CharFilter(field_name="request_id")
+
+    class Meta:
+        model = AuditRecord
+        fields = ["created_after", "created_before", "actor", "actor_id", "tenant", "action", "outcome", "stream"]

@@ -1,0 +1,66 @@
+"""Reads of the audit trail. Only auditors (platform role ``auditor``) see anything."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.db.models import QuerySet
+
+from audit.models import AuditRecord
+from audit.services import details_for, record_view
+
+AUDITOR_ROLE = "auditor"
+
+
+def is_auditor(user: Any) -> bool:
+    """Separation of duties: the auditor role alone reads the trail — not system admins, not superusers."""
+    return bool(user is not None and getattr(user, "is_authenticated", False) and user.platform_role == AUDITOR_ROLE)
+
+
+def records_for(
+    user: Any,
+    *,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    actor: str | None = None,
+    tenant_id: int | None = None,
+    action: str | None = None,
+    outcome: str | None = None,
+    stream: str | None = None,
+    target: str | None = None,
+    request_id: str | None = None,
+) -> QuerySet[AuditRecord]:
+    """Audit records ``user`` may read, newest first, filtered. Empty for anyone but an auditor.
+
+    ``actor`` matches the username (or the numeric actor id); ``action`` is a prefix (``job.`` finds every job
+    action).
+    """
+    if not is_auditor(user):
+        return AuditRecord.objects.none()
+    records = AuditRecord.objects.order_by("-id")
+    if created_after is not None:
+        records = records.filter(created_at__gte=created_after)
+    if created_before is not None:
+        records = records.filter(created_at__lt=created_before)
+    if actor:
+        records = records.filter(actor_id=int(actor)) if str(actor).isdigit() else records.filter(actor_username=actor)
+    if tenant_id is not None:
+        records = records.filter(tenant_id=tenant_id)
+    if action:
+        records = records.filter(action__startswith=action)
+    if outcome:
+        records = records.filter(outcome=outcome)
+    if stream:
+        records = records.filter(stream=stream)
+    if target:
+        records = records.filter(target=target)
+    if request_id:
+        records = records.filter(request_id=request_id)
+    return records
+
+
+def readable(records: list[AuditRecord]) -> list[dict[str, Any]]:
+    """Records opened for an auditor (one key query for the page)."""
+    details = details_for(records)
+    return [record_view(record, details[record.pk]) for record in records]
