@@ -338,6 +338,7 @@ class TelemetryConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "error", "code": "not_found", "detail": f"there is no node {node}"})
             return
         await self.join(node_group(node))
+        await self.send_json({"type": "subscribed", "node": node})
         await self.add_snapshot({node: None})
 
     async def add_snapshot(self, visible: dict[int, set[str] | None]) -> None:
@@ -345,12 +346,14 @@ class TelemetryConsumer(AsyncJsonWebsocketConsumer):
         if not visible:
             return
         latest = await latest_store().aget_nodes(visible.keys())
+        names = await database_sync_to_async(selectors.node_names)(node_ids=list(visible))
         for node_id, uuids in visible.items():
             devices = {
                 uuid: values for uuid, values in latest.get(node_id, {}).items() if uuids is None or uuid in uuids
             }
             if devices:
-                self.queue(node_id, {"node": node_id, "sent_at": None, "devices": devices, "snapshot": True})
+                batch = {"node": node_id, "name": names.get(node_id, ""), "sent_at": None, "devices": devices}
+                self.queue(node_id, {**batch, "snapshot": True})
         await self.maybe_flush()
 
     def queue(self, node_id: int, batch: dict) -> None:

@@ -82,8 +82,8 @@ def node_exists(*, node_id: int) -> bool:
     return Node.objects.filter(pk=node_id).exists()
 
 
-def device_indexes(*, node_ids: list[int]) -> dict[str, int]:
-    return dict(Device.objects.filter(node_id__in=node_ids).values_list("uuid", "index"))
+def node_names(*, node_ids: list[int]) -> dict[int, str]:
+    return dict(Node.objects.filter(pk__in=node_ids).values_list("pk", "name"))
 
 
 def nodes_for_fleet() -> QuerySet[Node]:

@@ -1,0 +1,52 @@
+"""The fleet over the real Redis: the channel layer between agent and browser sockets, revocation from a
+service (sync code) reaching a live socket, and latest values in a Redis hash per node."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
+from django.conf import settings
+
+from nodeagent import protocol
+from scheduler.fleet import services
+from scheduler.fleet.telemetry import RedisLatestStore, latest_store
+from tests.factories import SystemAdminFactory
+from tests.fleet.conftest import browser_socket, connect_agent, register_node, telemetry
+
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
+db = database_sync_to_async
+
+
+async def test_agent_telemetry_reaches_a_browser_through_redis_and_is_kept_in_a_hash(redis_url):
+    assert isinstance(get_channel_layer(), RedisChannelLayer)
+    store = latest_store()
+    assert isinstance(store, RedisLatestStore)
+    admin = await db(SystemAdminFactory)()
+    node, credential = await db(register_node)("redis-node")
+    agent = await connect_agent(credential, "redis-node", devices=8)
+    browser = await browser_socket(admin)
+    await browser.connect()
+    assert json.loads(await browser.receive_from())["type"] == "welcome"
+    await browser.send_json_to({"subscribe": {"node": node.pk}})
+    assert json.loads(await browser.receive_from())["type"] == "subscribed"
+    await agent.send_to(text_data=protocol.encode(telemetry([f"GPU-redis-node-{i}" for i in range(8)], utilization=77)))
+    frame = json.loads(await browser.receive_from(timeout=5))
+    assert len(frame["nodes"][0]["devices"]) == 8
+    raw = redis.Redis.from_url(settings.REDIS_URL).hgetall(store.key(node.pk))
+    assert len(raw) == 8
+    assert json.loads(raw[b"GPU-redis-node-3"])["utilization_pct"] == 77
+    await browser.disconnect()
+    await agent.disconnect()
+    redis.Redis.from_url(settings.REDIS_URL).delete(store.key(node.pk))
+
+
+async def test_revoking_in_a_service_closes_the_socket_through_redis(redis_url):
+    node, credential = await db(register_node)("redis-node")
+    agent = await connect_agent(credential, "redis-node")
+    await db(services.node_credentials_revoke)(actor=None, node=node)
+    assert await agent.receive_output(timeout=5) == {"type": "websocket.close", "code": services.CLOSE_UNAUTHORIZED}
