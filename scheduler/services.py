@@ -517,9 +517,12 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None) -> CycleRe
     with transaction.atomic(), lock as acquired:
         if not acquired:
             return CycleResult(ran=False)
-        snap = snapshot.build_snapshot(now=now)
+        snap = snapshot.build_snapshot(now=now, previous_usage=cache.get(snapshot.USAGE_CACHE_KEY))
         plan = snapshot.plan_for(snap)
         outcome = persist.persist_plan(plan, now=now)
+        # Kept for the next cycle's decay; losing it (cache flush) only restarts the average.
+        record = {"at": snap.now, "usage": {t: dict(f) for t, f in snap.usage.items()}}
+        transaction.on_commit(lambda: cache.set(snapshot.USAGE_CACHE_KEY, record, timeout=7 * 24 * 3600))
         return CycleResult(
             ran=True,
             placed=outcome.placed,

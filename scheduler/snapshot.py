@@ -179,13 +179,48 @@ def _quotas() -> tuple[core.Quota, ...]:
     return tuple(quotas)
 
 
-def _usage(allocations: tuple[core.Allocation, ...]) -> dict[str, dict[str, float]]:
-    # TODO: time-decayed usage (``scheduler.core.fairshare.decay_usage``) kept between cycles; for now the
-    # millis held right now drive fair share.
+USAGE_CACHE_KEY = "scheduler:fairshare-usage:v1"
+
+
+def held_millis(allocations: tuple[core.Allocation, ...]) -> dict[str, dict[str, float]]:
+    """Millis held right now, per tenant and flavor."""
     usage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for allocation in allocations:
         usage[allocation.tenant][allocation.flavor] += allocation.millis
     return {tenant: dict(flavors) for tenant, flavors in usage.items()}
+
+
+def decayed_usage(
+    held: dict[str, dict[str, float]], *, now_s: float, half_life_s: float, previous: dict | None
+) -> dict[str, dict[str, float]]:
+    """Time-decayed average of millis held (``scheduler.core.decay_usage``) from the value of the last cycle.
+
+    ``previous`` is ``{"at": epoch seconds, "usage": {tenant: {flavor: millis}}}`` or None (first cycle: the
+    usage is what is held now).
+    """
+    from scheduler.core import decay_usage
+
+    if not previous or "at" not in previous:
+        return held
+    elapsed = max(0.0, now_s - float(previous["at"]))
+    old = previous.get("usage") or {}
+    result: dict[str, dict[str, float]] = {}
+    for tenant in sorted(set(old) | set(held)):
+        flavors = set(old.get(tenant, {})) | set(held.get(tenant, {}))
+        values = {
+            flavor: decay_usage(
+                float(old.get(tenant, {}).get(flavor, 0.0)),
+                float(held.get(tenant, {}).get(flavor, 0.0)),
+                elapsed,
+                half_life_s,
+            )
+            for flavor in sorted(flavors)
+        }
+        # Forget what has decayed to nothing, so the record does not grow with every tenant ever seen.
+        values = {flavor: value for flavor, value in values.items() if value >= 0.5}
+        if values:
+            result[tenant] = values
+    return result
 
 
 def pending_job(job: Job) -> core.PendingJob:
@@ -220,17 +255,28 @@ def _pending() -> tuple[core.PendingJob, ...]:
     return tuple(pending_job(job) for job in jobs)
 
 
-def build_snapshot(*, now: datetime | None = None) -> core.Snapshot:
+def build_snapshot(*, now: datetime | None = None, previous_usage: dict | None = None) -> core.Snapshot:
     """The state of the pool as the engine sees it: every node (unschedulable ones keep their allocations),
-    active allocations, the tenant tree, quotas and the pending jobs."""
+    active allocations, the tenant tree, quotas, fair-share usage and the pending jobs.
+
+    ``previous_usage`` (what the last cycle stored, see ``decayed_usage``) turns the usage into a
+    time-decayed average; without it the usage is the millis held now.
+    """
     allocations = _allocations()
+    now_s = (now or timezone.now()).timestamp()
+    usage = decayed_usage(
+        held_millis(allocations),
+        now_s=now_s,
+        half_life_s=policy_from_settings().usage_half_life_s,
+        previous=previous_usage,
+    )
     return core.Snapshot(
-        now=(now or timezone.now()).timestamp(),
+        now=now_s,
         nodes=_nodes(),
         allocations=allocations,
         tenants=_tenants(),
         quotas=_quotas(),
-        usage=_usage(allocations),
+        usage=usage,
         pending=_pending(),
     )
 

@@ -125,3 +125,28 @@ def test_a_cycle_that_cannot_take_the_lock_does_nothing(member, node):
         release.set()
         thread.join(timeout=30)
     assert services.run_cycle().placed == [job.pk]
+
+
+def test_fair_share_usage_decays_between_cycles():
+    from scheduler.snapshot import decayed_usage
+
+    held = {"team-a": {"sim-80g": 2000.0}}
+    assert decayed_usage(held, now_s=100.0, half_life_s=60.0, previous=None) == held
+    previous = {"at": 40.0, "usage": {"team-a": {"sim-80g": 0.0}, "team-b": {"sim-80g": 1000.0}}}
+    usage = decayed_usage(held, now_s=100.0, half_life_s=60.0, previous=previous)
+    # One half-life later: half of the old value, half of what is held now.
+    assert usage == {"team-a": {"sim-80g": 1000.0}, "team-b": {"sim-80g": 500.0}}
+
+
+def test_a_cycle_stores_the_usage_for_the_next_one(member, node, django_capture_on_commit_callbacks):
+    from django.core.cache import cache
+
+    from scheduler.snapshot import USAGE_CACHE_KEY
+
+    cache.delete(USAGE_CACHE_KEY)
+    services.job_submit(actor=member, spec=SPEC)
+    services.run_cycle()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_cycle()
+    assert cache.get(USAGE_CACHE_KEY)["usage"] == {"team-a": {"sim-80g": 1000.0}}
+    cache.delete(USAGE_CACHE_KEY)
