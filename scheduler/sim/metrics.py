@@ -1,0 +1,109 @@
+"""Figures of one simulated run, computed from its ``SimResult`` (pure Python, no numpy needed)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+from scheduler.core.types import MILLIS_PER_DEVICE
+
+from .simulator import SimResult
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile with linear interpolation between closest ranks (numpy's default); NaN if empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    if low == high:
+        return float(ordered[low])
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all equal, 1/n when one gets everything; NaN if empty."""
+    if not values:
+        return math.nan
+    square_sum = sum(x * x for x in values)
+    if square_sum == 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * square_sum)
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def summarize(result: SimResult) -> dict[str, float | int | str]:
+    """The benchmark's figures. Definitions:
+
+    - ``gpu_allocation``: time-average share of GPUs held by jobs from the first arrival to the end of the run;
+      ``gpu_allocation_window``: the same over the submission window only (first to last arrival);
+    - ``gpu_utilisation``: useful work (GPU-seconds of the jobs that finished, each counted once) over the
+      capacity in the same span — allocation minus restarts and work redone after a stop;
+    - ``queue_delay``: first start - submit; ``jct``: finish - submit; ``makespan``: last finish - first arrival;
+    - ``jain_fairness``: Jain's index across tenants of each tenant's mean job speed (run time / JCT);
+    - ``within_guarantee``: share of jobs that never waited longer than ``guarantee_tolerance_s`` while their
+      tenant held less than its guarantee minus the job's size (i.e. the job would have fit in it).
+    """
+    jobs = result.jobs
+    capacity = result.capacity_millis
+    first = min((j.submit_s for j in jobs), default=0.0)
+    span = max(result.end_s - first, 1e-9)
+    finished = [j for j in jobs if j.finish_s is not None]
+    started = [j for j in jobs if j.first_start_s is not None]
+    delays = [j.first_start_s - j.submit_s for j in started]
+    jct = [j.finish_s - j.submit_s for j in finished]
+    useful_gpu_s = sum(j.gpus * j.duration_s for j in finished)
+    speed: dict[str, list[float]] = defaultdict(list)
+    for j in finished:
+        speed[j.tenant].append(j.duration_s / max(j.finish_s - j.submit_s, 1e-9))
+    tenant_speed = [mean(v) for _, v in sorted(speed.items())]
+    within = [j for j in jobs if j.starved_s <= result.guarantee_tolerance_s]
+    return {
+        "policy": result.policy,
+        "workload": result.workload,
+        "gpus": capacity // MILLIS_PER_DEVICE,
+        "jobs": len(jobs),
+        "finished": len(finished),
+        "never_started": len(jobs) - len(started),
+        "gpu_allocation": result.allocated_millis_s / (capacity * span) if capacity else math.nan,
+        "gpu_allocation_window": window_allocation(result, first),
+        "gpu_utilisation": useful_gpu_s * MILLIS_PER_DEVICE / (capacity * span) if capacity else math.nan,
+        "queue_delay_avg_s": mean(delays),
+        "queue_delay_p50_s": percentile(delays, 50),
+        "queue_delay_p95_s": percentile(delays, 95),
+        "jct_avg_s": mean(jct),
+        "makespan_s": (max(j.finish_s for j in finished) - first) if finished else math.nan,
+        "preemptions": result.preemptions,
+        "failure_requeues": result.failure_requeues,
+        "node_failures": result.node_failures,
+        "lost_gpu_hours": result.lost_gpu_s / 3600.0,
+        "restart_gpu_hours": result.overhead_gpu_s / 3600.0,
+        "jain_fairness": jain_index(tenant_speed),
+        "within_guarantee": len(within) / len(jobs) if jobs else math.nan,
+        "cycles": result.cycles,
+        "plan_ms_per_cycle": 1000.0 * result.plan_wall_s / result.cycles if result.cycles else 0.0,
+        "wall_s": result.wall_s,
+    }
+
+
+def window_allocation(result: SimResult, first_s: float) -> float:
+    """Mean share of GPUs held between the first and the last arrival (whole hourly bins)."""
+    if not result.capacity_millis or not result.allocated_bins:
+        return math.nan
+    lo = int(first_s // result.bin_s)
+    hi = max(lo + 1, math.ceil(result.window_s / result.bin_s))
+    bins = result.allocated_bins[lo:hi]
+    return mean(bins) / result.capacity_millis if bins else math.nan
+
+
+def utilisation_series(result: SimResult) -> tuple[list[float], list[float]]:
+    """(hours since start, share of GPUs held) per bin, for plots."""
+    hours = [i * result.bin_s / 3600.0 for i in range(len(result.allocated_bins))]
+    share = [b / result.capacity_millis for b in result.allocated_bins] if result.capacity_millis else []
+    return hours, share

@@ -1,0 +1,158 @@
+"""The discrete-event simulator: time, cycles, preemption and failure costs, on scenarios small enough to
+work out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.sim import SimConfig, SimJob, Workload, policies, simulate
+from scheduler.sim.metrics import summarize
+from scheduler.sim.workload import uniform_nodes
+
+FAST = SimConfig(cycle_interval_s=1.0)
+
+
+def two_tenants(jobs, *, nodes=2, gpus=1) -> Workload:
+    """``nodes`` nodes of ``gpus`` cards; tenants t1 and t2 each guaranteed half, limited to the whole."""
+    capacity = nodes * gpus * 1000
+    return Workload(
+        "tiny",
+        uniform_nodes(nodes, gpus),
+        tuple(jobs),
+        guarantees={"t1": {"gpu": capacity // 2}, "t2": {"gpu": capacity // 2}},
+        limits={"t1": {"gpu": capacity}, "t2": {"gpu": capacity}},
+    )
+
+
+def three_jobs() -> Workload:
+    return two_tenants([SimJob("a", "t1", 0, 100), SimJob("b", "t1", 0, 100), SimJob("c", "t2", 10, 50)])
+
+
+def times(result):
+    return {j.job_id: (j.first_start_s, j.finish_s) for j in result.jobs}
+
+
+def test_fifo_on_two_cards_gives_hand_computed_metrics():
+    result = simulate(three_jobs(), policies.get("fifo"), FAST)
+    s = summarize(result)
+
+    assert times(result) == {"a": (0, 100), "b": (0, 100), "c": (100, 150)}
+    assert s["queue_delay_avg_s"] == pytest.approx(30.0)
+    assert s["queue_delay_p95_s"] == pytest.approx(81.0)  # [0, 0, 90] interpolated at rank 1.9
+    assert s["jct_avg_s"] == pytest.approx(340 / 3)
+    assert s["makespan_s"] == 150
+    assert s["gpu_allocation"] == pytest.approx(250 / 300)  # 2 cards x 100 s + 1 card x 50 s over 2 x 150
+    assert s["gpu_utilisation"] == pytest.approx(250 / 300)
+    assert s["preemptions"] == 0
+    t2_speed = 50 / 140
+    assert s["jain_fairness"] == pytest.approx((1 + t2_speed) ** 2 / (2 * (1 + t2_speed**2)))
+
+
+def test_static_partition_keeps_a_tenant_at_its_guarantee():
+    result = simulate(three_jobs(), policies.get("static"), FAST)
+
+    assert times(result) == {"a": (0, 100), "b": (100, 200), "c": (10, 60)}
+    assert summarize(result)["makespan_s"] == 200
+
+
+def test_preempted_borrower_loses_work_since_its_checkpoint_and_pays_the_restart():
+    policy = policies.get("gpupool", min_runtime_before_preempt_s=0, grace_period_s=5)
+    config = SimConfig(cycle_interval_s=1.0, restart_cost_s=3, checkpoint_interval_s=4)
+    result = simulate(three_jobs(), policy, config)
+    jobs = {j.job_id: j for j in result.jobs}
+
+    # c arrives at 10 within t2's guarantee and reclaims the card b borrowed; b stops after 5 s of grace,
+    # having worked 15 s of which 12 are checkpointed. c runs 15..65, then b restarts: 3 s + 88 s left.
+    assert times(result) == {"a": (0, 100), "b": (0, 156), "c": (15, 65)}
+    assert jobs["b"].preemptions == 1 and jobs["b"].starts == 2
+    assert result.preemptions == 1
+    assert result.lost_gpu_s == pytest.approx(3.0)
+    assert result.overhead_gpu_s == pytest.approx(3.0)
+    s = summarize(result)
+    assert s["gpu_utilisation"] == pytest.approx(250 / (2 * 156))
+    assert s["gpu_allocation"] == pytest.approx((100 + 15 + 50 + 91) / (2 * 156))
+
+
+def test_checkpoint_on_preempt_keeps_all_work_done_before_the_stop():
+    policy = policies.get("gpupool", min_runtime_before_preempt_s=0, grace_period_s=5)
+    config = SimConfig(cycle_interval_s=1.0, restart_cost_s=3, checkpoint_interval_s=4, checkpoint_on_preempt=True)
+    result = simulate(three_jobs(), policy, config)
+
+    assert times(result)["b"] == (0, 65 + 3 + 85)
+    assert result.lost_gpu_s == 0
+
+
+def test_fresh_jobs_are_protected_until_the_minimum_runtime_then_preempted_on_a_later_cycle():
+    policy = policies.get("gpupool", min_runtime_before_preempt_s=30, grace_period_s=0)
+    result = simulate(
+        three_jobs(), policy, SimConfig(cycle_interval_s=1.0, restart_cost_s=0, checkpoint_interval_s=None)
+    )
+
+    # Nothing happens between t=10 and the tick at 31 (b's 30 s minimum runtime + 1): b is stopped then, c
+    # starts on the next cycle (debounced to 32), and b starts over from scratch (no checkpoints) after c.
+    assert times(result)["c"] == (32, 82)
+    assert times(result)["b"] == (0, 182)
+    assert result.lost_gpu_s == pytest.approx(31)
+
+
+def test_capacity_freed_at_an_instant_is_used_by_a_job_arriving_at_the_same_instant():
+    w = two_tenants([SimJob("a", "t1", 0, 10), SimJob("b", "t1", 10, 5)], nodes=1)
+    result = simulate(w, policies.get("fifo"), FAST)
+
+    assert times(result) == {"a": (0, 10), "b": (10, 15)}
+
+
+def test_cycles_are_debounced_and_batch_the_arrivals_in_between():
+    jobs = [SimJob("a", "t1", 0, 500), SimJob("b", "t1", 1, 500), SimJob("c", "t2", 2, 500)]
+    result = simulate(two_tenants(jobs, nodes=2, gpus=4), policies.get("gpupool"), SimConfig(cycle_interval_s=60))
+
+    assert times(result) == {"a": (0, 500), "b": (60, 560), "c": (60, 560)}
+    assert result.cycles == 2
+
+
+def test_node_failure_requeues_its_jobs_which_resume_from_their_checkpoint():
+    w = two_tenants([SimJob("a", "t1", 0, 1000)], nodes=1)
+    config = SimConfig(
+        cycle_interval_s=1.0, restart_cost_s=5, checkpoint_interval_s=30, failures=((100.0, "n0000", 50.0),)
+    )
+    result = simulate(w, policies.get("gpupool"), config)
+    a = result.jobs[0]
+
+    # 90 of the first 100 s are checkpointed; back at 150, 5 s restart, 910 s of work left.
+    assert (a.first_start_s, a.finish_s) == (0, 150 + 5 + 910)
+    assert a.failures == 1 and a.starts == 2
+    assert result.failure_requeues == 1 and result.node_failures == 1
+    assert result.lost_gpu_s == pytest.approx(10)
+    assert a.queued_s == pytest.approx(50)
+
+
+def test_a_job_larger_than_its_partition_never_starts_and_the_run_still_ends():
+    w = two_tenants([SimJob("big", "t1", 0, 10, millis=2000)], nodes=1, gpus=2)
+    result = simulate(w, policies.get("static"), FAST)
+    s = summarize(result)
+
+    assert s["never_started"] == 1 and s["finished"] == 0
+
+
+def test_within_guarantee_counts_jobs_that_waited_while_their_tenant_was_below_its_guarantee():
+    result = simulate(three_jobs(), policies.get("fifo"), SimConfig(cycle_interval_s=1.0, guarantee_tolerance_s=10))
+
+    # c waited 90 s although t2 held nothing of its one-card guarantee.
+    assert result.jobs[2].starved_s == pytest.approx(90)
+    assert summarize(result)["within_guarantee"] == pytest.approx(2 / 3)
+
+
+def test_same_seed_gives_the_same_figures():
+    jobs = [
+        SimJob(f"j{i}", f"t{1 + i % 2}", i * 7.0, 50 + (i * 37) % 400, millis=1000 * (1 + i % 3)) for i in range(60)
+    ]
+    w = two_tenants(jobs, nodes=3, gpus=4)
+    config = SimConfig(cycle_interval_s=5, mtbf_s=2000, repair_s=100, seed=3)
+
+    def figures():
+        s = summarize(simulate(w, policies.get("gpupool-random", min_runtime_before_preempt_s=10), config))
+        return {k: v for k, v in s.items() if k not in ("wall_s", "plan_ms_per_cycle")}
+
+    first = figures()
+    assert first == figures()
+    assert first["node_failures"] > 0
