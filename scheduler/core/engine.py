@@ -23,7 +23,7 @@ from .capacity import Cluster
 from .explain import Pending, explanations
 from .order import FairShare, ordered
 from .placement import Failure, Placer, Take, rollback
-from .preempt import Preemptor
+from .preempt import Preemptor, VictimChoice
 from .quota import Admission, QuotaBook, cards
 from .reservations import Reservations
 from .types import (
@@ -51,6 +51,10 @@ _CAPACITY_REASONS = frozenset(
         PendingReason.GANG,
     }
 )
+
+
+# Refusals by the job's own quota, which stopping the tenant's lower-priority work can lift.
+_QUOTA_REASONS = frozenset({PendingReason.QUOTA_LIMIT, PendingReason.QUOTA_EXHAUSTED, PendingReason.MAX_RUNNING_JOBS})
 
 
 def validate(job: PendingJob) -> str | None:
@@ -173,6 +177,8 @@ class _Cycle:
             self._wait(job, first.failure.code, message)
             return
         first = refusals[0]
+        if first.code in _QUOTA_REASONS and self._preempt_for_quota(job):
+            return
         self._wait(job, first.code, first.message)
 
     # -- one flavor: admit, place ----------------------------------------------------------------------------
@@ -358,6 +364,42 @@ class _Cycle:
 
     # -- preemption ------------------------------------------------------------------------------------------
 
+    def _preempt_for_quota(self, job: PendingJob) -> bool:
+        if self.preemptor is None or self.searches >= self.p.max_preemption_searches:
+            return False
+        req = job.request
+        count = job.gang_min
+        for flavor in job.request.flavors:
+            node = self.book.account(job.tenant, flavor)
+            if node is None or not self.cluster.has_flavor(flavor):
+                continue
+            key = ("quota", flavor, node, int(job.priority), req.millis * count, job.preempted_by)
+            if key in self.failed_searches:
+                continue
+
+            def admitted(flavor: str = flavor) -> bool:
+                return self.book.admit(
+                    tenant=job.tenant,
+                    flavor=flavor,
+                    millis=req.millis * count,
+                    preemptible=job.preemptible,
+                    borrowing=self.p.borrowing,
+                ).ok
+
+            before = self.preemptor.quota_searches
+            choice = self.preemptor.search_quota(
+                job=job, flavor=flavor, count=count, accounted_to=node, admitted=admitted
+            )
+            if self.preemptor.quota_searches > before:  # there were candidates: it counts as a search
+                self.searches += 1
+                self.stats["preemption_searches"] += 1
+            if choice is None:
+                self.failed_searches.add(key)
+            else:
+                self._commit_preemption(job, flavor, node, count, choice)
+                return True
+        return False
+
     def _preempt_for(self, job: PendingJob, attempt: _Attempt) -> bool:
         if self.preemptor is None or self.searches >= self.p.max_preemption_searches:
             return False
@@ -387,11 +429,17 @@ class _Cycle:
         if choice is None:
             self.failed_searches.add(key)
             return False
+        self._commit_preemption(job, attempt.flavor, node, attempt.count, choice)
+        return True
+
+    def _commit_preemption(self, job: PendingJob, flavor: str, node: str, count: int, choice: VictimChoice) -> None:
+        assert self.preemptor is not None
+        req = job.request
         self.preemptor.commit(choice)
         for d in choice.devices:
             self.cluster.hold(d, job.job_id)
         # The preemptor's quota is taken now so that jobs behind it cannot spend it while victims stop.
-        self.book.charge(node=node, flavor=attempt.flavor, millis=req.millis * attempt.count)
+        self.book.charge(node=node, flavor=flavor, millis=req.millis * count)
         for victim, reason in choice.victims:
             why = (
                 f"its tenant {victim.tenant} borrowed capacity that {job.tenant} needs back"
@@ -411,10 +459,9 @@ class _Cycle:
         self._wait(
             job,
             PendingReason.WAITING_FOR_PREEMPTION,
-            f"waiting for {len(choice.victims)} job(s) to stop and free {cards(req.millis * attempt.count)} "
-            f"{attempt.flavor} card(s) for it; it starts in a following cycle",
+            f"waiting for {len(choice.victims)} job(s) to stop and free {cards(req.millis * count)} "
+            f"{flavor} card(s) for it; it starts in a following cycle",
         )
-        return True
 
 
 def plan(snapshot: Snapshot, policy: Policy | None = None) -> Plan:

@@ -120,6 +120,7 @@ class Preemptor:
         self.min_runtime_s = min_runtime_s
         self.victims = build_victims(snapshot, cluster)
         self.taken: set[str] = set()  # victims already chosen this cycle
+        self.quota_searches = 0
         # Only preemptible victims past the minimum runtime can ever be chosen. Per flavor they are kept in
         # lists sorted by cost (which starts with the priority, so "lower priority than P" is a prefix found
         # by bisection): borrowers in one list, the others per quota node (priority preemption of work within
@@ -181,6 +182,55 @@ class Preemptor:
         if count == 1 or job.topology == Topology.SAME_NODE:
             return self._search_per_node(job, flavor, count, cands)
         return self._search_gang(job, flavor, count, cands)
+
+    def search_quota(
+        self,
+        *,
+        job: PendingJob,
+        flavor: str,
+        count: int,
+        accounted_to: str,
+        admitted: Callable[[], bool],
+    ) -> VictimChoice | None:
+        """The job is refused by its own quota (limit, guarantee or max jobs): stop lower-priority preemptible
+        work charged to the same quota node (cheapest first) until the job is admitted and fits."""
+
+        def eligible(v: Victim) -> PreemptReason | None:
+            reason = self.rule(v, job, flavor, accounted_to, borrowing=True)
+            account = self._victim_account(v)
+            own = account is not None and self.book.in_subtree(account, accounted_to)
+            return reason if reason == PreemptReason.PRIORITY and own else None
+
+        cands = self._candidates(flavor, job, accounted_to, True, eligible)
+        if not cands:
+            return None
+        self.quota_searches += 1
+        chosen: list[tuple[Victim, PreemptReason]] = []
+        uncharged: list[tuple[str, int]] = []
+        devices = None
+        try:
+            for v, r in cands:
+                account = self._victim_account(v)
+                assert account is not None
+                millis = sum(m for _, m, _ in v.rows)
+                self.book.charge(node=account, flavor=flavor, millis=-millis, jobs=-1)
+                uncharged.append((account, millis))
+                chosen.append((v, r))
+                if not admitted():
+                    continue
+                given = self._free([x for x, _ in chosen])
+                try:
+                    devices = self._fits(job, flavor, count, None)
+                finally:
+                    self._unfree(given)
+                if devices is not None:
+                    break
+        finally:
+            for account, millis in reversed(uncharged):
+                self.book.charge(node=account, flavor=flavor, millis=millis, jobs=1)
+        if devices is None:
+            return None
+        return VictimChoice(tuple(chosen), tuple(devices))
 
     # -- what-if helpers -------------------------------------------------------------------------------------
 

@@ -185,3 +185,29 @@ def test_a_victim_is_preempted_once_per_cycle():
     )
     result = plan(s, Policy())
     assert [p.job_id for p in result.preemptions] == ["low"]
+
+
+def test_job_refused_by_its_own_quota_preempts_lower_priority_work_of_the_same_tenant():
+    allocations = [alloc(f"low{i}", f"n1-gpu{i}", priority=100, started_at=OLD) for i in range(2)]
+    s = snapshot(
+        [node("n1", 8)],
+        allocations=allocations,
+        pending=[job("high", cards=1, priority=800)],
+        quotas=[quota("team-a", 2, 2)],
+    )
+    result = plan(s, Policy())
+    assert len(result.preemptions) == 1
+    assert result.preemptions[0].reason == PreemptReason.PRIORITY
+    assert _explained(result, "high").code == PendingReason.WAITING_FOR_PREEMPTION
+
+
+def test_quota_preemption_never_reaches_into_another_tenant():
+    s = snapshot(
+        [node("n1", 8)],
+        allocations=[alloc("other", "n1-gpu0", "team-b", priority=0, started_at=OLD)],
+        pending=[job("high", "team-a", cards=1, priority=800)],
+        quotas=[quota("team-a", 0, 0), quota("team-b", 2)],
+    )
+    result = plan(s, Policy())
+    assert not result.preemptions
+    assert _explained(result, "high").code == PendingReason.QUOTA_LIMIT
