@@ -306,7 +306,12 @@ class Agent:
         on_time = now - self._next_telemetry_at < interval
         self._next_telemetry_at = self._next_telemetry_at + interval if on_time else now + interval
         moment = protocol.utc_now_text()
-        return protocol.Telemetry(sent_at=moment, sampled_at=moment, samples=self.sampler.sample(now))
+        try:
+            samples = self.sampler.sample(now)
+        except Exception:  # a driver hiccup costs one sample, not the agent
+            log.exception("agent: sampling the devices failed; skipping this telemetry frame")
+            return None
+        return protocol.Telemetry(sent_at=moment, sampled_at=moment, samples=samples)
 
     # --- connection --------------------------------------------------------------------------------------
 
@@ -443,7 +448,11 @@ class Agent:
         """Tick until ``stop`` is set. Workloads keep running after the agent exits (re-adopted on restart)."""
         try:
             while not stop.is_set():
-                delay = await self.tick()
+                try:
+                    delay = await self.tick()
+                except Exception:  # keep serving the node's workloads whatever one step tripped over
+                    log.exception("agent: a step failed; continuing")
+                    delay = MAX_TICK_DELAY_S
                 await self._wait(delay, stop)
         finally:
             if self.connection is not None:

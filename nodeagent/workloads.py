@@ -273,6 +273,7 @@ class WorkloadRunner:
         self.records[key] = record
         self._popen[key] = process
         self._save()
+        log.info("workloads: started job %s replica %s as pid %s in %s", *key, process.pid, working_dir)
         self._report(record)
 
     def _resolve_inside(self, job_dir: Path, requested: str | Path | None, name: str) -> Path:
@@ -373,6 +374,7 @@ class WorkloadRunner:
         record.finished_at = self.clock()
         record.kill_after = None
         self._save()
+        log.info("workloads: job %s replica %s %s (exit code %s)", record.job_id, record.replica, state, exit_code)
         self._report(record)
 
     def _forget_old(self, now: float) -> None:

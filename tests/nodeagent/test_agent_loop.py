@@ -397,3 +397,25 @@ async def test_agent_run_loop_against_a_local_websocket_server(tmp_path: Path) -
     buffered = [f for f in second if f["type"] == "telemetry" and f["buffered"]]
     assert buffered
     assert all(f["sampled_at"] < f["sent_at"] for f in buffered)
+
+
+async def test_a_failing_sample_costs_one_frame_not_the_agent(tmp_path: Path, caplog) -> None:
+    clock = FakeClock()
+    connector = FakeConnector()
+    agent = _agent(tmp_path, connector, clock)
+    await agent.tick()
+    real_sample = agent.backend.sample
+
+    def broken() -> list:
+        raise RuntimeError("driver went away")
+
+    agent.backend.sample = broken
+    clock.now += 1.0
+    await agent.tick()
+    agent.backend.sample = real_sample
+    clock.now += 1.0
+    await agent.tick()
+
+    assert "sampling the devices failed" in caplog.text
+    assert connector.connections[0].types().count("telemetry") == 2
+    assert agent.connected
