@@ -150,3 +150,19 @@ def test_anonymous_requests_are_refused(client, db):
 def test_api_root_links_the_scheduler_endpoints(api):
     links = api.get("/api/v1/").json()["links"]
     assert {"jobs", "nodes", "devices", "flavors"} <= set(links)
+
+
+def test_api_token_scopes_apply_to_scheduler_endpoints(member, node, no_cycle_requests):
+    from tests.factories import ApiTokenFactory, bearer
+
+    client = APIClient()
+    read = ApiTokenFactory(user=member, scope="read")
+    assert client.get("/api/v1/jobs/", headers=bearer(read)).status_code == 200
+    assert client.post("/api/v1/jobs/", SPEC, format="json", headers=bearer(read)).status_code == 403
+    write = ApiTokenFactory(user=member, scope="write")
+    assert client.post("/api/v1/jobs/", SPEC, format="json", headers=bearer(write)).status_code == 201
+    admin_user = SystemAdminFactory()
+    admin_write = ApiTokenFactory(user=admin_user, scope="write")
+    assert client.post(f"/api/v1/nodes/{node.pk}/cordon/", headers=bearer(admin_write)).status_code == 403
+    admin_token = ApiTokenFactory(user=admin_user, scope="admin")
+    assert client.post(f"/api/v1/nodes/{node.pk}/cordon/", headers=bearer(admin_token)).status_code == 200
