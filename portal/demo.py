@@ -72,8 +72,9 @@ def load_demo_data() -> bool:
 def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
     """Start ``count`` simulated node agents as child processes connected to ``server_url``.
 
-    Returns the processes so the caller can stop them. Each agent gets a fresh one-time bootstrap token
-    (written 0600 next to its credential file), so a demo on a fresh database registers its nodes again.
+    Each gets a fresh one-time bootstrap token (written 0600 to its token file), so it registers as
+    ``sim-NN`` whatever state an earlier run left behind; re-registering replaces the node's old credential.
+    Returns the processes so the caller can stop them.
     """
     processes: list[subprocess.Popen] = []
     if count <= 0:
@@ -88,9 +89,7 @@ def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
 
     for index in range(count):
         paths = agent_demo.demo_agent_paths(index=index, data_dir=settings.DATA_DIR)
-        _token, secret = bootstrap_token_create(
-            actor=None, ttl_s=3600, description=f"gpupool demo agent {paths.node_name}"
-        )
+        _token, secret = bootstrap_token_create(actor=None, ttl_s=600, description=f"gpupool demo: {paths.node_name}")
         agent_demo.write_bootstrap_token(paths.token_file, secret)
         command = agent_demo.demo_agent_command(
             python=sys.executable, server_url=server_url, index=index, data_dir=settings.DATA_DIR
