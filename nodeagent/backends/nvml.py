@@ -74,8 +74,7 @@ class NvmlBackend:
         self._last_xid: dict[int, int] = {}
         self._ecc: dict[int, EccCounts] = {}
         self._stop = threading.Event()
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        self._uuids = [_text(pynvml.nvmlDeviceGetUUID(handle)) for handle in self._handles]
+        self._handles, self._uuids = self._open_devices()
         self._inventory: list[DeviceInfo] | None = None
         self._topology: Topology | None = None
         self._event_set = self._register_xid_events()
@@ -83,6 +82,25 @@ class NvmlBackend:
         if watch_xid_events and self._event_set is not None:
             self._thread = threading.Thread(target=self._watch_xid_events, name="nvml-xid", daemon=True)
             self._thread.start()
+
+    def _open_devices(self) -> tuple[list[Any], list[str]]:
+        """Handles and UUIDs of the devices NVML can open. A device that fails here (fallen off the bus) is
+        left out: the portal marks devices missing from the inventory unhealthy."""
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            raise BackendUnavailable("nvml", f"cannot count the GPUs ({exc}); check `nvidia-smi`") from exc
+        handles, uuids = [], []
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError as exc:
+                log.error("nvml: GPU %d cannot be opened (%s); leaving it out of the inventory", index, exc)
+                continue
+            handles.append(handle)
+            uuids.append(uuid)
+        return handles, uuids
 
     # --- helpers -----------------------------------------------------------------------------------------
 

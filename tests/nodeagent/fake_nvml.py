@@ -131,6 +131,8 @@ class FakeNvmlLib:
         return SUCCESS
 
     def nvmlDeviceGetHandleByIndex_v2(self, index: ctypes.c_uint, device: object) -> int:
+        if self.gpus[index.value].lost and "open" in self.gpus[index.value].unsupported:
+            return GPU_IS_LOST  # lost before the agent started: cannot even be opened
         target = _out(device)
         pointer = ctypes.cast(ctypes.pointer(target), ctypes.POINTER(ctypes.c_void_p))
         pointer.contents.value = _HANDLE_BASE + index.value

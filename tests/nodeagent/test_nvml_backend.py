@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pynvml
 import pytest
 
@@ -184,3 +186,27 @@ def test_close_shuts_nvml_down(install_fake) -> None:
     backend.close()
 
     assert lib.shutdown_called
+
+
+def test_gpu_lost_before_start_is_left_out_of_the_inventory(install_fake) -> None:
+    lib = install_fake(_hgx_h100(3))
+    lib.gpus[1].lost = True
+    lib.gpus[1].unsupported = {"open"}
+
+    devices = NvmlBackend(watch_xid_events=False).inventory()
+
+    assert [d.uuid for d in devices] == [lib.gpus[0].uuid, lib.gpus[2].uuid]
+
+
+def test_xid_watcher_thread_records_critical_xids(install_fake) -> None:
+    lib = install_fake(_hgx_h100(1))
+    lib.events.append((0, 48))  # double-bit ECC error
+    backend = NvmlBackend(watch_xid_events=True)
+    try:
+        deadline = time.monotonic() + 5
+        while backend.health()[lib.gpus[0].uuid] != "unhealthy":
+            assert time.monotonic() < deadline, "the watcher did not record the XID"
+            time.sleep(0.01)
+        assert backend.sample()[0].last_xid == 48
+    finally:
+        backend.close()
