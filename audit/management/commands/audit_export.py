@@ -12,12 +12,13 @@ from portal.api import DomainError
 
 def parse_moment(raw: str, *, end: bool = False) -> dt.datetime:
     """An ISO date (whole day; as ``--to`` it includes that day) or datetime (UTC when no offset)."""
-    moment = parse_datetime(raw)
-    if moment is None:
-        day = parse_date(raw)
-        if day is None:
-            raise CommandError(f"{raw!r} is not a date (2026-12-01) or datetime (2026-12-01T08:00:00Z)")
+    day = parse_date(raw) if len(raw) == 10 else None
+    if day is not None:
         moment = dt.datetime.combine(day + dt.timedelta(days=1 if end else 0), dt.time())
+    else:
+        moment = parse_datetime(raw)
+        if moment is None:
+            raise CommandError(f"{raw!r} is not a date (2026-12-01) or datetime (2026-12-01T08:00:00Z)")
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return moment
