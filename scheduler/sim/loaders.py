@@ -61,7 +61,7 @@ def _epoch(text: str) -> float:
 
 def gang_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     """(replicas, cards per replica) for a whole-GPU job: a replica never spans nodes, so a 16-GPU job is a
-    gang of 2 replicas of 8 cards, a 12-GPU job 3 of 4 (the largest per-node size that divides the job)."""
+    gang of 2 replicas of 8 cards, a 12-GPU job 2 of 6 (the largest per-node size that divides the job)."""
     if gpus <= gpus_per_node:
         return 1, gpus
     per = max(d for d in range(1, gpus_per_node + 1) if gpus % d == 0)
