@@ -46,10 +46,13 @@ class JobSubmitForm(forms.Form):
     max_runtime_s = forms.IntegerField(label=_("Maximum runtime (seconds)"), min_value=1, required=False)
     checkpoint_dir = forms.CharField(label=_("Checkpoint directory"), max_length=1024, required=False)
 
-    def __init__(self, *args, tenants: list[tuple[str, str]], flavors: list[str], **kwargs) -> None:
+    def __init__(
+        self, *args, tenants: list[tuple[str, str]], flavors: list[str], flavor_labels: dict | None = None, **kwargs
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.fields["tenant"].choices = tenants
-        self.fields["flavor"].choices = [(f, f) for f in flavors]
+        labels = flavor_labels or {}
+        self.fields["flavor"].choices = [(f, labels.get(f, f)) for f in flavors]
 
     def clean(self) -> dict:
         data = super().clean()

@@ -6,6 +6,7 @@ see, so views stay a few lines long.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.db.models import Count, Q, Sum
@@ -100,7 +101,7 @@ def job_counts(tenant_ids: set[int] | None = None) -> tuple[int, int]:
     return counts["queued"], counts["running"]
 
 
-def devices_for_charts(devices) -> list[dict]:
+def devices_for_charts(devices: Iterable[Device]) -> list[dict]:
     """What the live charts need to know about each card (no secrets: uuid, label, flavor, memory)."""
     return [
         {

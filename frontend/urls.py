@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend.views import audit, jobs, nodes, overview
+from frontend.views import audit, jobs, nodes, overview, tenants
 
 console_patterns = [
     path("overview/", overview.overview, name="overview"),
@@ -9,6 +9,8 @@ console_patterns = [
     path("nodes/", nodes.node_list, name="node-list"),
     path("nodes/<int:pk>/", nodes.node_detail, name="node-detail"),
     path("nodes/<int:pk>/action/", nodes.node_action, name="node-action"),
+    path("tenants/", tenants.tenant_list, name="tenant-list"),
+    path("tenants/<int:pk>/", tenants.tenant_detail, name="tenant-detail"),
     path("jobs/", jobs.job_list, name="job-list"),
     path("jobs/submit/", jobs.job_submit, name="job-submit"),
     path("jobs/<int:pk>/", jobs.job_detail, name="job-detail"),

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import messages
-from django.http import Http404
+from django.db.models import Count
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
-from frontend.access import Section, section_required
+from frontend.access import Section, is_system_admin, section_required
 from frontend.export import export_response
 from frontend.filtersets import JobFilterSet
 from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
+from frontend.summaries import devices_for_charts
 from frontend.tables import JobTable
 from portal.api import DomainError, NotFoundError
 from scheduler import access as scheduler_access
@@ -59,16 +63,22 @@ def job_submit(request):
     tenants = submittable_tenants(request.user)
     if not tenants:
         raise Http404
-    flavors = [f.name for f in scheduler_selectors.flavors_visible_to(request.user)]
+    # Flavors with the most cards first: the default choice is one the pool can run.
+    flavor_rows = scheduler_selectors.flavors_visible_to(request.user).annotate(cards=Count("devices"))
+    flavor_rows = sorted(flavor_rows, key=lambda f: (-f.cards, f.name))
+    flavors = [f.name for f in flavor_rows]
+    flavor_labels = {
+        f.name: _("%(name)s (%(cards)s cards in the pool)") % {"name": f.name, "cards": f.cards} for f in flavor_rows
+    }
     choices = [(t.slug, f"{t.name} ({t.slug})") for t in tenants]
-    form = JobSubmitForm(tenants=choices, flavors=flavors, prefix="f")
+    form = JobSubmitForm(tenants=choices, flavors=flavors, flavor_labels=flavor_labels, prefix="f")
     json_form = JobJsonForm(prefix="j", initial={"spec_json": _example_spec(tenants[0].slug, flavors)})
     if request.method == "POST":
         use_json = "submit_json" in request.POST
         bound = (
             JobJsonForm(request.POST, prefix="j")
             if use_json
-            else JobSubmitForm(request.POST, tenants=choices, flavors=flavors, prefix="f")
+            else JobSubmitForm(request.POST, tenants=choices, flavors=flavors, flavor_labels=flavor_labels, prefix="f")
         )
         if use_json:
             json_form = bound
@@ -88,8 +98,6 @@ def job_submit(request):
 
 
 def _example_spec(tenant: str, flavors: list[str]) -> str:
-    import json
-
     example = {
         "name": "my-training",
         "tenant": tenant,
@@ -112,21 +120,30 @@ def _job_or_404(request, pk):
 def job_detail(request, pk: int):
     job = _job_or_404(request, pk)
     events = list(job.events.all())
+    active = [a for a in job.allocations.all() if a.ended_at is None]
+    # Tenant users get their devices' telemetry by tenant; a system admin watches the nodes themselves.
+    subscribe = sorted({a.node_id for a in active}) if is_system_admin(request.user) else []
     log_tail = next((e.details.get("log_tail") for e in reversed(events) if e.details.get("log_tail")), "")
     context = {
         "section": Section.JOBS,
         "job": job,
         "events": events,
-        "allocations": [a for a in job.allocations.all() if a.ended_at is None],
+        "allocations": active,
         "past_allocations": [a for a in job.allocations.all() if a.ended_at is not None],
         "pending_sentence": scheduler_selectors.job_pending_sentence(job),
         "log_tail": log_tail,
         "can_cancel": job.state not in FINAL_JOB_STATES and scheduler_access.can_manage_job(request.user, job),
         "cancel_form": CancelForm(),
         "is_live": job.state not in FINAL_JOB_STATES,
+        "chart_devices": devices_for_charts(a.device for a in active),
+        "subscribe_json": json.dumps([{"subscribe": {"node": n}} for n in subscribe]) if subscribe else "",
         "JobState": JobState,
     }
     if request.headers.get("HX-Request"):
+        rendered_state = request.GET.get("rendered_state")
+        if rendered_state and rendered_state != job.state:
+            # A new state means new allocations and charts: reload the whole page, not just the fragment.
+            return HttpResponse(status=200, headers={"HX-Refresh": "true"})
         # 286 tells htmx to stop polling: a finished job changes no more.
         status = 286 if job.state in FINAL_JOB_STATES else 200
         return render(request, "frontend/jobs/detail_body.html", context, status=status)

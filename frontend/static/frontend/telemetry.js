@@ -106,7 +106,7 @@ function baseOptions(element, series, scales, axes) {
   return {
     width, height: 190, series, scales,
     axes: axes.map((axis) => ({ stroke: muted, grid, ticks: grid, ...axis })),
-    legend: { live: true },
+    legend: { live: false },
     cursor: { drag: { x: false, y: false } },
   };
 }
@@ -129,7 +129,9 @@ class RingChart {
     if (!window.uPlot) return;
     if (this.plot) this.plot.destroy();
     const series = [{}, ...this.seriesDefs];
-    this.plot = new window.uPlot(baseOptions(this.element, series, this.scales, this.axes), this.data, this.element);
+    // At least the last minute, at most five, so a single point does not stretch the axis over years.
+    const scales = { ...this.scales, x: { time: true, range: (u, min, max) => [Math.max(Math.min(min, max - 60), max - WINDOW_POINTS), max] } };
+    this.plot = new window.uPlot(baseOptions(this.element, series, scales, this.axes), this.data, this.element);
   }
 
   push(t, values) {
