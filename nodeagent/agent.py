@@ -228,6 +228,8 @@ class AgentSettings:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
     labels: dict[str, str] = field(default_factory=dict)
+    #: Stop the workloads when the agent exits (the demo) instead of leaving them to the next agent.
+    stop_workloads_on_exit: bool = False
 
 
 class Agent:
@@ -459,7 +461,7 @@ class Agent:
                 with contextlib.suppress(Exception):
                     await self.connection.close()
             self.backend.close()
-            self.runner.close()
+            self.runner.close(stop_workloads=self.settings.stop_workloads_on_exit)
 
     async def _wait(self, delay: float, stop: asyncio.Event) -> None:
         waiters = [asyncio.ensure_future(stop.wait())]

@@ -170,6 +170,7 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         telemetry_interval_s=args.telemetry_interval,
         heartbeat_interval_s=args.heartbeat_interval,
         labels=_labels(args.label),
+        stop_workloads_on_exit=args.stop_workloads_on_exit,
     )
     url = ws_url_for(server, credential.get("ws_url") or "/ws/agent/")
     agent = Agent(
@@ -267,6 +268,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--telemetry-interval", type=float, default=1.0, help="seconds (the portal may override)")
     parser.add_argument("--heartbeat-interval", type=float, default=10.0, help="seconds (the portal may override)")
     parser.add_argument("--label", action="append", default=[], help="node label key=value (repeatable)")
+    parser.add_argument(
+        "--stop-workloads-on-exit",
+        action="store_true",
+        help="stop running workloads when the agent exits (default: leave them to be re-adopted)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo_parser.add_argument("--bootstrap-token-file", type=Path)
     demo_parser.add_argument("--register-timeout", type=float, default=120.0, help="seconds to wait for the portal")
     _add_run_options(demo_parser)
-    demo_parser.set_defaults(handler=cmd_demo_run, backend="simulated")
+    # A demo's workloads die with the demo instead of lingering after Ctrl-C.
+    demo_parser.set_defaults(handler=cmd_demo_run, backend="simulated", stop_workloads_on_exit=True)
     return parser
 
 

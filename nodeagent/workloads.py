@@ -445,10 +445,25 @@ class WorkloadRunner:
             for device in r.devices
         ]
 
-    def close(self, *, stop_workloads: bool = False) -> None:
-        """Forget the Popen handles (workloads keep running, to be re-adopted) unless told to stop them."""
+    def close(self, *, stop_workloads: bool = False, grace_s: float = 5.0) -> None:
+        """Forget the Popen handles: workloads keep running, to be re-adopted by the next agent.
+
+        With ``stop_workloads`` (the demo's agents, tests) they are stopped first: SIGTERM, then SIGKILL for
+        those still running after ``grace_s`` seconds of real time.
+        """
         if stop_workloads:
-            for record in self.records.values():
-                if record.active:
+            active = [record for record in self.records.values() if record.active]
+            for record in active:
+                record.stop_reason = record.stop_reason or "agent_shutdown"
+                self._signal(record, signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            while any(self._alive(record) for record in active) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for record in active:
+                if self._alive(record):
                     self._signal(record, signal.SIGKILL)
+            deadline = time.monotonic() + 1.0
+            while any(self._alive(record) for record in active) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.poll()
         self._popen.clear()

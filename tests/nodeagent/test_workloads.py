@@ -306,3 +306,17 @@ def test_loads_describe_running_workloads_for_the_simulator(runner: WorkloadRunn
     (load,) = runner.loads()
 
     assert (load.uuid, load.millis, load.pid) == (H100_A, 500, runner.records[(1, 0)].pid)
+
+
+def test_closing_with_stop_workloads_ends_them_even_if_they_ignore_sigterm(tmp_path: Path) -> None:
+    runner = WorkloadRunner(work_dir=tmp_path / "work")
+    runner.start(_start(job_id=1, command=_python(READY_THEN_SLEEP)))
+    stubborn = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN);" + READY_THEN_SLEEP
+    runner.start(_start(job_id=2, command=_python(stubborn)))
+    _wait_for(lambda: "ready" in _log(runner, 1) and "ready" in _log(runner, 2))
+    pids = [runner.records[(job, 0)].pid for job in (1, 2)]
+
+    runner.close(stop_workloads=True, grace_s=0.5)
+
+    assert [runner.records[(job, 0)].state for job in (1, 2)] == ["stopped", "stopped"]
+    assert all(process_start_time(pid) is None for pid in pids)
