@@ -4,3 +4,6 @@ from django.apps import AppConfig
 class AuditConfig(AppConfig):
     name = "audit"
     verbose_name = "Audit trail"
+
+    def ready(self) -> None:
+        from audit import checks  # noqa: F401  (registers the system checks)

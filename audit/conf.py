@@ -31,6 +31,14 @@ def _dev_key(purpose: str) -> bytes:
     return hashlib.sha256(f"gpupool-audit-dev:{purpose}:{settings.SECRET_KEY}".encode()).digest()
 
 
+def _refuse_development_keys(name: str, shape: str) -> None:
+    if getattr(settings, "GPUPOOL_AUDIT_REQUIRE_REAL_KEYS", False):
+        raise ImproperlyConfigured(
+            f"{name} is unset; production settings refuse the development audit keys. Set {name}={shape} with "
+            "32 random bytes: `python -c 'import base64,os; print(base64.b64encode(os.urandom(32)).decode())'`."
+        )
+
+
 def master_keys() -> list[tuple[str, bytes]]:
     """The master key ring as ``[(key_id, 32-byte key), ...]``; the last entry is the active (newest) key.
 
@@ -39,6 +47,7 @@ def master_keys() -> list[tuple[str, bytes]]:
     """
     raw = getattr(settings, "GPUPOOL_AUDIT_MASTER_KEYS", "") or ""
     if not raw.strip():
+        _refuse_development_keys("GPUPOOL_AUDIT_MASTER_KEYS", "kid1:BASE64")
         _warn_once("master", "GPUPOOL_AUDIT_MASTER_KEYS is unset: using a development key ring (not for production)")
         return [("dev1", _dev_key("master"))]
     ring: list[tuple[str, bytes]] = []
@@ -73,6 +82,7 @@ def signing_seed() -> bytes:
     """The 32-byte Ed25519 private key seed (``GPUPOOL_AUDIT_SIGNING_KEY``, base64), dev-derived when unset."""
     raw = getattr(settings, "GPUPOOL_AUDIT_SIGNING_KEY", "") or ""
     if not raw.strip():
+        _refuse_development_keys("GPUPOOL_AUDIT_SIGNING_KEY", "BASE64")
         _warn_once("signing", "GPUPOOL_AUDIT_SIGNING_KEY is unset: using a development signing key")
         return _dev_key("signing")
     try:

@@ -14,6 +14,9 @@ if SECRET_KEY == DEFAULT_SECRET_KEY or len(SECRET_KEY) < 50:
         "e.g. `python -c 'import secrets; print(secrets.token_urlsafe(64))'`."
     )
 
+# The audit trail refuses its development key ring and signing key (GPUPOOL_AUDIT_MASTER_KEYS/_SIGNING_KEY).
+GPUPOOL_AUDIT_REQUIRE_REAL_KEYS = True
+
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
