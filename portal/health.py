@@ -40,7 +40,7 @@ def _check_celery() -> dict:
         if not embedded.worker_is_running():
             return {"ok": False, "mode": "embedded", "error": "no in-process worker running"}
         # The worker thread marks this process as a worker; this wait is not inside a task.
-        reply = echo.delay("healthz").get(timeout=2.0, disable_sync_subtasks=False)
+        reply = echo.delay("healthz").get(timeout=5.0, disable_sync_subtasks=False)
         return {"ok": reply["payload"] == "healthz", "mode": "embedded", "workers": [reply["worker"]]}
     replies = celery_app.control.ping(timeout=1.0)
     workers = sorted(name for reply in replies for name in reply)
