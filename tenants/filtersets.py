@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 import django_filters
+from django import forms
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, Tenant, TenantKind, TokenScope, User
-from tenants.selectors import subtree_q
+from tenants.selectors import MAX_ID, subtree_q
+
+
+class IdFilter(django_filters.NumberFilter):
+    """An id: a whole number the database can hold (a 20-digit id is a 400, not a database overflow)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(*args, **kwargs)
 
 
 class TenantFilterSet(django_filters.FilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
     kind = django_filters.ChoiceFilter(choices=TenantKind.choices)
-    parent = django_filters.NumberFilter(field_name="parent_id")
-    depth = django_filters.NumberFilter()
-    within = django_filters.NumberFilter(method="filter_within", label="subtree of this tenant id (itself included)")
+    parent = IdFilter(field_name="parent_id")
+    depth = IdFilter(max_value=99)
+    within = IdFilter(method="filter_within", label="subtree of this tenant id (itself included)")
 
     class Meta:
         model = Tenant
@@ -26,8 +38,8 @@ class TenantFilterSet(django_filters.FilterSet):
 
 
 class MembershipFilterSet(django_filters.FilterSet):
-    tenant = django_filters.NumberFilter(field_name="tenant_id")
-    user = django_filters.NumberFilter(field_name="user_id")
+    tenant = IdFilter(field_name="tenant_id")
+    user = IdFilter(field_name="user_id")
     username = django_filters.CharFilter(field_name="user__username")
     role = django_filters.ChoiceFilter(choices=MembershipRole.choices)
 
@@ -40,7 +52,7 @@ class UserFilterSet(django_filters.FilterSet):
     username = django_filters.CharFilter(lookup_expr="icontains")
     platform_role = django_filters.ChoiceFilter(choices=PlatformRole.choices)
     is_active = django_filters.BooleanFilter()
-    tenant = django_filters.NumberFilter(field_name="memberships__tenant_id", distinct=True)
+    tenant = IdFilter(field_name="memberships__tenant_id", distinct=True)
 
     class Meta:
         model = User
@@ -48,7 +60,7 @@ class UserFilterSet(django_filters.FilterSet):
 
 
 class ApiTokenFilterSet(django_filters.FilterSet):
-    user = django_filters.NumberFilter(field_name="user_id")
+    user = IdFilter(field_name="user_id")
     scope = django_filters.ChoiceFilter(choices=TokenScope.choices)
     active = django_filters.BooleanFilter(method="filter_active")
 

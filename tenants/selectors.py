@@ -15,6 +15,18 @@ from portal.api import NotFoundError
 from tenants.models import MAX_TENANT_DEPTH, ApiToken, Membership, Tenant, User
 from tenants.permissions import is_security_admin, sees_all_tenants
 
+# The largest id a BIGINT (and SQLite's INTEGER) holds; larger numbers in a URL are simply "not found".
+MAX_ID = 2**63 - 1
+
+
+def parse_id(pk: Any) -> int | None:
+    """``pk`` as an id, or None when it cannot be one (not a number, out of range)."""
+    try:
+        value = int(pk)
+    except (TypeError, ValueError):
+        return None
+    return value if 1 <= value <= MAX_ID else None
+
 
 def subtree_q(root_ids: Iterable[int], *, prefix: str = "") -> Q:
     """A filter matching the tenants in the subtrees of ``root_ids`` (the roots included).
@@ -22,7 +34,7 @@ def subtree_q(root_ids: Iterable[int], *, prefix: str = "") -> Q:
     The tree is at most MAX_TENANT_DEPTH deep, so a fixed chain of parent joins replaces a recursive query.
     ``prefix`` lets other models filter through their tenant FK (``prefix="tenant__"``).
     """
-    ids = list(root_ids)
+    ids = [value for value in (parse_id(pk) for pk in root_ids) if value is not None]
     condition = Q(**{f"{prefix}pk__in": ids})
     path = "parent"
     for _ in range(MAX_TENANT_DEPTH - 1):
@@ -68,8 +80,8 @@ def tenant_subtree_height(tenant: Tenant) -> int:
 
 def tenant_get_visible(*, user: Any, pk: Any) -> Tenant:
     try:
-        return tenants_visible_to(user).get(pk=int(pk))
-    except (Tenant.DoesNotExist, TypeError, ValueError):
+        return tenants_visible_to(user).get(pk=parse_id(pk))
+    except Tenant.DoesNotExist:
         raise NotFoundError(f"No tenant with id {pk} is visible to you.") from None
 
 
@@ -93,8 +105,8 @@ def users_visible_to(user: Any) -> QuerySet[User]:
 
 def user_get_visible(*, user: Any, pk: Any) -> User:
     try:
-        return users_visible_to(user).get(pk=int(pk))
-    except (User.DoesNotExist, TypeError, ValueError):
+        return users_visible_to(user).get(pk=parse_id(pk))
+    except User.DoesNotExist:
         raise NotFoundError(f"No user with id {pk} is visible to you.") from None
 
 
@@ -110,6 +122,6 @@ def tokens_visible_to(user: Any) -> QuerySet[ApiToken]:
 
 def token_get_visible(*, user: Any, pk: Any) -> ApiToken:
     try:
-        return tokens_visible_to(user).get(pk=int(pk))
-    except (ApiToken.DoesNotExist, TypeError, ValueError):
+        return tokens_visible_to(user).get(pk=parse_id(pk))
+    except ApiToken.DoesNotExist:
         raise NotFoundError(f"No API token with id {pk} is visible to you.") from None

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, Tenant, TenantKind, TokenScope, User
+from tenants.selectors import MAX_ID
 
 
 class StrictInputSerializer(serializers.Serializer):
@@ -44,7 +45,9 @@ class TenantCreateSerializer(StrictInputSerializer):
     name = serializers.CharField(max_length=100)
     slug = serializers.SlugField(max_length=100)
     kind = serializers.ChoiceField(choices=TenantKind.choices, default=TenantKind.TEAM)
-    parent = serializers.IntegerField(required=False, allow_null=True, min_value=1, help_text="id of the parent")
+    parent = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=MAX_ID, help_text="id of the parent"
+    )
     description = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
@@ -53,7 +56,11 @@ class TenantUpdateSerializer(StrictInputSerializer):
     kind = serializers.ChoiceField(choices=TenantKind.choices, required=False)
     description = serializers.CharField(required=False, allow_blank=True, max_length=2000)
     parent = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, help_text="move under this tenant (null: to the top level)"
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=MAX_ID,
+        help_text="move under this tenant (null: to the top level)",
     )
 
 
@@ -71,8 +78,10 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 
 class MembershipCreateSerializer(StrictInputSerializer):
-    tenant = serializers.IntegerField(min_value=1)
-    user = serializers.IntegerField(min_value=1, required=False, help_text="user id (or give username)")
+    tenant = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    user = serializers.IntegerField(
+        min_value=1, max_value=MAX_ID, required=False, help_text="user id (or give username)"
+    )
     username = serializers.CharField(max_length=150, required=False)
     role = serializers.ChoiceField(choices=MembershipRole.choices, default=MembershipRole.MEMBER)
 

@@ -107,8 +107,8 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
 
     def get_object(self) -> Membership:
         try:
-            return self.get_queryset().get(pk=int(self.kwargs["pk"]))
-        except (Membership.DoesNotExist, ValueError):
+            return self.get_queryset().get(pk=selectors.parse_id(self.kwargs["pk"]))
+        except Membership.DoesNotExist:
             raise NotFoundError(f"No membership with id {self.kwargs['pk']} is visible to you.") from None
 
     @extend_schema(
