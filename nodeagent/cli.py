@@ -253,7 +253,7 @@ def _add_backend_options(parser: argparse.ArgumentParser, *, default_backend: st
     parser.add_argument(
         "--backend",
         default=default_backend,
-        choices=[*sorted(BACKENDS), "auto", "amd"],
+        choices=[*sorted(BACKENDS), "auto"],
         help="device backend (auto: detect by PCI vendor id)",
     )
     parser.add_argument("--cards", type=int, default=8, help="simulated: number of cards")

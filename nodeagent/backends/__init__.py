@@ -1,4 +1,4 @@
-"""Device backends, chosen by name: ``nvml``, ``simulated``, ``ascend`` (see :data:`base.BACKENDS`)."""
+"""Device backends, chosen by name: ``nvml``, ``simulated``, ``ascend``, ``amd`` (see :data:`base.BACKENDS`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from nodeagent.backends.base import BACKENDS, PCI_VENDOR_IDS, BackendUnavailable
 #: PCI device classes of accelerators: display controllers (0x03xx) and processing accelerators (0x12xx).
 _ACCELERATOR_CLASSES = (0x03, 0x12)
 #: Which backend drives each detected vendor.
-_VENDOR_BACKEND = {"nvidia": "nvml", "ascend": "ascend"}
+_VENDOR_BACKEND = {"nvidia": "nvml", "ascend": "ascend", "amd": "amd"}
 
 
 def load_backend(name: str, **options: Any) -> DeviceBackend:
@@ -19,7 +19,7 @@ def load_backend(name: str, **options: Any) -> DeviceBackend:
     if name == "auto":
         name = detect_backend()
     if name not in BACKENDS:
-        if name in ("amd", "hygon"):
+        if name == "hygon":
             raise BackendUnavailable(name, "no backend for this vendor yet; use --backend simulated to try gpupool")
         raise BackendUnavailable(name, f"unknown backend; choose one of {sorted(BACKENDS)} or auto")
     module_path, _, class_name = BACKENDS[name].rpartition(".")

@@ -85,4 +85,5 @@ BACKENDS: dict[str, str] = {
     "nvml": "nodeagent.backends.nvml.NvmlBackend",
     "simulated": "nodeagent.backends.simulated.SimulatedBackend",
     "ascend": "nodeagent.backends.ascend.AscendBackend",
+    "amd": "nodeagent.backends.amd.AmdBackend",
 }
