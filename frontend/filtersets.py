@@ -8,7 +8,17 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from audit.models import Outcome
-from scheduler.models import JobKind, JobState, Node, NodeStatus, PriorityClass, ResourceFlavor
+from scheduler.models import (
+    ACTIVE_JOB_STATES,
+    FINAL_JOB_STATES,
+    PENDING_JOB_STATES,
+    JobKind,
+    JobState,
+    Node,
+    NodeStatus,
+    PriorityClass,
+    ResourceFlavor,
+)
 
 
 class DateInput(forms.DateInput):
@@ -58,7 +68,17 @@ class AuditFilterSet(django_filters.FilterSet):
 
 class JobFilterSet(django_filters.FilterSet):
     q = django_filters.CharFilter(method="search", label=_("Search"))
-    state = django_filters.MultipleChoiceFilter(choices=JobState.choices, label=_("State"))
+    state = django_filters.ChoiceFilter(
+        choices=[
+            ("waiting", _("waiting (submitted, approval, queued)")),
+            ("active", _("active (admitted, running, preempting)")),
+            ("finished", _("finished (succeeded, failed, cancelled)")),
+            *JobState.choices,
+        ],
+        method="by_state",
+        label=_("State"),
+        empty_label=_("any"),
+    )
     tenant = django_filters.CharFilter(field_name="tenant__slug", label=_("Tenant (slug)"))
     kind = django_filters.ChoiceFilter(choices=JobKind.choices, label=_("Kind"), empty_label=_("any"))
     priority_class = django_filters.ChoiceFilter(
@@ -71,6 +91,14 @@ class JobFilterSet(django_filters.FilterSet):
         if value.isdigit():
             query |= Q(pk=int(value))
         return queryset.filter(query)
+
+    def by_state(self, queryset, name, value):
+        groups = {
+            "waiting": [JobState.SUBMITTED, *PENDING_JOB_STATES],
+            "active": list(ACTIVE_JOB_STATES),
+            "finished": list(FINAL_JOB_STATES),
+        }
+        return queryset.filter(state__in=groups.get(value, [value]))
 
     def only_mine(self, queryset, name, value):
         return queryset.filter(submitter=self.request.user) if value and self.request else queryset

@@ -156,3 +156,14 @@ def test_system_admin_sees_all_jobs_but_has_no_submit_form(client, world):
     client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
     assert "nlp-job" in client.get("/console/jobs/").content.decode()
     assert client.get("/console/jobs/submit/").status_code == 404
+
+
+def test_job_list_filters_by_state_group(client, world):
+    submit(world["bob"], world["vision"], name="waiting-one")
+    done = submit(world["bob"], world["vision"], name="done-one")
+    client.force_login(world["bob"])
+    client.post(f"/console/jobs/{done.pk}/cancel/")
+    page = client.get("/console/jobs/?state=waiting").content.decode()
+    assert "waiting-one" in page and "done-one" not in page
+    page = client.get("/console/jobs/?state=finished").content.decode()
+    assert "done-one" in page and "waiting-one" not in page

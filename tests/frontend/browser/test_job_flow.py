@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.frontend.browser.conftest import login, shot
+from tests.frontend.browser.conftest import login, new_page, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -44,8 +44,7 @@ def test_member_submits_a_job_and_watches_it_run(page, browser, live_demo):
     shot(page, "job-running")
 
     # An admin sees the job on the node's card, with the card's live chart moving.
-    admin_context = browser.new_context(viewport={"width": 1366, "height": 860}, base_url=live_demo.base_url)
-    admin = admin_context.new_page()
+    admin = new_page(browser, live_demo)
     login(admin, "admin")
     admin.goto(job_url)
     node_name = admin.locator("table.data tbody tr td").nth(1).inner_text()
@@ -57,7 +56,7 @@ def test_member_submits_a_job_and_watches_it_run(page, browser, live_demo):
         timeout=20_000,
     )
     shot(admin, "node-live")
-    admin_context.close()
+    admin.context.close()
 
     # The member cancels it.
     page.once("dialog", lambda dialog: dialog.accept())

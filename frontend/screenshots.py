@@ -1,0 +1,118 @@
+"""Screenshots of every console page for the README: ``python -m frontend.screenshots [OUTPUT_DIR]``.
+
+Starts a throwaway demo (``frontend.livedemo``), submits a couple of jobs as the demo member ``bob``, lets the
+simulated node run them for a few seconds so the live charts have data, and photographs each page as the role
+that uses it. Writes ``docs/screenshots/*.png`` by default. Needs Debian's chromium and the playwright package.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from frontend.livedemo import ROOT, LiveDemo, launch_chromium, login
+
+DEFAULT_OUTPUT = ROOT / "docs" / "screenshots"
+LOOP = "python3 -c \"import time; [print('epoch', i, flush=True) or time.sleep(1) for i in range(3600)]\""
+
+
+def submit_job(page, *, name: str, cards: int | None = None, fraction: str | None = None) -> str:
+    page.goto("/console/jobs/submit/")
+    page.get_by_label("Name").fill(name)
+    if fraction:
+        page.get_by_label("a fraction of one card").check()
+        page.get_by_label("Share of one card").select_option(fraction)
+        page.get_by_label("Device memory (GiB, for a fraction)").fill("16")
+    else:
+        page.get_by_label("Cards per replica").fill(str(cards or 1))
+    page.get_by_label("Command").fill(LOOP)
+    page.get_by_role("button", name="Submit", exact=True).click()
+    page.wait_for_url(re.compile(r"/console/jobs/\d+/$"))
+    return page.url
+
+
+def take(page, output: Path, name: str, *, full_page: bool = False) -> None:
+    path = output / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
+def wait_points(page, selector: str, points: int, timeout_ms: int = 30_000) -> None:
+    page.wait_for_function(
+        f"() => [...document.querySelectorAll({selector!r})].some(e => Number(e.dataset.points || 0) >= {points})",
+        timeout=timeout_ms,
+    )
+
+
+def main(argv: list[str]) -> int:
+    from playwright.sync_api import sync_playwright
+
+    output = Path(argv[0]) if argv else DEFAULT_OUTPUT
+    output.mkdir(parents=True, exist_ok=True)
+    demo = LiveDemo(agents=2).start()
+    try:
+        with sync_playwright() as playwright:
+            browser = launch_chromium(playwright)
+
+            def page_for(username: str | None, **context_options):
+                context = browser.new_context(
+                    viewport={"width": 1366, "height": 860}, base_url=demo.base_url, **context_options
+                )
+                context.set_default_timeout(60_000)
+                page = context.new_page()
+                if username:
+                    login(page, username)
+                return page
+
+            anonymous = page_for(None)
+            anonymous.goto("/accounts/login/")
+            take(anonymous, output, "login")
+
+            bob = page_for("bob")
+            take_submit = submit_job(bob, name="resnet50-train", cards=2)
+            submit_job(bob, name="bert-finetune", fraction="500")
+            submit_job(bob, name="notebook", fraction="300")
+            bob.goto(take_submit)
+            bob.locator("[data-testid='job-state']", has_text="running").wait_for()
+            wait_points(bob, "[data-device-chart]", 12)
+            take(bob, output, "job", full_page=True)
+            bob.goto("/console/jobs/")
+            take(bob, output, "jobs")
+            bob.goto("/console/jobs/submit/")
+            take(bob, output, "submit", full_page=True)
+
+            admin = page_for("admin")
+            admin.goto("/console/overview/")
+            wait_points(admin, "[data-flavor-chart]", 8)
+            take(admin, output, "overview", full_page=True)
+            admin.goto("/console/nodes/")
+            take(admin, output, "nodes")
+            admin.get_by_role("link", name="sim-00").click()
+            wait_points(admin, "[data-device-chart]", 8)
+            take(admin, output, "node")
+
+            alice = page_for("alice")
+            alice.goto("/console/tenants/")
+            take(alice, output, "tenants")
+
+            auditor = page_for("auditor")
+            auditor.goto("/console/audit/")
+            auditor.get_by_role("button", name="Verify the chain now").click()
+            auditor.wait_for_url("**/console/audit/")
+            take(auditor, output, "audit")
+
+            dark = page_for("admin", color_scheme="dark")
+            dark.goto("/console/overview/")
+            dark.locator("#language-select").select_option("zh-hans")
+            dark.wait_for_load_state("load")
+            wait_points(dark, "[data-flavor-chart]", 5)
+            take(dark, output, "overview-dark-zh")
+            browser.close()
+    finally:
+        demo.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
