@@ -40,8 +40,10 @@ COLUMNS = (
 )
 
 
-def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", choices=("philly", "alibaba"), default="philly")
+def add_workload_arguments(
+    parser: argparse.ArgumentParser, traces: Sequence[str] = ("philly", "alibaba"), default: str = "philly"
+) -> None:
+    parser.add_argument("--trace", choices=tuple(traces), default=default)
     parser.add_argument("--traces", help="folder with the traces (default $GPUPOOL_TRACES_DIR or ../shared/traces)")
     parser.add_argument("--days", type=float, help="replay only jobs submitted in the first N days of the window")
     parser.add_argument("--jobs", type=int, help="replay only the first N jobs of the window")

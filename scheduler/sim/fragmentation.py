@@ -42,13 +42,16 @@ class FragmentationCurve:
     capacity_gpus: int
     arrived: list[float] = field(default_factory=list)  # requested GPUs so far / capacity, after each batch
     unallocated: list[float] = field(default_factory=list)  # unallocated share of GPU capacity at that point
+    # the same, counting only what the trace's tasks asked for (fractions before rounding up to 100 millis)
+    unallocated_trace: list[float] = field(default_factory=list)
     tasks: int = 0
     placed: int = 0
     wall_s: float = 0.0
 
-    def at(self, load: float) -> float:
-        """Unallocated share when the arrived load first reaches ``load`` (linear between batches)."""
-        points = list(zip(self.arrived, self.unallocated, strict=True))
+    def at(self, load: float, *, trace: bool = False) -> float:
+        """Unallocated share when the arrived load first reaches ``load`` (linear between batches); with
+        ``trace``, counting the trace's unrounded requests as allocated."""
+        points = list(zip(self.arrived, self.unallocated_trace if trace else self.unallocated, strict=True))
         prev = (0.0, 1.0)
         for x, y in points:
             if x >= load:
@@ -95,7 +98,9 @@ def fill_cluster(
     nodes = tuple(nodes)
     allocations: list[Allocation] = []
     allocated = 0
+    allocated_trace = 0
     arrived = 0
+    asked: dict[str, int] = {}
     n = 0
     while arrived < max_load * capacity:
         pending = []
@@ -103,6 +108,7 @@ def fill_cluster(
             task = tasks[rng.randrange(len(tasks))] if sample else tasks[n % len(tasks)]
             n += 1
             arrived += task.charged_millis
+            asked[f"t{n}"] = task.replicas * (task.trace_millis or task.millis)
             pending.append(
                 PendingJob(
                     job_id=f"t{n}",
@@ -116,6 +122,7 @@ def fill_cluster(
         result = plan(snapshot, policy)
         for place in result.places:
             curve.placed += 1
+            allocated_trace += asked[place.job_id]
             for a in place.assignments:
                 allocations.append(
                     Allocation(
@@ -135,6 +142,8 @@ def fill_cluster(
         curve.tasks = n
         curve.arrived.append(arrived / capacity)
         curve.unallocated.append(1.0 - allocated / capacity)
+        curve.unallocated_trace.append(1.0 - allocated_trace / capacity)
+        asked.clear()
     curve.wall_s = wallclock.perf_counter() - started
     return curve
 

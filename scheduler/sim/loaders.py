@@ -264,6 +264,7 @@ def alibaba_jobs(rows: Iterable[dict[str, str]], flavors_by_capacity: tuple[str,
                 flavors=flavors or flavors_by_capacity,
                 memory_mib=memory,
                 priority=PriorityClass.NORMAL,
+                trace_millis=gpu_milli if millis < MILLIS_PER_DEVICE else None,
             )
         )
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))

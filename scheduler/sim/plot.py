@@ -65,14 +65,24 @@ def fragmentation_curves(curves: Sequence[FragmentationCurve], path: Path, *, ti
     """Unallocated GPU share vs arrived load, one line per placement strategy (the FGD paper's chart)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
-    for c in curves:
-        ax.plot([100 * x for x in c.arrived], [100 * y for y in c.unallocated], label=c.strategy, lw=1.3)
+    for i, c in enumerate(curves):
+        color = f"C{i}"
+        ax.plot([100 * x for x in c.arrived], [100 * y for y in c.unallocated], color=color, label=c.strategy, lw=1.4)
+        if c.unallocated_trace:
+            ax.plot(
+                [100 * x for x in c.arrived],
+                [100 * y for y in c.unallocated_trace],
+                color=color,
+                ls="--",
+                lw=0.9,
+                label=f"{c.strategy} (trace request, unrounded)",
+            )
     top = max((max(c.arrived) for c in curves if c.arrived), default=1.3)
     ax.plot([0, 100, 100 * top], [100, 0, 0], color="grey", ls=":", lw=1, label="perfect packing")
     ax.set_xlabel("arrived GPU requests (% of cluster GPUs)")
     ax.set_ylabel("GPUs unallocated (%)")
-    ax.set_xlim(50, 100 * top)
-    ax.set_ylim(0, 55)
+    ax.set_xlim(80, 100 * top)
+    ax.set_ylim(0, 22)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -26,6 +26,7 @@ class SimJob:
     memory_mib: int = 0
     priority: int = PriorityClass.NORMAL
     preemptible: bool = True
+    trace_millis: int | None = None  # per replica as the trace asked, before rounding to the core's 100 steps
 
     @property
     def gpus(self) -> float:
