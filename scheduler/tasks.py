@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import OperationalError
 
 from scheduler import services
 
 
-@shared_task(name="scheduler.run_cycle", acks_late=True, ignore_result=False)
+@shared_task(
+    name="scheduler.run_cycle",
+    acks_late=True,
+    ignore_result=False,
+    # A deadlock or serialisation failure rolls the whole cycle back; running it again is safe.
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=3,
+)
 def run_cycle(hold_lock: bool = True) -> dict:
     """One scheduling cycle. Safe to run anywhere, any number of times: only one cycle runs at a time
     (the others return ``ran: False`` at once) and a cycle only ever acts on the state it re-reads.

@@ -150,3 +150,15 @@ def test_a_cycle_stores_the_usage_for_the_next_one(member, node, django_capture_
         services.run_cycle()
     assert cache.get(USAGE_CACHE_KEY)["usage"] == {"team-a": {"sim-80g": 1000.0}}
     cache.delete(USAGE_CACHE_KEY)
+
+
+def test_the_management_command_runs_one_cycle(member, node):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    job = services.job_submit(actor=member, spec=SPEC)
+    out = io.StringIO()
+    call_command("scheduler_cycle", stdout=out)
+    assert json.loads(out.getvalue())["placed"] == [job.pk]
