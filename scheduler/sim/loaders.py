@@ -205,6 +205,9 @@ def multi_tenant_workload(
     if weights is not None:
         gpu_time = defaultdict(float, {t: w for t, w in weights.items() if w > 0})
     split = proportional_split(capacity, dict(sorted(gpu_time.items())))
+    for tenant in {j.tenant for j in jobs} - set(split):
+        split[tenant] = 0  # a quota row all the same: without one the tenant could not even borrow
+    split = dict(sorted(split.items()))
     guarantees = {t: {flavor: m} for t, m in split.items()}
     limits = {t: {flavor: capacity} for t in split}
     info = {"gpus": capacity // MILLIS_PER_DEVICE, "jobs": len(jobs), **(meta or {})}
