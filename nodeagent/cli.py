@@ -39,6 +39,10 @@ class CliError(Exception):
     """A problem the user fixes; printed without a traceback."""
 
 
+class PortalUnreachable(CliError):
+    """The portal did not answer (or answered 5xx): worth retrying while it starts."""
+
+
 def _xdg(variable: str, fallback: str) -> Path:
     return Path(os.environ.get(variable) or Path.home() / fallback)
 
@@ -118,9 +122,10 @@ def register(*, server: str, token: str, node_name: str, timeout_s: float = 15.0
             code = problem.get("code", exc.code)
         except (ValueError, AttributeError):
             detail, code = exc.reason, exc.code
-        raise CliError(f"registration refused ({code}): {detail}") from None
+        error = PortalUnreachable if exc.code >= 500 else CliError
+        raise error(f"registration refused ({code}): {detail}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise CliError(f"cannot reach the portal at {url}: {getattr(exc, 'reason', exc)}") from None
+        raise PortalUnreachable(f"cannot reach the portal at {url}: {getattr(exc, 'reason', exc)}") from None
     if not isinstance(answer, dict) or not answer.get("credential"):
         raise CliError(f"the portal at {url} answered without a credential: {answer!r}")
     return {
@@ -235,8 +240,8 @@ def cmd_demo_run(args: argparse.Namespace) -> int:
             try:
                 data = register(server=args.server, token=token, node_name=args.node_name)
                 break
-            except CliError as exc:
-                if "refused" in str(exc) or time.monotonic() > deadline:
+            except PortalUnreachable:
+                if time.monotonic() > deadline:
                     raise
                 time.sleep(1.0)  # the portal is still starting
         save_credential(args.credential_file, data)

@@ -25,16 +25,20 @@ REPO = Path(__file__).resolve().parents[2]
 class FakePortal:
     """``POST /api/v1/agents/register/`` on a loopback port, answering like the fleet API."""
 
-    def __init__(self, *, status: int = 201, answer: dict | None = None) -> None:
+    def __init__(
+        self, *, status: int = 201, answer: dict | None = None, first_statuses: list[int] | None = None
+    ) -> None:
         self.requests: list[tuple[str, dict]] = []
+        statuses = list(first_statuses or [])
         portal = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 portal.requests.append((self.path, body))
-                payload = json.dumps(answer or {}).encode()
-                self.send_response(status)
+                current = statuses.pop(0) if statuses else status
+                payload = json.dumps(answer if current != 502 and current != 503 else {"detail": "starting"}).encode()
+                self.send_response(current)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -225,3 +229,38 @@ async def test_agent_process_connects_runs_a_workload_and_stops_on_sigterm(tmp_p
     assert status["log_tail"] == f"on {hello['devices'][0]['uuid']}"
     assert any(f["type"] == "ack" and f["command_id"] == 1 and f["ok"] for f in frames)
     assert any(f["type"] == "telemetry" for f in frames)
+
+
+def test_demo_run_waits_for_a_starting_portal_then_registers_and_drops_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answer = {"node_id": 1, "node_name": "sim-00", "credential": "gpc_demo", "ws_url": "/ws/agent/"}
+    paths = demo_agent_paths(index=0, data_dir=tmp_path)
+    write_bootstrap_token(paths.token_file, "gpb_demo")
+    started: list[dict] = []
+    monkeypatch.setattr("nodeagent.cli.run_agent", lambda args, credential: started.append(credential) or 0)
+    monkeypatch.setattr("nodeagent.cli.time.sleep", lambda seconds: None)
+
+    with FakePortal(answer=answer, first_statuses=[502, 503]) as portal:
+        command = demo_agent_command(python=sys.executable, server_url=portal.url, index=0, data_dir=tmp_path)
+        code = main(command[3:])
+
+    assert code == 0
+    assert len(portal.requests) == 3
+    assert portal.requests[-1][1]["token"] == "gpb_demo"
+    assert started[0]["credential"] == "gpc_demo"
+    assert not paths.token_file.exists()
+    assert _mode(paths.credential_file) == 0o600
+
+
+def test_demo_run_gives_up_on_a_refused_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    paths = demo_agent_paths(index=0, data_dir=tmp_path)
+    write_bootstrap_token(paths.token_file, "gpb_used")
+    monkeypatch.setattr("nodeagent.cli.run_agent", lambda args, credential: pytest.fail("must not run"))
+
+    with FakePortal(status=403) as portal:
+        code = main(demo_agent_command(python=sys.executable, server_url=portal.url, index=0, data_dir=tmp_path)[3:])
+
+    assert code == 2
+    assert len(portal.requests) == 1
+    assert "registration refused (403)" in capsys.readouterr().err
