@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from .capacity import Cluster
 from .placement import Placer, Take, rollback
 from .quota import QuotaBook
-from .types import MILLIS_PER_DEVICE, JobKind, PendingJob, PreemptReason, Snapshot, Topology
+from .types import MILLIS_PER_DEVICE, Allocation, JobKind, PendingJob, PreemptReason, Snapshot, Topology
 
 # Bounds per search, so a cycle stays fast on big clusters: nodes looked at, victims tried on one node,
 # fit checks while pruning.
@@ -71,35 +71,44 @@ def set_cost(chosen: list[tuple[Victim, PreemptReason]]) -> tuple:
 
 
 def build_victims(snapshot: Snapshot, cluster: Cluster) -> dict[str, Victim]:
+    by_job: dict[str, list[Allocation]] = {}
+    for alloc in snapshot.allocations:
+        by_job.setdefault(alloc.job_id, []).append(alloc)
     victims: dict[str, Victim] = {}
-    for alloc in sorted(snapshot.allocations, key=lambda a: (a.job_id, a.replica, a.device_uuid)):
-        d = cluster.dev_id.get(alloc.device_uuid)
-        if d is None:
-            continue
-        v = victims.get(alloc.job_id)
-        if v is None:
-            checkpoint = alloc.last_checkpoint_at if alloc.last_checkpoint_at is not None else alloc.started_at
-            v = Victim(
-                job_id=alloc.job_id,
-                tenant=alloc.tenant,
-                flavor=alloc.flavor,
-                priority=int(alloc.priority),
-                preemptible=alloc.preemptible,
-                borrowed_millis=0,
-                started_at=alloc.started_at,
-                work_since_checkpoint_s=max(0.0, snapshot.now - checkpoint),
-                kind=alloc.kind,
-                reservation_of=alloc.reservation_of,
+    for job_id in sorted(by_job):
+        rows = by_job[job_id]
+        if len(rows) > 1:
+            rows.sort(key=lambda a: (a.replica, a.device_uuid))
+        v = None
+        for alloc in rows:
+            d = cluster.dev_id.get(alloc.device_uuid)
+            if d is None:
+                continue
+            if v is None:
+                checkpoint = alloc.last_checkpoint_at if alloc.last_checkpoint_at is not None else alloc.started_at
+                v = Victim(
+                    job_id=job_id,
+                    tenant=alloc.tenant,
+                    flavor=alloc.flavor,
+                    priority=int(alloc.priority),
+                    preemptible=alloc.preemptible,
+                    borrowed_millis=0,
+                    started_at=alloc.started_at,
+                    work_since_checkpoint_s=max(0.0, snapshot.now - checkpoint),
+                    kind=alloc.kind,
+                    reservation_of=alloc.reservation_of,
+                )
+                victims[job_id] = v
+            v.borrowed_millis += alloc.borrowed_millis
+            if alloc.started_at < v.started_at:
+                v.started_at = alloc.started_at
+            whole = alloc.millis >= MILLIS_PER_DEVICE
+            v.rows.append(
+                (d, MILLIS_PER_DEVICE if whole else alloc.millis, cluster.dev_mem[d] if whole else alloc.memory_mib)
             )
-            victims[alloc.job_id] = v
-        v.borrowed_millis += alloc.borrowed_millis
-        v.started_at = min(v.started_at, alloc.started_at)
-        millis = min(alloc.millis, MILLIS_PER_DEVICE)
-        memory = cluster.dev_mem[d] if alloc.millis >= MILLIS_PER_DEVICE else alloc.memory_mib
-        v.rows.append((d, millis, memory))
-        n = cluster.dev_node[d]
-        if n not in v.nodes:
-            v.nodes.append(n)
+            n = cluster.dev_node[d]
+            if n not in v.nodes:
+                v.nodes.append(n)
     return victims
 
 

@@ -254,10 +254,15 @@ class QuotaBook:
             key = (res.job_id, res.flavor)
             tenant, millis = per_job.get(key, (res.tenant, 0))
             per_job[key] = (tenant, millis + res.millis)
-        for (_, flavor), (tenant, millis) in sorted(per_job.items()):
+        # The tree's state depends only on the totals, so charge each quota node once.
+        per_node: dict[tuple[str, str], tuple[int, int]] = {}
+        for (_, flavor), (tenant, millis) in per_job.items():
             node = self.account(tenant, flavor)
             if node is not None:
-                self.trees[flavor].charge(node, millis, 1)
+                total, jobs = per_node.get((flavor, node), (0, 0))
+                per_node[(flavor, node)] = (total + millis, jobs + 1)
+        for (flavor, node), (millis, jobs) in sorted(per_node.items()):
+            self.trees[flavor].charge(node, millis, jobs)
 
     # -- admission -------------------------------------------------------------------------------------------
 
