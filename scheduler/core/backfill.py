@@ -5,7 +5,9 @@ picks the devices where it will be able to start soonest — judged by the ``exp
 there (unknown ends count as never, so the devices with the most free capacity win) — and *holds* them:
 no later job in this cycle may use them. With ``Policy.backfill`` on, later (smaller) jobs still start in
 any hole outside the held devices, which cannot delay the head; with it off, nothing behind a blocked head
-starts on that flavor at all (strict order).
+starts on that flavor at all (strict order). A job with a ``runtime_estimate_s`` that ends before the held
+devices are expected to be free may also use them (EASY backfill): the head would wait for those devices
+anyway. (An estimate that is exceeded can delay the head; the Django side enforces max runtimes.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class HeadReservations:
         self.max_heads = max_heads
         self.now = snapshot.now
         self.heads: dict[str, str] = {}  # flavor -> job id of its blocked head
+        self.held: dict[str, tuple[list[int], float]] = {}  # flavor -> (held devices, when they are all free)
         # When each device is expected to be completely free.
         self.free_at = [snapshot.now] * len(cluster.dev_uuid)
         for alloc in snapshot.allocations:
@@ -58,7 +61,19 @@ class HeadReservations:
             chosen.extend(pick)
         self.heads[flavor] = job.job_id
         shadow = max((self.free_at[d] for d in chosen), default=self.now)
+        self.held[flavor] = (chosen, shadow)
         return chosen, shadow
+
+    def window(self, flavor: str, job: PendingJob) -> list[int] | None:
+        """Held devices ``job`` may backfill: it says it ends (``runtime_estimate_s``) before they are all
+        expected to be free for the head, so it cannot delay it. None when it may not."""
+        entry = self.held.get(flavor)
+        if entry is None or job.runtime_estimate_s is None:
+            return None
+        devices, shadow = entry
+        if math.isinf(shadow) or self.now + job.runtime_estimate_s > shadow:
+            return None
+        return devices
 
     def _soonest(self, job: PendingJob, flavor: str, n_devices: int, excluded: list[int]) -> list[int] | None:
         c = self.c

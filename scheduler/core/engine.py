@@ -115,7 +115,12 @@ class _Cycle:
         self.failed_shapes: dict[tuple, Failure] = {}
         self.failed_searches: set[tuple] = set()
         self.searches = 0
-        self.stats = {"skipped_repeat_shapes": 0, "preemption_searches": 0, "head_reservations": 0}
+        self.stats = {
+            "skipped_repeat_shapes": 0,
+            "preemption_searches": 0,
+            "head_reservations": 0,
+            "backfilled_into_held": 0,
+        }
 
     # -- the loop --------------------------------------------------------------------------------------------
 
@@ -162,6 +167,9 @@ class _Cycle:
                 refusals.append(outcome)
         for attempt in attempts:
             if attempt.failure.code in _CAPACITY_REASONS and self._on_reservation(job, attempt):
+                return
+        for attempt in attempts:
+            if attempt.failure.code in _CAPACITY_REASONS and self._backfill_held(job, attempt):
                 return
         for attempt in attempts:
             if attempt.failure.code in _CAPACITY_REASONS and self._preempt_for(job, attempt):
@@ -361,6 +369,40 @@ class _Cycle:
                 )
                 return True
         return False
+
+    # -- backfill onto a head's held devices ----------------------------------------------------------------
+
+    def _backfill_held(self, job: PendingJob, attempt: _Attempt) -> bool:
+        head = self.heads.head(attempt.flavor)
+        devices = self.heads.window(attempt.flavor, job)
+        if head is None or not devices:
+            return False
+        req = job.request
+        shape = ("backfill", head, attempt.flavor, req.millis, req.memory_mib, attempt.count, job.topology)
+        shape += (tuple(sorted(job.node_selector.items())),)
+        if shape in self.failed_shapes:
+            return False
+        for d in devices:
+            self.cluster.release(d)
+        log: list[Take] = []
+        failure = self.placer.place(
+            flavor=attempt.flavor,
+            millis=req.millis,
+            memory_mib=req.memory_mib,
+            count=attempt.count,
+            first_replica=job.first_replica,
+            topology=job.topology,
+            selector=job.node_selector,
+            log=log,
+        )
+        for d in devices:
+            self.cluster.hold(d, head)
+        if failure is not None:
+            self.failed_shapes[shape] = failure
+            return False
+        self.stats["backfilled_into_held"] += 1
+        self._commit_place(job, attempt.flavor, attempt.admission, log)
+        return True
 
     # -- preemption ------------------------------------------------------------------------------------------
 

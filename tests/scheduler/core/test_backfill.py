@@ -50,3 +50,20 @@ def test_without_backfill_nothing_behind_a_blocked_head_starts_on_its_flavor():
 def test_only_the_first_blocked_job_per_flavor_holds_capacity():
     result = plan(_blocked_head_snapshot(), Policy())
     assert result.stats["head_reservations"] == 1
+
+
+def test_short_job_may_backfill_held_devices_when_it_ends_before_the_head_could_start():
+    base = _blocked_head_snapshot()
+    short = job("short", cards=2, priority=500, submitted_at=5, runtime_estimate_s=50)  # ends NOW+50 < NOW+100
+    too_long = job("long", cards=2, priority=500, submitted_at=6, runtime_estimate_s=500)
+    s = snapshot(
+        [node("n1", 8), node("n2", 8)],
+        allocations=base.allocations,
+        pending=[*base.pending, short, too_long],
+        now=NOW,
+    )
+    result = plan(s, Policy())
+    placed = {p.job_id: {a.node for a in p.assignments} for p in result.places}
+    assert placed["short"] == {"n1"}  # onto the head's held devices
+    assert "long" not in placed
+    assert _explained(result, "head").code == PendingReason.INSUFFICIENT_CAPACITY
