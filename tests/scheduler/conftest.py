@@ -37,3 +37,10 @@ def no_cycle_requests(monkeypatch):
 def fast_password_hashing(settings):
     # Argon2 is deliberately slow; these tests do not test password hashing.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def unlimited_tenants_by_default(settings):
+    # Most tests here are about placement, not quotas: tenants without quota rows may use the pool.
+    # Quota tests set GPUPOOL_SCHEDULER_POLICY themselves.
+    settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}

@@ -162,3 +162,22 @@ def test_the_management_command_runs_one_cycle(member, node):
     out = io.StringIO()
     call_command("scheduler_cycle", stdout=out)
     assert json.loads(out.getvalue())["placed"] == [job.pk]
+
+
+def test_quota_rows_of_the_tenants_app_bound_what_a_tenant_runs(member, node, settings):
+    from scheduler.snapshot import quota_model
+
+    quota = quota_model()
+    if quota is None:
+        pytest.skip("the tenants app has no Quota model yet")
+    settings.GPUPOOL_SCHEDULER_POLICY = {}  # quotas required (the default)
+    job = services.job_submit(actor=member, spec=SPEC)
+    assert services.run_cycle().placed == []
+    assert Job.objects.get(pk=job.pk).pending_reason_code == "no_quota"
+    quota.objects.create(
+        tenant=job.tenant, flavor=node.devices.first().flavor, guaranteed_millis=1000, limit_millis=1000
+    )
+    second = services.job_submit(actor=member, spec=SPEC)
+    assert services.run_cycle().placed == [job.pk]
+    waiting = Job.objects.get(pk=second.pk)
+    assert waiting.state == JobState.QUEUED and waiting.pending_reason_code in ("quota_limit", "quota_exhausted")
