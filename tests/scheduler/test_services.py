@@ -226,3 +226,37 @@ def test_request_cycle_is_debounced(monkeypatch):
     assert services.request_cycle() is False
     assert len(queued) == 1
     cache.delete(services.CYCLE_REQUEST_KEY)
+
+
+def test_commands_are_announced_only_after_commit(submitted, node, monkeypatch, django_capture_on_commit_callbacks):
+    from django.db import transaction
+
+    from scheduler import outbox
+
+    announced = []
+    monkeypatch.setattr(outbox, "_announce", lambda items: announced.extend(items))
+    device = node.devices.get(index=0)
+    with pytest.raises(RuntimeError), django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        persist_plan(core.Plan(places=(place(submitted, node, device.uuid),)))
+        raise RuntimeError("rolled back")
+    assert announced == [] and not AgentCommand.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        persist_plan(core.Plan(places=(place(submitted, node, device.uuid),)))
+    command = AgentCommand.objects.get()
+    assert announced == [(node.pk, command.pk)]
+
+
+def test_a_stop_that_is_never_confirmed_is_requeued_after_the_timeout(submitted, node):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    persist_plan(core.Plan(places=(place(submitted, node, node.devices.get(index=0).uuid),)))
+    preempt = core.Preempt(job_id=str(submitted.pk), victim_of="1", reason=core.PreemptReason.PRIORITY, grace_s=30)
+    persist_plan(core.Plan(preemptions=(preempt,)))
+    assert services.jobs_awaiting_stop_sweep(older_than_s=300) == 0
+    Job.objects.filter(pk=submitted.pk).update(updated_at=timezone.now() - timedelta(minutes=10))
+    assert services.jobs_awaiting_stop_sweep(older_than_s=300) == 1
+    job = Job.objects.get(pk=submitted.pk)
+    assert job.state == JobState.QUEUED
+    assert not Allocation.objects.active().filter(job=job).exists()
