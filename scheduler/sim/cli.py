@@ -66,6 +66,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-on-preempt", action="store_true", help="a preempted job saves during grace")
     parser.add_argument("--mtbf-hours", type=float, help="mean time between failures of one node (off by default)")
     parser.add_argument("--repair-hours", type=float, default=1.0, help="hours a failed node stays down")
+    parser.add_argument(
+        "--no-hold",
+        action="store_true",
+        help="do not plan a preemptor first once its victims stopped (replay the Django loop as it is today)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--set",
@@ -94,6 +99,7 @@ def build_config(args: argparse.Namespace) -> SimConfig:
         mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours else None,
         repair_s=args.repair_hours * 3600,
         seed=args.seed,
+        hold_for_preemptor=not args.no_hold,
     )
 
 

@@ -87,7 +87,8 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "jain_fairness": jain_index(tenant_speed),
         "within_guarantee": len(within) / len(jobs) if jobs else math.nan,
         "cycles": result.cycles,
-        "plan_ms_per_cycle": 1000.0 * result.plan_wall_s / result.cycles if result.cycles else 0.0,
+        "plan_calls": result.plan_calls,
+        "plan_ms_per_cycle": 1000.0 * result.plan_wall_s / result.plan_calls if result.plan_calls else 0.0,
         "wall_s": result.wall_s,
     }
 

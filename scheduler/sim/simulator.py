@@ -61,6 +61,9 @@ class SimConfig:
     bin_s: float = 3600.0  # width of the allocation-over-time series
     horizon_s: float | None = None  # stop at this simulated time (None: when nothing more can happen)
     guarantee_tolerance_s: float | None = None  # None: grace + min runtime before preemption + 2 cycles
+    # A preemptor whose victims stopped is planned first in the next cycle, before anyone else can take the
+    # freed capacity (the engine's hold lasts one cycle only). False: replay exactly what the Django loop does.
+    hold_for_preemptor: bool = True
 
 
 class Ev(IntEnum):
@@ -121,6 +124,7 @@ class SimResult:
     failure_requeues: int
     node_failures: int
     plan_wall_s: float  # wall time spent inside ``plan()``
+    plan_calls: int
     wall_s: float
     guarantee_tolerance_s: float
     guarantee_millis: dict[str, int] = field(default_factory=dict)
@@ -184,6 +188,8 @@ class Simulator:
         self.overhead_gpu_s = 0.0
         self.lost_gpu_s = 0.0
         self.cycles = 0
+        self.plan_calls = 0
+        self.released: list[str] = []  # preemptors whose victims all stopped since the last cycle
         self.skipped_cycles = 0  # cycles not run because no pending job could possibly fit (see _cannot_place)
         self.capacity = workload.capacity_millis
         self.node_millis = {n.name: len(n.devices) * MILLIS_PER_DEVICE for n in workload.nodes}
@@ -276,6 +282,7 @@ class Simulator:
             failure_requeues=self.failure_requeues,
             node_failures=self.node_failures,
             plan_wall_s=self.plan_wall_s,
+            plan_calls=self.plan_calls,
             wall_s=wallclock.perf_counter() - started,
             guarantee_tolerance_s=self.tolerance,
             guarantee_millis=dict(self.guarantee),
@@ -401,6 +408,7 @@ class Simulator:
                 if w.state == St.HELD:
                     w.state = St.QUEUED
                     self.pending[waiter] = w
+                    self.released.append(waiter)
 
     def _finish(self, run: _Run, t: float) -> None:
         self.overhead_gpu_s += run.job.gpus * (run.productive_from - run.started_at)
@@ -512,6 +520,23 @@ class Simulator:
             self._flag_starved(t)
             return
         self.cycles += 1
+        released = [self.pending[j] for j in self.released if j in self.pending]
+        self.released.clear()
+        placed = False
+        if released and self.c.hold_for_preemptor:
+            # The engine holds freed capacity for a preemptor only within the cycle that preempted; here the
+            # preemptors whose victims have stopped get the first call, as if the hold had lasted.
+            placed = self._plan_and_apply(t, released)
+        placed = self._plan_and_apply(t, list(self.pending.values())) or placed
+        if placed and self.p.preemption and self.tick_at is None:
+            # Jobs placed now become preemption candidates after the minimum runtime: look again then.
+            self.tick_at = t + self.p.min_runtime_before_preempt_s + 1.0
+            self._push(self.tick_at, Ev.TICK)
+        self._flag_starved(t)
+
+    def _plan_and_apply(self, t: float, pending: list[_Run]) -> bool:
+        if not pending:
+            return False
         snapshot = Snapshot(
             now=t,
             nodes=self.nodes,
@@ -519,22 +544,19 @@ class Simulator:
             tenants=self.tenants,
             quotas=self.quotas,
             usage=self.usage,
-            pending=tuple(r.pending for r in self.pending.values()),
+            pending=tuple(r.pending for r in pending),
         )
         began = wallclock.perf_counter()
         result = plan(snapshot, self.p)
         self.plan_wall_s += wallclock.perf_counter() - began
+        self.plan_calls += 1
         for place in result.places:
             run = self.by_id[place.job_id]
             if run.state == St.QUEUED:
                 self._start(run, place, t)
         for pre in result.preemptions:
             self._preempt(pre.job_id, pre.victim_of, pre.grace_s, t)
-        if result.places and self.p.preemption and self.tick_at is None:
-            # Jobs placed now become preemption candidates after the minimum runtime: look again then.
-            self.tick_at = t + self.p.min_runtime_before_preempt_s + 1.0
-            self._push(self.tick_at, Ev.TICK)
-        self._flag_starved(t)
+        return bool(result.places)
 
     def _cannot_place(self) -> bool:
         """True when even the smallest pending job needs more millis than are free in the whole cluster: then
