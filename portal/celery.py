@@ -11,8 +11,6 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 app = Celery("gpupool")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-# The scheduling cycle (events trigger extra ones, debounced; only one runs at a time).
-app.conf.beat_schedule.update({"scheduler-run-cycle": {"task": "scheduler.run_cycle", "schedule": 5.0}})
 
 # Node lease (not_ready after missed heartbeats), hourly telemetry rollups, retention of rollups.
 app.conf.beat_schedule.update(
@@ -22,3 +20,7 @@ app.conf.beat_schedule.update(
         "fleet-telemetry-purge": {"task": "fleet.telemetry_purge", "schedule": 6 * 3600.0},
     }
 )
+# The scheduling cycle (events trigger extra ones, debounced; only one runs at a time).
+app.conf.beat_schedule.update({"scheduler-run-cycle": {"task": "scheduler.run_cycle", "schedule": 5.0}})
+# Approval requests past their expiry (quota changes, job admissions).
+app.conf.beat_schedule.update({"tenants-approvals-expire": {"task": "tenants.approvals_expire", "schedule": 300.0}})

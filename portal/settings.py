@@ -123,7 +123,9 @@ if REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                # redis-py ≥ 8 reads with a 5 s socket timeout, the same as channels_redis' 5 s BZPOPMIN:
+                # under load the read times out first and kills the consumer. Give the read more room.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
                 "prefix": env_str("GPUPOOL_CHANNELS_PREFIX", "gpupool"),
                 # channels_redis drops group sends to a full channel silently; give bursts room.
                 "capacity": env_int("GPUPOOL_CHANNELS_CAPACITY", 1000),
@@ -202,6 +204,21 @@ if GPUPOOL_OIDC_ENABLED:
     OIDC_OP_USER_ENDPOINT = env_str("GPUPOOL_OIDC_USERINFO_URL", f"{_oidc_issuer}/userinfo")
     OIDC_OP_JWKS_ENDPOINT = env_str("GPUPOOL_OIDC_JWKS_URL", f"{_oidc_issuer}/jwks")
     OIDC_CREATE_USER = env_bool("GPUPOOL_OIDC_CREATE_USERS", default=True)
+# Approvals (quota changes, job admissions): who decides, in order; how long a request stays open.
+GPUPOOL_APPROVAL_CHAINS = {
+    "quota_change": env_list("GPUPOOL_QUOTA_APPROVAL_CHAIN", ["parent_tenant_admin", "system_admin"]),
+    "job_admission": env_list("GPUPOOL_JOB_APPROVAL_CHAIN", ["tenant_admin", "system_admin"]),
+}
+GPUPOOL_APPROVAL_TTL_HOURS = env_int("GPUPOOL_APPROVAL_TTL_HOURS", 72)
+# Jobs above this many millis in total wait for approval (per-tenant override on the tenant); unset = none.
+GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS = env_int("GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS", 0) or None
+# Notifiers (dotted paths, comma-separated) and their endpoints; see tenants/notifiers.py.
+GPUPOOL_NOTIFIERS = env_list("GPUPOOL_NOTIFIERS", ["tenants.notifiers.EmailNotifier"])
+GPUPOOL_NOTIFY_WEBHOOK_URL = env_str("GPUPOOL_NOTIFY_WEBHOOK_URL", "")
+GPUPOOL_NOTIFY_WEBHOOK_SECRET = env_str("GPUPOOL_NOTIFY_WEBHOOK_SECRET", "")
+GPUPOOL_NOTIFY_DINGTALK_URL = env_str("GPUPOOL_NOTIFY_DINGTALK_URL", "")
+GPUPOOL_NOTIFY_WECOM_URL = env_str("GPUPOOL_NOTIFY_WECOM_URL", "")
+GPUPOOL_NOTIFY_FEISHU_URL = env_str("GPUPOOL_NOTIFY_FEISHU_URL", "")
 
 # --- REST API -----------------------------------------------------------------------------------------
 REST_FRAMEWORK = {

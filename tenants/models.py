@@ -48,6 +48,9 @@ class Tenant(models.Model):
     # 1 for a root; kept in the row so subtree and depth checks need no recursive query.
     depth = models.PositiveSmallIntegerField(default=1)
     description = models.TextField(blank=True, default="")
+    # Jobs asking for more than this many millis in total wait for approval; None = the
+    # GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS setting (unset there: only priority "critical" waits).
+    job_approval_threshold_millis = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -114,3 +117,179 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} / {self.name} ({self.key_prefix}…)"
+
+
+# --- quotas, approvals, notifications, prices -------------------------------------------------------------
+
+# Quotas are set in tenths of a card: 1000 millis = one card.
+QUOTA_STEP_MILLIS = 100
+
+
+class Quota(models.Model):
+    """What a tenant is promised (and may at most use) of one flavor. Usage rolls up the tree: a parent's
+    quota covers its whole subtree, and Σ children's guaranteed ≤ the parent's guaranteed."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="quotas")
+    flavor = models.ForeignKey("scheduler.ResourceFlavor", on_delete=models.PROTECT, related_name="quotas")
+    guaranteed_millis = models.PositiveIntegerField(default=0)
+    # None = no limit beyond what can be borrowed from the cohort.
+    limit_millis = models.PositiveIntegerField(null=True, blank=True)
+    # None = all idle guarantee may be lent to siblings.
+    lending_limit_millis = models.PositiveIntegerField(null=True, blank=True)
+    guaranteed_memory_mib = models.PositiveBigIntegerField(default=0)
+    max_running_jobs = models.PositiveIntegerField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant__slug", "flavor__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "flavor"], name="quota_unique_tenant_flavor"),
+            models.CheckConstraint(
+                condition=models.Q(limit_millis__isnull=True)
+                | models.Q(limit_millis__gte=models.F("guaranteed_millis")),
+                name="quota_limit_at_least_guaranteed",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.flavor.name}"
+
+    def values(self) -> dict:
+        return {field: getattr(self, field) for field in QUOTA_FIELDS}
+
+
+QUOTA_FIELDS = (
+    "guaranteed_millis",
+    "limit_millis",
+    "lending_limit_millis",
+    "guaranteed_memory_mib",
+    "max_running_jobs",
+)
+
+
+class ApprovalKind(models.TextChoices):
+    QUOTA_CHANGE = "quota_change", _("quota change")
+    JOB_ADMISSION = "job_admission", _("job admission")
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending", _("pending")
+    CHANGES_REQUESTED = "changes_requested", _("changes requested")
+    APPROVED = "approved", _("approved")
+    REJECTED = "rejected", _("rejected")
+    EXPIRED = "expired", _("expired")
+    CANCELLED = "cancelled", _("cancelled")
+    # Approved by everyone, but the change no longer fit when it was applied.
+    FAILED = "failed", _("failed")
+
+
+OPEN_APPROVAL_STATUSES = (ApprovalStatus.PENDING, ApprovalStatus.CHANGES_REQUESTED)
+
+
+class ApprovalStepRole(models.TextChoices):
+    TENANT_ADMIN = "tenant_admin", _("tenant admin")
+    PARENT_TENANT_ADMIN = "parent_tenant_admin", _("tenant admin of the parent tenant")
+    SYSTEM_ADMIN = "system_admin", _("system admin")
+
+
+class ApprovalRequest(models.Model):
+    """One item of the approval inbox: a quota change or a job waiting for admission.
+
+    ``chain`` is the list of approver roles (from ``GPUPOOL_APPROVAL_CHAINS``) fixed when the request was made;
+    ``step`` is the index of the role whose decision is awaited.
+    """
+
+    kind = models.CharField(max_length=16, choices=ApprovalKind.choices)
+    status = models.CharField(
+        max_length=20, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING, db_index=True
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approval_requests")
+    requester = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    flavor = models.ForeignKey("scheduler.ResourceFlavor", null=True, blank=True, on_delete=models.PROTECT)
+    job = models.ForeignKey("scheduler.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # quota_change: the requested values (QUOTA_FIELDS); job_admission: a summary of the job.
+    payload = models.JSONField(default=dict)
+    reason = models.TextField(blank=True, default="")
+    chain = models.JSONField(default=list)
+    step = models.PositiveSmallIntegerField(default=0)
+    result_message = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    expires_at = models.DateTimeField(db_index=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk} ({self.status})"
+
+    @property
+    def awaiting_role(self) -> str | None:
+        if self.status != ApprovalStatus.PENDING or self.step >= len(self.chain):
+            return None
+        return self.chain[self.step]
+
+
+class ApprovalDecision(models.TextChoices):
+    APPROVE = "approve", _("approve")
+    REJECT = "reject", _("reject")
+    REQUEST_CHANGES = "request_changes", _("request changes")
+    RESUBMIT = "resubmit", _("resubmit")
+    CANCEL = "cancel", _("cancel")
+    EXPIRE = "expire", _("expire")
+
+
+class ApprovalStep(models.Model):
+    """One decision on a request (its history)."""
+
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="steps")
+    step = models.PositiveSmallIntegerField()
+    role = models.CharField(max_length=32, blank=True, default="")
+    actor = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    decision = models.CharField(max_length=20, choices=ApprovalDecision.choices)
+    comment = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", _("pending")
+    SENT = "sent", _("sent")
+    RETRYING = "retrying", _("retrying")
+    FAILED = "failed", _("failed")
+
+
+class NotificationDelivery(models.Model):
+    """One message to one channel (e-mail, webhook, chat robot); retried with backoff, visible to admins."""
+
+    approval = models.ForeignKey(
+        ApprovalRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    event = models.CharField(max_length=64)
+    notifier = models.CharField(max_length=200, help_text="dotted path of the notifier class")
+    recipients = models.JSONField(default=list, blank=True)
+    subject = models.CharField(max_length=200)
+    body = models.TextField()
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+
+class FlavorPrice(models.Model):
+    """Optional price of one card-hour of a flavor, for showback/chargeback reports."""
+
+    flavor = models.OneToOneField("scheduler.ResourceFlavor", on_delete=models.CASCADE, related_name="price")
+    price_per_device_hour = models.DecimalField(max_digits=12, decimal_places=4)
+    currency = models.CharField(max_length=3, default="CNY")
+
+    def __str__(self) -> str:
+        return f"{self.flavor.name}: {self.price_per_device_hour} {self.currency}/h"

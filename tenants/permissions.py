@@ -166,3 +166,20 @@ class IsTenantAdminOf(BasePermission):
     def has_object_permission(self, request, view, obj) -> bool:
         tenant = getattr(obj, "tenant", obj)
         return request.method in SAFE_METHODS or can_admin_tenant(request.user, tenant)
+
+
+def can_decide_approval(user: Any, approval: Any) -> bool:
+    """Whether ``user`` may take the decision ``approval`` is waiting for. Nobody approves their own request."""
+    from tenants.models import ApprovalStepRole
+
+    role = approval.awaiting_role
+    if role is None or not _authenticated(user) or user.pk == approval.requester_id:
+        return False
+    if role == ApprovalStepRole.SYSTEM_ADMIN:
+        return is_system_admin(user)
+    if role == ApprovalStepRole.TENANT_ADMIN:
+        return tenant_role(user, approval.tenant) == MembershipRole.TENANT_ADMIN
+    if role == ApprovalStepRole.PARENT_TENANT_ADMIN:
+        parent = approval.tenant.parent
+        return parent is not None and tenant_role(user, parent) == MembershipRole.TENANT_ADMIN
+    return False

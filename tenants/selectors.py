@@ -125,3 +125,161 @@ def token_get_visible(*, user: Any, pk: Any) -> ApiToken:
         return tokens_visible_to(user).get(pk=parse_id(pk))
     except ApiToken.DoesNotExist:
         raise NotFoundError(f"No API token with id {pk} is visible to you.") from None
+
+
+# --- quotas and their use -------------------------------------------------------------------------------
+
+
+def quotas_visible_to(user: Any) -> QuerySet:
+    from tenants.models import Quota
+
+    return Quota.objects.select_related("tenant", "flavor").filter(tenant__in=tenant_ids_visible_to(user))
+
+
+def _active_millis_by_tenant(flavor_ids: Iterable[int] | None = None) -> dict[tuple[int, int], dict[str, int]]:
+    """(tenant id, flavor id) → {"millis", "memory_mib", "jobs"} of active allocations (own, not rolled up)."""
+    from django.db.models import Count, Sum
+
+    from scheduler.models import Allocation
+
+    queryset = Allocation.objects.active()
+    if flavor_ids is not None:
+        queryset = queryset.filter(flavor_id__in=list(flavor_ids))
+    rows = queryset.values("tenant_id", "flavor_id").annotate(
+        millis=Sum("millis"), memory=Sum("memory_mib"), jobs=Count("job_id", distinct=True)
+    )
+    return {
+        (row["tenant_id"], row["flavor_id"]): {
+            "millis": row["millis"] or 0,
+            "memory_mib": row["memory"] or 0,
+            "jobs": row["jobs"],
+        }
+        for row in rows
+    }
+
+
+def quota_usage(tenant: Tenant) -> dict[str, dict[str, Any]]:
+    """Per flavor name: the tenant's quota and how it is used right now — the one implementation behind the
+    console, the API and the scheduler's explanations.
+
+    - ``guaranteed`` / ``limit`` / ``lending_limit``: the tenant's quota row (0 / None when it has none);
+    - ``in_use``: millis of active allocations in the tenant's subtree;
+    - ``borrowed``: the part of ``in_use`` above the guarantee (reclaimable by lenders);
+    - ``lent``: the part of the tenant's idle, lendable guarantee that siblings are using now (siblings'
+      borrowing shared among the lenders in proportion to what each can lend);
+    - ``available_to_borrow``: how much more the tenant could borrow now: the siblings' lendable idle
+      guarantee plus the parent's unassigned guarantee, less what siblings already borrow, capped by the
+      tenant's limit.
+    """
+    from tenants.models import Quota
+
+    parent = tenant.parent
+    family_ids = [tenant.pk]
+    sibling_ids: list[int] = []
+    if parent is not None:
+        sibling_ids = list(Tenant.objects.filter(parent=parent).exclude(pk=tenant.pk).values_list("pk", flat=True))
+        family_ids += [*sibling_ids, parent.pk]
+    quotas = {
+        (row.tenant_id, row.flavor_id): row
+        for row in Quota.objects.filter(tenant_id__in=family_ids).select_related("flavor")
+    }
+    flavor_ids = {flavor_id for (tenant_id, flavor_id) in quotas if tenant_id == tenant.pk}
+    subtree_of = {pk: tenant_subtree_ids(Tenant(pk=pk, depth=1)) for pk in [tenant.pk, *sibling_ids]}
+    own_use = _active_millis_by_tenant()
+    for tenant_id, flavor_id in own_use:
+        if tenant_id in subtree_of[tenant.pk]:
+            flavor_ids.add(flavor_id)
+
+    def used(pk: int, flavor_id: int, key: str = "millis") -> int:
+        return sum(own_use.get((member, flavor_id), {}).get(key, 0) for member in subtree_of[pk])
+
+    from scheduler.models import ResourceFlavor
+
+    names = dict(ResourceFlavor.objects.filter(pk__in=flavor_ids).values_list("pk", "name"))
+    result: dict[str, dict[str, Any]] = {}
+    for flavor_id in sorted(flavor_ids, key=lambda pk: names.get(pk, "")):
+        row = quotas.get((tenant.pk, flavor_id))
+        guaranteed = row.guaranteed_millis if row else 0
+        limit = row.limit_millis if row else None
+        in_use = used(tenant.pk, flavor_id)
+        borrowed = max(0, in_use - guaranteed)
+
+        def lendable_idle(pk: int, quota: Any, flavor_id: int = flavor_id) -> int:
+            idle = max(0, quota.guaranteed_millis - used(pk, flavor_id))
+            return idle if quota.lending_limit_millis is None else min(idle, quota.lending_limit_millis)
+
+        sibling_rows = [(pk, quotas[(pk, flavor_id)]) for pk in sibling_ids if (pk, flavor_id) in quotas]
+        siblings_borrowed = sum(max(0, used(pk, flavor_id) - q.guaranteed_millis) for pk, q in sibling_rows)
+        siblings_lendable = sum(lendable_idle(pk, q) for pk, q in sibling_rows)
+        own_lendable = lendable_idle(tenant.pk, row) if row else 0
+        parent_row = quotas.get((parent.pk, flavor_id)) if parent is not None else None
+        unassigned = 0
+        if parent_row is not None:
+            assigned = guaranteed + sum(q.guaranteed_millis for _pk, q in sibling_rows)
+            unassigned = max(0, parent_row.guaranteed_millis - assigned)
+        pool = own_lendable + siblings_lendable + unassigned
+        lent = 0 if pool == 0 else min(own_lendable, siblings_borrowed * own_lendable // pool)
+        available = max(0, siblings_lendable + unassigned - max(0, siblings_borrowed - own_lendable))
+        if limit is not None:
+            available = min(available, max(0, limit - max(in_use, guaranteed)))
+        result[names[flavor_id]] = {
+            "guaranteed": guaranteed,
+            "limit": limit,
+            "lending_limit": row.lending_limit_millis if row else None,
+            "in_use": in_use,
+            "borrowed": borrowed,
+            "lent": lent,
+            "available_to_borrow": available,
+            "guaranteed_memory_mib": row.guaranteed_memory_mib if row else 0,
+            "memory_in_use_mib": used(tenant.pk, flavor_id, "memory_mib"),
+            "running_jobs": used(tenant.pk, flavor_id, "jobs"),
+            "max_running_jobs": row.max_running_jobs if row else None,
+        }
+    return result
+
+
+# --- approvals and notifications ------------------------------------------------------------------------
+
+
+def approvals_visible_to(user: Any) -> QuerySet:
+    """System admins see every request; others those of the tenants they see (their own inbox and requests)."""
+    from tenants.models import ApprovalRequest
+    from tenants.permissions import is_auditor, is_system_admin
+
+    queryset = ApprovalRequest.objects.select_related("tenant__parent", "flavor", "requester").prefetch_related(
+        "steps__actor"
+    )
+    if is_system_admin(user) or is_auditor(user):
+        return queryset.all()
+    return queryset.filter(tenant__in=tenant_ids_visible_to(user))
+
+
+def approval_get_visible(*, user: Any, pk: Any) -> Any:
+    from tenants.models import ApprovalRequest
+
+    try:
+        return approvals_visible_to(user).get(pk=parse_id(pk))
+    except ApprovalRequest.DoesNotExist:
+        raise NotFoundError(f"No approval request with id {pk} is visible to you.") from None
+
+
+def approvals_awaiting(user: Any) -> list:
+    """The caller's inbox: open requests whose current step the caller may decide."""
+    from tenants.models import ApprovalStatus
+    from tenants.permissions import can_decide_approval
+
+    return [
+        approval
+        for approval in approvals_visible_to(user).filter(status=ApprovalStatus.PENDING)
+        if can_decide_approval(user, approval)
+    ]
+
+
+def notifications_visible_to(user: Any) -> QuerySet:
+    """Delivery records are for the platform's admins (system and security)."""
+    from tenants.models import NotificationDelivery
+    from tenants.permissions import is_security_admin, is_system_admin
+
+    if is_system_admin(user) or is_security_admin(user):
+        return NotificationDelivery.objects.all()
+    return NotificationDelivery.objects.none()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import logging
 import secrets
 from typing import Any
 
@@ -26,6 +27,7 @@ from audit.services import audit_record
 from portal.api import ConflictError, DomainError, PermissionDeniedError
 from tenants.models import (
     MAX_TENANT_DEPTH,
+    OPEN_APPROVAL_STATUSES,
     TOKEN_PREFIX,
     ApiToken,
     Membership,
@@ -44,6 +46,8 @@ from tenants.permissions import (
     is_security_admin,
     is_system_admin,
 )
+
+logger = logging.getLogger(__name__)
 
 # Marks "argument not given" where None is a meaningful value (e.g. parent=None moves a tenant to the top).
 UNSET: Any = object()
@@ -717,3 +721,668 @@ def mfa_reset(*, actor: User | None, user: User, request: Any = None) -> int:
         action="auth.mfa.reset", actor=actor, target=f"user:{user.pk}", details={"removed": removed}, request=request
     )
     return removed
+
+
+# --- quotas -----------------------------------------------------------------------------------------------
+
+
+def _flavor_name(flavor: Any) -> str:
+    return getattr(flavor, "name", str(flavor))
+
+
+def _clean_quota_values(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
+    """Check one quota's own numbers: no negatives, steps of 100 millis, limit ≥ guaranteed."""
+    from tenants.models import QUOTA_FIELDS, QUOTA_STEP_MILLIS
+
+    unknown = set(values) - set(QUOTA_FIELDS)
+    if unknown:
+        raise DomainError(f"Unknown quota field(s): {', '.join(sorted(unknown))}.")
+    cleaned = {}
+    for field in QUOTA_FIELDS:
+        value = values.get(field)
+        if field == "guaranteed_millis" or field == "guaranteed_memory_mib":
+            value = 0 if value is None else value
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise DomainError(f"{field} must be a whole number ≥ 0 (got {value!r}).", field=field)
+            if field.endswith("_millis") and value % QUOTA_STEP_MILLIS:
+                raise DomainError(
+                    f"{field} must be a multiple of {QUOTA_STEP_MILLIS} (1000 millis = one card); got {value}.",
+                    field=field,
+                )
+        cleaned[field] = value
+    where = f"{tenant.slug}/{_flavor_name(flavor)}"
+    if cleaned["limit_millis"] is not None and cleaned["limit_millis"] < cleaned["guaranteed_millis"]:
+        raise DomainError(
+            f"Quota {where}: limit_millis {cleaned['limit_millis']} is below guaranteed_millis "
+            f"{cleaned['guaranteed_millis']}; the limit must be at least the guarantee.",
+            code="quota_invalid",
+            field="limit_millis",
+        )
+    return cleaned
+
+
+def _lock_quota_path(*, tenant: Tenant, flavor: Any) -> list[Tenant]:
+    """Lock the tenant's ancestors (and itself), root first, and their quota rows for ``flavor``.
+
+    Two changes anywhere under the same parent lock the same rows in the same order, so they run one after
+    the other and the second re-checks against what the first committed; nothing is half-applied.
+    """
+    from tenants.models import Quota
+    from tenants.permissions import ancestors_and_self
+
+    chain_ids = [node.pk for node in ancestors_and_self(tenant)]
+    locked = list(Tenant.objects.select_for_update().filter(pk__in=chain_ids).order_by("depth"))
+    list(Quota.objects.select_for_update().filter(tenant_id__in=chain_ids, flavor=flavor).order_by("tenant__depth"))
+    return locked
+
+
+def _check_quota_tree(*, tenant: Tenant, flavor: Any, new: dict) -> None:
+    """Σ children's guaranteed ≤ parent's guaranteed, where "parent" and "children" are the nearest tenants
+    that hold a quota row for the flavor (a tenant without one is accounted to its nearest ancestor)."""
+    from tenants.models import Quota
+    from tenants.permissions import ancestors_and_self
+    from tenants.selectors import subtree_q
+
+    root = ancestors_and_self(tenant)[-1]
+    rows = {
+        row.tenant_id: row
+        for row in Quota.objects.filter(subtree_q([root.pk], prefix="tenant__"), flavor=flavor).select_related("tenant")
+    }
+    guaranteed = {tenant_id: row.guaranteed_millis for tenant_id, row in rows.items()}
+    guaranteed[tenant.pk] = new["guaranteed_millis"]
+    parents = dict(Tenant.objects.filter(subtree_q([root.pk])).values_list("pk", "parent_id"))
+    slugs = dict(Tenant.objects.filter(subtree_q([root.pk])).values_list("pk", "slug"))
+
+    def quota_parent(tenant_id: int) -> int | None:
+        parent = parents.get(tenant_id)
+        while parent is not None and parent not in guaranteed:
+            parent = parents.get(parent)
+        return parent
+
+    children: dict[int, list[int]] = {}
+    for tenant_id in guaranteed:
+        parent = quota_parent(tenant_id)
+        if parent is not None:
+            children.setdefault(parent, []).append(tenant_id)
+    flavor_name = _flavor_name(flavor)
+    for parent, kids in children.items():
+        total = sum(guaranteed[kid] for kid in kids)
+        if total > guaranteed[parent]:
+            parts = ", ".join(f"{slugs[kid]} {guaranteed[kid]}" for kid in sorted(kids, key=lambda k: slugs[k]))
+            raise DomainError(
+                f"Quota for {flavor_name}: the guarantees under {slugs[parent]} add up to {total} millis "
+                f"({parts}) but {slugs[parent]} is guaranteed only {guaranteed[parent]}; raise "
+                f"{slugs[parent]}'s guarantee or lower the others.",
+                code="quota_exceeds_parent",
+                field="guaranteed_millis",
+            )
+
+
+def _quota_apply(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, request: Any = None) -> Any:
+    """Validate and write one quota under row locks (no permission check: callers do that)."""
+    from tenants.models import Quota
+
+    cleaned = _clean_quota_values(values, tenant=tenant, flavor=flavor)
+    _lock_quota_path(tenant=tenant, flavor=flavor)
+    _check_quota_tree(tenant=tenant, flavor=flavor, new=cleaned)
+    quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
+    before = quota.values() if quota else None
+    if quota is None:
+        quota = Quota.objects.create(tenant=tenant, flavor=flavor, **cleaned)
+    else:
+        for field, value in cleaned.items():
+            setattr(quota, field, value)
+        quota.save()
+    audit_record(
+        action="quota.update" if before else "quota.create",
+        actor=actor,
+        tenant=tenant,
+        target=f"quota:{tenant.slug}/{_flavor_name(flavor)}",
+        details={"before": before, "after": cleaned},
+        request=request,
+    )
+    return quota
+
+
+@transaction.atomic
+def quota_set(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, request: Any = None) -> Any:
+    """Set a tenant's quota for a flavor directly (system admins; tenant admins go through
+    ``quota_change_request_create``). Refused, with the numbers, if it breaks the tree's rules."""
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor), "Only a system admin sets quotas directly; tenant admins request a change.")
+    return _quota_apply(actor=actor, tenant=tenant, flavor=flavor, values=values, request=request)
+
+
+# --- approvals (quota changes and job admissions share one inbox) ----------------------------------------
+
+DEFAULT_APPROVAL_CHAINS = {
+    "quota_change": ["parent_tenant_admin", "system_admin"],
+    "job_admission": ["tenant_admin", "system_admin"],
+}
+
+
+def _approval_chain(kind: str, tenant: Tenant) -> list[str]:
+    from tenants.models import ApprovalStepRole
+
+    chains = getattr(settings, "GPUPOOL_APPROVAL_CHAINS", None) or DEFAULT_APPROVAL_CHAINS
+    chain = list(chains.get(kind, DEFAULT_APPROVAL_CHAINS[kind]))
+    unknown = [role for role in chain if role not in ApprovalStepRole.values]
+    if unknown:
+        raise DomainError(f"GPUPOOL_APPROVAL_CHAINS[{kind!r}] has unknown role(s) {unknown}.", code="misconfigured")
+    if tenant.parent_id is None:
+        # A top-level tenant has no parent tenant admin to ask.
+        chain = [role for role in chain if role != ApprovalStepRole.PARENT_TENANT_ADMIN]
+    return chain or [ApprovalStepRole.SYSTEM_ADMIN]
+
+
+def _approval_expiry() -> dt.datetime:
+    return timezone.now() + dt.timedelta(hours=getattr(settings, "GPUPOOL_APPROVAL_TTL_HOURS", 72))
+
+
+def _audit_prefix(approval: Any) -> str:
+    from tenants.models import ApprovalKind
+
+    return "quota_request" if approval.kind == ApprovalKind.QUOTA_CHANGE else "approval"
+
+
+def _approval_audit(approval: Any, verb: str, *, actor: User | None, details: dict, request: Any = None) -> None:
+    audit_record(
+        action=f"{_audit_prefix(approval)}.{verb}",
+        actor=actor,
+        tenant=approval.tenant,
+        target=f"approval:{approval.pk}",
+        details={"kind": approval.kind, "status": approval.status, "step": approval.step, **details},
+        request=request,
+    )
+
+
+def approvers_for(approval: Any) -> list[User]:
+    """Who can take the decision ``approval`` waits for (for notifications)."""
+    from tenants.models import ApprovalStepRole
+    from tenants.permissions import ancestors_and_self
+
+    role = approval.awaiting_role
+    if role is None:
+        return []
+    if role == ApprovalStepRole.SYSTEM_ADMIN:
+        users = User.objects.filter(platform_role=PlatformRole.SYSTEM_ADMIN, is_active=True)
+    else:
+        base = approval.tenant if role == ApprovalStepRole.TENANT_ADMIN else approval.tenant.parent
+        if base is None:
+            return []
+        ids = [node.pk for node in ancestors_and_self(base)]
+        users = User.objects.filter(
+            is_active=True, memberships__tenant_id__in=ids, memberships__role=MembershipRole.TENANT_ADMIN
+        ).distinct()
+    return [user for user in users.order_by("username") if user.pk != approval.requester_id]
+
+
+def _notify(approval: Any, *, event: str, recipients: list[User], subject: str, body: str) -> None:
+    """Queue one delivery per configured notifier; sent by a Celery task after commit (retried on failure)."""
+    from tenants.models import NotificationDelivery
+
+    paths = getattr(settings, "GPUPOOL_NOTIFIERS", None) or []
+    for path in paths:
+        delivery = NotificationDelivery.objects.create(
+            approval=approval,
+            event=event,
+            notifier=path,
+            recipients=[{"username": user.username, "email": user.email} for user in recipients],
+            subject=subject[:200],
+            body=body,
+        )
+        transaction.on_commit(lambda pk=delivery.pk: _enqueue_delivery(pk))
+
+
+def _enqueue_delivery(delivery_id: int) -> None:
+    from tenants.tasks import deliver_notification
+
+    deliver_notification.delay(delivery_id)
+
+
+def _describe(approval: Any) -> str:
+    from tenants.models import ApprovalKind
+
+    if approval.kind == ApprovalKind.QUOTA_CHANGE:
+        values = ", ".join(f"{key}={value}" for key, value in approval.payload.items())
+        return f"quota change for {approval.tenant.slug}/{approval.flavor.name}: {values}"
+    return f"admission of job {approval.job_id} in {approval.tenant.slug} ({approval.payload.get('summary', '')})"
+
+
+def _notify_approvers(approval: Any) -> None:
+    role = approval.awaiting_role
+    _notify(
+        approval,
+        event="approval.awaiting",
+        recipients=approvers_for(approval),
+        subject=f"[gpupool] Approval needed: {approval.get_kind_display()} #{approval.pk}",
+        body=f"{_describe(approval)}\nRequested by {getattr(approval.requester, 'username', 'system')}; "
+        f"waiting for a {role.replace('_', ' ')}.\nReason: {approval.reason or '-'}",
+    )
+
+
+def _notify_requester(approval: Any, *, comment: str) -> None:
+    if approval.requester is None:
+        return
+    _notify(
+        approval,
+        event=f"approval.{approval.status}",
+        recipients=[approval.requester],
+        subject=f"[gpupool] {approval.get_kind_display()} #{approval.pk}: {approval.get_status_display()}",
+        body=f"{_describe(approval)}\nStatus: {approval.get_status_display()}. {approval.result_message}\n"
+        f"Comment: {comment or '-'}",
+    )
+
+
+@transaction.atomic
+def quota_change_request_create(
+    *, actor: User, tenant: Tenant, flavor: Any, values: dict, reason: str = "", request: Any = None
+) -> Any:
+    """A tenant admin asks for a new quota for ``tenant`` (its own or one below). The values are checked now
+    (so an impossible request is refused at once) and again, under locks, when it is finally approved."""
+    from tenants.models import ApprovalKind, ApprovalRequest, Quota
+
+    _ensure_may_write(actor)
+    _require(
+        can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may request a quota change for it."
+    )
+    current = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
+    merged = {**(current.values() if current else {}), **values}
+    cleaned = _clean_quota_values(merged, tenant=tenant, flavor=flavor)
+    _check_quota_tree(tenant=tenant, flavor=flavor, new=cleaned)
+    approval = ApprovalRequest.objects.create(
+        kind=ApprovalKind.QUOTA_CHANGE,
+        tenant=tenant,
+        flavor=flavor,
+        requester=actor,
+        payload=cleaned,
+        reason=reason,
+        chain=_approval_chain(ApprovalKind.QUOTA_CHANGE, tenant),
+        expires_at=_approval_expiry(),
+    )
+    _approval_audit(
+        approval,
+        "create",
+        actor=actor,
+        details={"before": current.values() if current else None, "after": cleaned, "chain": approval.chain},
+        request=request,
+    )
+    _notify_approvers(approval)
+    return approval
+
+
+def _lock_approval(approval: Any) -> Any:
+    from tenants.models import ApprovalRequest
+
+    return (
+        ApprovalRequest.objects.select_for_update()
+        .select_related("tenant__parent", "flavor", "requester")
+        .get(pk=approval.pk)
+    )
+
+
+def _require_open(approval: Any, *statuses: str) -> None:
+    from tenants.models import ApprovalStatus
+
+    allowed = statuses or (ApprovalStatus.PENDING,)
+    if approval.status not in allowed:
+        raise ConflictError(
+            f"Request #{approval.pk} is {approval.status}; nothing more can be decided on it.", code="approval_closed"
+        )
+
+
+@transaction.atomic
+def approval_approve(*, actor: User, approval: Any, comment: str = "", request: Any = None) -> Any:
+    """Approve the awaited step. On the last step the change is applied: a quota change is re-validated
+    under row locks and either applied whole or marked ``failed`` with the reason; an admitted job is
+    released to the queue."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval)
+    from tenants.permissions import can_decide_approval
+
+    _require(
+        can_decide_approval(actor, approval),
+        "You cannot approve this step: it waits for a "
+        f"{(approval.awaiting_role or '').replace('_', ' ')}, and nobody approves their own request.",
+    )
+    final = approval.step + 1 >= len(approval.chain)
+    if final and approval.kind == ApprovalKind.QUOTA_CHANGE:
+        # Locks first (before any audit write) so concurrent approvals queue here in one order.
+        _lock_quota_path(tenant=approval.tenant, flavor=approval.flavor)
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role=approval.awaiting_role,
+        actor=actor,
+        decision=ApprovalDecision.APPROVE,
+        comment=comment,
+    )
+    if not final:
+        approval.step += 1
+        approval.save(update_fields=["step", "updated_at"])
+        _approval_audit(approval, "approve", actor=actor, details={"comment": comment, "final": False}, request=request)
+        _notify_approvers(approval)
+        return approval
+    approval.decided_at = timezone.now()
+    if approval.kind == ApprovalKind.QUOTA_CHANGE:
+        try:
+            with transaction.atomic():
+                _quota_apply(
+                    actor=actor,
+                    tenant=approval.tenant,
+                    flavor=approval.flavor,
+                    values=approval.payload,
+                    request=request,
+                )
+        except DomainError as exc:
+            approval.status = ApprovalStatus.FAILED
+            approval.result_message = f"Approved, but it no longer fits: {exc.message}"[:500]
+        else:
+            approval.status = ApprovalStatus.APPROVED
+            approval.result_message = "Applied."
+    else:
+        from scheduler.services import job_release_from_approval
+
+        job_release_from_approval(job=approval.job, actor=actor)
+        approval.status = ApprovalStatus.APPROVED
+        approval.result_message = "The job is queued."
+    approval.step = len(approval.chain)
+    approval.save()
+    verb = "approve" if approval.status == ApprovalStatus.APPROVED else "fail"
+    _approval_audit(
+        approval,
+        verb,
+        actor=actor,
+        details={"comment": comment, "final": True, "result": approval.result_message},
+        request=request,
+    )
+    _notify_requester(approval, comment=comment)
+    return approval
+
+
+@transaction.atomic
+def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
+    """Refuse the request (any step's approver may). A job waiting for admission fails with the comment."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+    from tenants.permissions import can_decide_approval
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval)
+    _require(can_decide_approval(actor, approval), "You are not the approver this request is waiting for.")
+    if not comment.strip():
+        raise DomainError("Say why you reject the request (comment).", field="comment")
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role=approval.awaiting_role,
+        actor=actor,
+        decision=ApprovalDecision.REJECT,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.REJECTED
+    approval.decided_at = timezone.now()
+    approval.result_message = f"Rejected by {actor.username}."
+    approval.save()
+    if approval.kind == ApprovalKind.JOB_ADMISSION:
+        from scheduler.services import job_reject_from_approval
+
+        job_reject_from_approval(job=approval.job, actor=actor, comment=comment)
+    _approval_audit(approval, "reject", actor=actor, details={"comment": comment}, request=request)
+    _notify_requester(approval, comment=comment)
+    return approval
+
+
+@transaction.atomic
+def approval_request_changes(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
+    """Send a quota change back to its requester, who may resubmit changed values."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+    from tenants.permissions import can_decide_approval
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval)
+    _require(can_decide_approval(actor, approval), "You are not the approver this request is waiting for.")
+    if approval.kind != ApprovalKind.QUOTA_CHANGE:
+        raise DomainError("A job admission can be approved or rejected, not sent back for changes.")
+    if not comment.strip():
+        raise DomainError("Say which changes you need (comment).", field="comment")
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role=approval.awaiting_role,
+        actor=actor,
+        decision=ApprovalDecision.REQUEST_CHANGES,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.CHANGES_REQUESTED
+    approval.save(update_fields=["status", "updated_at"])
+    _approval_audit(approval, "request_changes", actor=actor, details={"comment": comment}, request=request)
+    _notify_requester(approval, comment=comment)
+    return approval
+
+
+@transaction.atomic
+def approval_resubmit(
+    *, actor: User, approval: Any, values: dict | None = None, comment: str = "", request: Any = None
+) -> Any:
+    """The requester answers "changes requested" with new values; the chain starts again from its first step."""
+    from tenants.models import ApprovalDecision, ApprovalStatus, ApprovalStep
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval, ApprovalStatus.CHANGES_REQUESTED)
+    _require(actor.pk == approval.requester_id, "Only the requester may resubmit a request.")
+    before = dict(approval.payload)
+    if values:
+        merged = {**approval.payload, **values}
+        approval.payload = _clean_quota_values(merged, tenant=approval.tenant, flavor=approval.flavor)
+        _check_quota_tree(tenant=approval.tenant, flavor=approval.flavor, new=approval.payload)
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role="requester",
+        actor=actor,
+        decision=ApprovalDecision.RESUBMIT,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.PENDING
+    approval.step = 0
+    approval.expires_at = _approval_expiry()
+    approval.save()
+    _approval_audit(
+        approval,
+        "resubmit",
+        actor=actor,
+        details={"before": before, "after": approval.payload, "comment": comment},
+        request=request,
+    )
+    _notify_approvers(approval)
+    return approval
+
+
+@transaction.atomic
+def approval_cancel(*, actor: User, approval: Any, comment: str = "", request: Any = None) -> Any:
+    """The requester (or a system admin) withdraws an open request; a waiting job fails."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval, *OPEN_APPROVAL_STATUSES)
+    _require(actor.pk == approval.requester_id or is_system_admin(actor), "Only the requester may cancel this request.")
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role="requester",
+        actor=actor,
+        decision=ApprovalDecision.CANCEL,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.CANCELLED
+    approval.decided_at = timezone.now()
+    approval.save()
+    if approval.kind == ApprovalKind.JOB_ADMISSION:
+        from scheduler.services import job_reject_from_approval
+
+        job_reject_from_approval(job=approval.job, actor=actor, comment=comment or "approval request cancelled")
+    _approval_audit(approval, "cancel", actor=actor, details={"comment": comment}, request=request)
+    return approval
+
+
+def approvals_expire(*, now: dt.datetime | None = None) -> int:
+    """Expire open requests past ``expires_at`` (the periodic task calls this); returns how many."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalRequest, ApprovalStatus, ApprovalStep
+
+    now = now or timezone.now()
+    expired = 0
+    due = ApprovalRequest.objects.filter(status__in=OPEN_APPROVAL_STATUSES, expires_at__lte=now).values_list(
+        "pk", flat=True
+    )
+    for pk in list(due):
+        with transaction.atomic():
+            approval = _lock_approval(ApprovalRequest(pk=pk))
+            if approval.status not in OPEN_APPROVAL_STATUSES or approval.expires_at > now:
+                continue
+            ApprovalStep.objects.create(
+                request=approval, step=approval.step, role="system", decision=ApprovalDecision.EXPIRE
+            )
+            approval.status = ApprovalStatus.EXPIRED
+            approval.decided_at = now
+            approval.result_message = "Nobody decided in time."
+            approval.save()
+            if approval.kind == ApprovalKind.JOB_ADMISSION:
+                from scheduler.services import job_reject_from_approval
+
+                job_reject_from_approval(job=approval.job, actor=None, comment="approval request expired")
+            _approval_audit(approval, "expire", actor=None, details={})
+            _notify_requester(approval, comment="")
+            expired += 1
+    return expired
+
+
+# --- job admission (called by scheduler.services.job_submit) ---------------------------------------------
+
+CRITICAL_PRIORITY = 1000
+
+
+def job_admission_threshold_millis(tenant: Tenant) -> int | None:
+    """The tenant's own threshold, else the nearest ancestor's, else ``GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS``."""
+    from tenants.permissions import ancestors_and_self
+
+    for node in ancestors_and_self(tenant):
+        if node.job_approval_threshold_millis is not None:
+            return node.job_approval_threshold_millis
+    return getattr(settings, "GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS", None)
+
+
+def job_admission_needs_approval(*, tenant: Tenant, total_millis: int, priority_class: int) -> bool:
+    """Priority ``critical`` always waits for approval; so does a job above the tenant's size threshold."""
+    if int(priority_class) >= CRITICAL_PRIORITY:
+        return True
+    threshold = job_admission_threshold_millis(tenant)
+    return threshold is not None and total_millis > threshold
+
+
+@transaction.atomic
+def job_admission_request_create(*, job: Any, actor: User | None) -> Any:
+    """Put ``job`` (already ``pending_approval``) in the approval inbox."""
+    from tenants.models import ApprovalKind, ApprovalRequest
+
+    approval = ApprovalRequest.objects.create(
+        kind=ApprovalKind.JOB_ADMISSION,
+        tenant=job.tenant,
+        job=job,
+        requester=actor if actor is not None else job.submitter,
+        payload={
+            "job": job.pk,
+            "name": job.name,
+            "priority_class": int(job.priority_class),
+            "total_millis": job.total_millis,
+            "summary": f"{job.name}: {job.replicas} x {job.millis_per_replica} millis, priority {job.priority_class}",
+        },
+        chain=_approval_chain(ApprovalKind.JOB_ADMISSION, job.tenant),
+        expires_at=_approval_expiry(),
+    )
+    _approval_audit(approval, "request", actor=actor, details={"after": approval.payload, "chain": approval.chain})
+    _notify_approvers(approval)
+    return approval
+
+
+@transaction.atomic
+def tenant_set_job_approval_threshold(
+    *, actor: User | None, tenant: Tenant, threshold_millis: int | None, request: Any = None
+) -> Tenant:
+    """Jobs larger than ``threshold_millis`` in total wait for approval (None: inherit)."""
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor), "Only a system admin sets the job approval threshold.")
+    if threshold_millis is not None and threshold_millis < 0:
+        raise DomainError("The threshold must be ≥ 0 millis.", field="job_approval_threshold_millis")
+    before = tenant.job_approval_threshold_millis
+    tenant.job_approval_threshold_millis = threshold_millis
+    tenant.save(update_fields=["job_approval_threshold_millis"])
+    audit_record(
+        action="tenant.update",
+        actor=actor,
+        tenant=tenant,
+        target=f"tenant:{tenant.pk}",
+        details={
+            "before": {"job_approval_threshold_millis": before},
+            "after": {"job_approval_threshold_millis": threshold_millis},
+        },
+        request=request,
+    )
+    return tenant
+
+
+# --- notifications -----------------------------------------------------------------------------------------
+
+NOTIFICATION_MAX_ATTEMPTS = 5
+
+
+def notification_deliver(*, delivery: Any) -> bool:
+    """Try to send one delivery through its notifier; record the attempt. Returns True when sent."""
+    from django.utils.module_loading import import_string
+
+    from tenants.models import DeliveryStatus, NotificationDelivery
+
+    with transaction.atomic():
+        delivery = NotificationDelivery.objects.select_for_update().get(pk=delivery.pk)
+        if delivery.status in (DeliveryStatus.SENT, DeliveryStatus.FAILED):
+            return delivery.status == DeliveryStatus.SENT
+        delivery.attempts += 1
+        delivery.save(update_fields=["attempts", "updated_at"])
+    error = ""
+    try:
+        import_string(delivery.notifier)().send(delivery)
+    except Exception as exc:  # a notifier may fail in any way; the attempt is recorded, never raised
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        logger.warning(
+            "notification %s via %s failed (attempt %s): %s", delivery.pk, delivery.notifier, delivery.attempts, error
+        )
+    with transaction.atomic():
+        if error:
+            delivery.last_error = error
+            delivery.status = (
+                DeliveryStatus.FAILED if delivery.attempts >= NOTIFICATION_MAX_ATTEMPTS else DeliveryStatus.RETRYING
+            )
+            if delivery.status == DeliveryStatus.FAILED:
+                audit_record(
+                    action="notification.failed",
+                    actor=None,
+                    tenant=delivery.approval.tenant if delivery.approval_id else None,
+                    target=f"notification:{delivery.pk}",
+                    outcome="failure",
+                    details={"notifier": delivery.notifier, "attempts": delivery.attempts, "error": error},
+                )
+        else:
+            delivery.status = DeliveryStatus.SENT
+            delivery.sent_at = timezone.now()
+            delivery.last_error = ""
+        delivery.save(update_fields=["status", "last_error", "sent_at", "updated_at"])
+    return not error
