@@ -156,3 +156,18 @@ def test_same_seed_gives_the_same_figures():
     first = figures()
     assert first == figures()
     assert first["node_failures"] > 0
+
+
+def test_a_preemptor_gets_the_capacity_its_victims_freed_before_they_can_take_it_back():
+    jobs = [SimJob("a", "t1", 0, 200), SimJob("b", "t1", 0, 200), SimJob("c", "t2", 20, 50)]
+    # FIFO order puts the requeued victim b (submitted first) ahead of its preemptor c.
+    policy = policies.get("gpupool", ordering="fifo", min_runtime_before_preempt_s=10, grace_period_s=5)
+
+    held = simulate(two_tenants(jobs), policy, FAST)
+    loop = simulate(two_tenants(jobs), policy, SimConfig(cycle_interval_s=1.0, hold_for_preemptor=False))
+
+    assert times(held)["c"] == (25, 75)
+    assert held.preemptions == 1
+    # Without the hold b re-borrows the freed card each time and c preempts it again once b is 10 s old.
+    assert loop.preemptions > 3
+    assert times(loop)["c"][0] > 25
