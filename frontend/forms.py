@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import shlex
 
@@ -116,3 +117,30 @@ class JobJsonForm(forms.Form):
 
 class CancelForm(forms.Form):
     reason = forms.CharField(label=_("Reason (optional)"), max_length=300, required=False)
+
+
+class AuditExportForm(forms.Form):
+    """The range (and optionally one tenant's stream) of a signed audit export bundle."""
+
+    start = forms.DateField(label=_("From (date, UTC)"), widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(
+        label=_("To (date, UTC, inclusive)"), widget=forms.DateInput(attrs={"type": "date"}), required=False
+    )
+    tenant = forms.IntegerField(label=_("Tenant id (empty = every stream)"), min_value=1, required=False)
+
+    def clean(self) -> dict:
+        data = super().clean()
+        start, end = data.get("start"), data.get("end")
+        if start and end and end < start:
+            self.add_error("end", _("'To' must not be before 'From'."))
+        return data
+
+    def range(self) -> tuple[datetime.datetime, datetime.datetime]:
+        """[start, end) in UTC: whole days, the end day included."""
+        start = self.cleaned_data["start"]
+        end = self.cleaned_data.get("end") or datetime.datetime.now(datetime.UTC).date()
+        midnight = datetime.time(0, 0, tzinfo=datetime.UTC)
+        return (
+            datetime.datetime.combine(start, midnight),
+            datetime.datetime.combine(end + datetime.timedelta(days=1), midnight),
+        )

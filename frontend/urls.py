@@ -17,6 +17,7 @@ console_patterns = [
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("audit/", audit.audit_list, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit-verify"),
+    path("audit/export/", audit.audit_export, name="audit-export"),
     path("audit/<int:pk>/", audit.audit_detail, name="audit-detail"),
 ]
 

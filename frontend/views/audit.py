@@ -3,53 +3,61 @@ verification (run on demand, result kept in the trail itself) and the export bun
 
 from __future__ import annotations
 
+import datetime
+
 from django.contrib import messages
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
+from audit import selectors as audit_selectors
+from audit.exports import build_bundle
 from audit.models import AuditRecord
 from audit.services import record_details
 from audit.verification import verify_trail
 from frontend.access import Section, section_required
 from frontend.export import export_response
 from frontend.filtersets import AuditFilterSet
+from frontend.forms import AuditExportForm
 from frontend.tables import AuditTable
+from portal.api import DomainError
 
 
-def _records():
-    return AuditRecord.objects.defer("ciphertext").order_by("-id")
+def _records(request):
+    return audit_selectors.records_for(request.user).defer("ciphertext")
 
 
-def last_verification() -> AuditRecord | None:
+def last_verification(user) -> AuditRecord | None:
     """The latest ``audit.verify`` run (every run is itself an audit record)."""
-    return AuditRecord.objects.defer("ciphertext").filter(action="audit.verify").order_by("-id").first()
+    return audit_selectors.records_for(user, action="audit.verify").defer("ciphertext").first()
 
 
 @section_required(Section.AUDIT)
 def audit_list(request):
-    filterset = AuditFilterSet(request.GET, queryset=_records())
+    filterset = AuditFilterSet(request.GET, queryset=_records(request))
     table = AuditTable(filterset.qs)
     if request.GET.get("export") == "csv":
         RequestConfig(request, paginate=False).configure(table)
         return export_response(table, fmt="csv", filename="audit-records")
     RequestConfig(request, paginate={"per_page": 50}).configure(table)
-    verification = last_verification()
+    verification = last_verification(request.user)
     context = {
         "section": Section.AUDIT,
         "filter": filterset,
         "table": table,
         "verification": verification,
         "verification_details": record_details(verification) if verification else None,
+        "export_form": AuditExportForm(initial={"start": (timezone.now() - datetime.timedelta(days=7)).date()}),
     }
     return render(request, "frontend/audit/list.html", context)
 
 
 @section_required(Section.AUDIT)
 def audit_detail(request, pk: int):
-    record = AuditRecord.objects.filter(pk=pk).first()
+    record = audit_selectors.records_for(request.user).filter(pk=pk).first()
     if record is None:
         raise Http404
     context = {"section": Section.AUDIT, "record": record, "details": record_details(record)}
@@ -73,3 +81,24 @@ def audit_verify(request):
             % {"n": len(report.findings), "first": "; ".join(f.message for f in report.findings[:3])},
         )
     return redirect("frontend:audit")
+
+
+@require_POST
+@section_required(Section.AUDIT)
+def audit_export(request):
+    """A signed bundle (records JSONL + CSV, manifest, checkpoints, public key) that ``python -m audit.verify``
+    checks offline. POST because it is itself an audited action."""
+    form = AuditExportForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(" ".join(errors) for errors in form.errors.values()))
+        return redirect("frontend:audit")
+    start, end = form.range()
+    try:
+        body, manifest = build_bundle(actor=request.user, start=start, end=end, tenant_id=form.cleaned_data["tenant"])
+    except DomainError as exc:
+        messages.error(request, exc.message)
+        return redirect("frontend:audit")
+    response = HttpResponse(body, content_type="application/zip")
+    stamp = manifest["created_at"][:19].replace(":", "").replace("-", "")
+    response["Content-Disposition"] = f'attachment; filename="gpupool-audit-{stamp}.zip"'
+    return response

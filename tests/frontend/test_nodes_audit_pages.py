@@ -104,3 +104,27 @@ def test_audit_search_filters_by_outcome_and_exports_csv(client):
     assert "bad:1" in page and "ok:1" not in page
     body = client.get("/console/audit/?q=console.&export=csv").content.decode()
     assert "ok:1" in body and "bad:1" in body
+
+
+def test_auditor_downloads_an_export_bundle_that_verifies_offline(client, tmp_path):
+    import datetime
+    import zipfile
+
+    from audit.verify import verify_bundle
+
+    audit_record(action="console.test", actor=None, target="thing:4")
+    client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
+    response = client.post("/console/audit/export/", {"start": today})
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/zip"
+    path = tmp_path / "bundle.zip"
+    path.write_bytes(response.content)
+    with zipfile.ZipFile(path) as bundle:
+        assert "thing:4" in "".join(bundle.read(n).decode(errors="replace") for n in bundle.namelist())
+    assert verify_bundle(str(path))["records"] >= 1  # raises BundleError when it does not verify
+
+
+def test_export_bundle_is_for_auditors_only(client):
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    assert client.post("/console/audit/export/", {"start": "2026-01-01"}).status_code == 404
