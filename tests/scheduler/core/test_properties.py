@@ -95,6 +95,7 @@ def snapshots(draw, *, flavors=FLAVORS, with_quotas=True) -> Snapshot:
                         borrowed_millis=draw(st.sampled_from([0, millis])),
                         started_at=NOW - draw(st.sampled_from([10, 10_000])),
                         last_checkpoint_at=draw(st.sampled_from([None, NOW - 5])),
+                        expected_end_at=draw(st.sampled_from([None, NOW + 50, NOW + 500])),
                     )
                 )
 
@@ -110,6 +111,14 @@ def snapshots(draw, *, flavors=FLAVORS, with_quotas=True) -> Snapshot:
             request = ReplicaRequest(
                 flavors=(draw(st.sampled_from(flavors)),), millis=draw(st.integers(1, 3)) * 1000, memory_mib=0
             )
+        kind = draw(st.sampled_from([JobKind.TRAINING, JobKind.BATCH, JobKind.INFERENCE]))
+        replicas = draw(st.integers(1, 3))
+        elastic = {}
+        if kind == JobKind.INFERENCE:
+            elastic = {
+                "min_replicas": draw(st.integers(1, replicas)),
+                "max_replicas": draw(st.sampled_from([None, replicas, replicas + 2])),
+            }
         pending.append(
             PendingJob(
                 job_id=f"job{j}",
@@ -118,9 +127,11 @@ def snapshots(draw, *, flavors=FLAVORS, with_quotas=True) -> Snapshot:
                 priority=draw(st.sampled_from(PRIORITIES)),
                 preemptible=draw(st.booleans()),
                 submitted_at=float(draw(st.integers(0, 5))),
-                replicas=draw(st.integers(1, 3)),
+                replicas=replicas,
                 topology=draw(st.sampled_from(list(Topology))),
-                kind=draw(st.sampled_from([JobKind.TRAINING, JobKind.BATCH])),
+                kind=kind,
+                runtime_estimate_s=draw(st.sampled_from([None, 30.0, 1000.0])),
+                **elastic,
             )
         )
 
@@ -226,7 +237,9 @@ def test_gangs_are_placed_whole_and_each_replica_on_one_node(snapshot, policy):
         replicas = defaultdict(list)
         for a in place.assignments:
             replicas[a.replica].append(a)
-        assert sorted(replicas) == list(range(job.replicas)), "gang not whole"
+        placed = sorted(replicas)
+        assert placed == list(range(len(placed))), "replica numbers not contiguous"
+        assert job.gang_min <= len(placed) <= job.replicas, "gang not whole"
         for assignments in replicas.values():
             assert len({a.node for a in assignments}) == 1, "a replica spans nodes"
             assert len(assignments) == job.request.device_count
