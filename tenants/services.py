@@ -315,7 +315,7 @@ def tenant_update(
     if actor is not None:
         _require(can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may change it.")
     _lock_tenant_tree()
-    tenant = Tenant.objects.select_for_update().select_related("parent").get(pk=tenant.pk)
+    tenant = Tenant.objects.select_for_update(of=("self",)).select_related("parent").get(pk=tenant.pk)
     before = _tenant_snapshot(tenant)
     moving = parent is not UNSET and (parent.pk if parent else None) != tenant.parent_id
     if moving:
@@ -461,7 +461,9 @@ def membership_update(*, actor: User | None, membership: Membership, role: str, 
             f"Only a tenant admin of {membership.tenant.slug!r} may change its members' roles.",
         )
     _check_membership_role(role)
-    membership = Membership.objects.select_for_update().select_related("user", "tenant").get(pk=membership.pk)
+    membership = (
+        Membership.objects.select_for_update(of=("self",)).select_related("user", "tenant").get(pk=membership.pk)
+    )
     before = membership.role
     membership.role = role
     membership.save(update_fields=["role"])
@@ -773,7 +775,11 @@ def _lock_quota_path(*, tenant: Tenant, flavor: Any) -> list[Tenant]:
 
     chain_ids = [node.pk for node in ancestors_and_self(tenant)]
     locked = list(Tenant.objects.select_for_update().filter(pk__in=chain_ids).order_by("depth"))
-    list(Quota.objects.select_for_update().filter(tenant_id__in=chain_ids, flavor=flavor).order_by("tenant__depth"))
+    list(
+        Quota.objects.select_for_update(of=("self",))
+        .filter(tenant_id__in=chain_ids, flavor=flavor)
+        .order_by("tenant__depth")
+    )
     return locked
 
 
@@ -1017,7 +1023,7 @@ def _lock_approval(approval: Any) -> Any:
     from tenants.models import ApprovalRequest
 
     return (
-        ApprovalRequest.objects.select_for_update()
+        ApprovalRequest.objects.select_for_update(of=("self",))
         .select_related("tenant__parent", "flavor", "requester")
         .get(pk=approval.pk)
     )
