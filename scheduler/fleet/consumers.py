@@ -25,8 +25,9 @@ from scheduler.fleet.telemetry import MinuteAggregator, Throttle, latest_store, 
 logger = logging.getLogger(__name__)
 
 CLOSE_FORBIDDEN = 4403
-#: How often an agent connection re-reads which tenant holds which of its devices.
-TENANT_MAP_REFRESH_S = 5.0
+#: An agent connection re-reads which tenant holds which of its cards on every heartbeat (5 s by default); this
+#: is the fallback when heartbeats are slower.
+TENANT_MAP_REFRESH_S = 12.0
 
 
 def node_group(node_id: int) -> str:
@@ -58,6 +59,11 @@ def _frame_id(raw: str | bytes | None) -> str | None:
         return None
     value = data.get("id") if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
+
+
+def _heartbeat(*, node_id: int, now: datetime) -> dict[str, set[int]]:
+    services.node_heartbeat(node_id=node_id, now=now)
+    return selectors.device_tenants_of_node(node_id=node_id)
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
@@ -166,7 +172,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.send_pending_commands()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
-        await database_sync_to_async(services.node_heartbeat)(node_id=self.node_id, now=self.clock())
+        # One trip to the database thread per heartbeat: renew the lease and re-read who holds which card.
+        by_device = await database_sync_to_async(_heartbeat)(node_id=self.node_id, now=self.clock())
+        self.set_tenant_map(by_device)
         if self.aggregator.has_finished(self.clock()):
             await self.flush_rollups(self.clock())
 
@@ -205,13 +213,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         now = self.monotonic()
         if not force and now - self.tenant_map_read_at < TENANT_MAP_REFRESH_S:
             return
-        by_device = await database_sync_to_async(selectors.device_tenants_of_node)(node_id=self.node_id)
+        self.set_tenant_map(await database_sync_to_async(selectors.device_tenants_of_node)(node_id=self.node_id))
+
+    def set_tenant_map(self, by_device: dict[str, set[int]]) -> None:
         by_tenant: dict[int, set[str]] = {}
         for uuid, tenant_ids in by_device.items():
             for tenant_id in tenant_ids:
                 by_tenant.setdefault(tenant_id, set()).add(uuid)
         self.tenant_devices = by_tenant
-        self.tenant_map_read_at = now
+        self.tenant_map_read_at = self.monotonic()
 
     async def fan_out(self, devices: dict[str, dict], *, sent_at: str) -> None:
         """One frame per node per tick to the node's watchers, and to each tenant holding some of its devices

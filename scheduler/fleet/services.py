@@ -296,6 +296,27 @@ def _vendor(value: str) -> str:
     return value if value in Vendor.values else Vendor.SIMULATED
 
 
+def _device_fields(item: dict) -> dict[str, Any]:
+    """Device columns from one ``hello`` device entry (names as in nodeagent.protocol.DeviceInfo)."""
+    fields: dict[str, Any] = {
+        "index": int(item.get("index") or 0),
+        "vendor": _vendor(item.get("vendor", "")),
+        "model": str(item.get("model") or "unknown")[:64],
+        "memory_mib": int(item.get("memory_mib") or 0),
+        "numa_node": item.get("numa_node"),
+        "pci_bus_id": str(item.get("pci_bus_id") or "")[:32],
+        "health": _health(item.get("health", "healthy")),
+        "mig_mode": bool(item.get("mig_mode")),
+    }
+    for link in ("nvlink_domain", "pcie_switch"):
+        if link in _DEVICE_FIELD_NAMES:
+            fields[link] = str(item.get(link) or "")[:64]
+    return fields
+
+
+_DEVICE_FIELD_NAMES = {field.name for field in Device._meta.get_fields()}
+
+
 def _health(value: str) -> str:
     value = (value or "").lower()
     return value if value in DeviceHealth.values else DeviceHealth.UNHEALTHY
@@ -313,43 +334,47 @@ def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dic
     node = Node.objects.select_for_update().get(pk=node_id)
     before_status = node.status
     reported = [device for device in hello.get("devices") or [] if isinstance(device, dict) and device.get("uuid")]
-    reported_uuids = {str(device["uuid"]) for device in reported}
+    reported_uuids = {str(device["uuid"])[:96] for device in reported}
     stale = list(node.devices.exclude(uuid__in=reported_uuids))
     for offset, device in enumerate(stale):
         device.health = DeviceHealth.UNHEALTHY
         device.index = 32767 - offset
-        device.save(update_fields=["health", "index"])
-    # Park the reported devices' rows on free indexes first, so indexes that moved between cards (a swap)
-    # never collide with the (node, index) uniqueness while the rows are rewritten one by one.
-    for offset, device in enumerate(node.devices.filter(uuid__in=reported_uuids)):
+    Device.objects.bulk_update(stale, ["health", "index"])
+    existing = {device.uuid: device for device in Device.objects.filter(uuid__in=reported_uuids)}
+    wanted = {str(item["uuid"])[:96]: _device_fields(item) for item in reported}
+    # Indexes that moved between cards (a swap) would collide with the (node, index) uniqueness while the rows
+    # are rewritten: park the moving rows on free indexes first. A hello that changes nothing skips all this.
+    moving = [
+        device
+        for uuid, device in existing.items()
+        if device.node_id != node.pk or device.index != wanted[uuid]["index"]
+    ]
+    for offset, device in enumerate(moving):
         device.index = 30000 + offset
-        device.save(update_fields=["index"])
-    device_fields = {field.name for field in Device._meta.get_fields()}
-    mapping: dict[str, int] = {}
-    for item in reported:
-        uuid = str(item["uuid"])[:96]
-        vendor = _vendor(item.get("vendor", ""))
-        model = str(item.get("model") or "unknown")[:64]
-        memory_mib = int(item.get("memory_mib") or 0)
-        fields = {
-            "node": node,
-            "index": int(item.get("index") or 0),
-            "vendor": vendor,
-            "model": model,
-            "memory_mib": memory_mib,
-            "numa_node": item.get("numa_node"),
-            "pci_bus_id": str(item.get("pci_bus_id") or "")[:32],
-            "health": _health(item.get("health", "healthy")),
-            "mig_mode": bool(item.get("mig_mode")),
-        }
-        for link in ("nvlink_domain", "pcie_switch"):
-            if link in device_fields:
-                fields[link] = str(item.get(link) or "")[:64]
-        device = Device.objects.filter(uuid=uuid).first()
-        if device is None or device.model != model or device.memory_mib != memory_mib or device.flavor_id is None:
-            fields["flavor"] = flavor_for_device(vendor=vendor, model=model, memory_mib=memory_mib)
-        device, _created = Device.objects.update_or_create(uuid=uuid, defaults=fields)
-        mapping[uuid] = device.pk
+    Device.objects.bulk_update(moving, ["index"])
+    flavors: dict[tuple[str, str, int], ResourceFlavor] = {}
+    new_devices, changed = [], []
+    for uuid, fields in wanted.items():
+        device = existing.get(uuid)
+        key = (fields["vendor"], fields["model"], fields["memory_mib"])
+        needs_flavor = (
+            device is None or device.flavor_id is None or device.model != key[1] or device.memory_mib != key[2]
+        )
+        if needs_flavor:
+            if key not in flavors:
+                flavors[key] = flavor_for_device(vendor=key[0], model=key[1], memory_mib=key[2])
+            fields["flavor"] = flavors[key]
+        if device is None:
+            new_devices.append(Device(uuid=uuid, node=node, **fields))
+            continue
+        device.node = node
+        for name, value in fields.items():
+            setattr(device, name, value)
+        changed.append(device)
+    Device.objects.bulk_create(new_devices)
+    if changed:
+        Device.objects.bulk_update(changed, ["node", *sorted({name for item in wanted.values() for name in item})])
+    mapping = dict(Device.objects.filter(uuid__in=reported_uuids).values_list("uuid", "pk"))
     node.agent_version = str(hello.get("agent_version") or node.agent_version)[:32]
     node.cpu_cores = int(hello.get("cpu_cores") or node.cpu_cores or 0)
     node.memory_mib = int(hello.get("memory_mib") or node.memory_mib or 0)

@@ -118,23 +118,32 @@ class MinuteAggregator:
 
 
 class Throttle:
-    """At most one message per ``interval_s`` to one subscriber; the clock is injected so tests need no sleeps.
+    """At most one message per ``interval_s`` slot of the clock to one subscriber; the clock is injected so
+    tests need no sleeps.
 
-    ``delay()`` says how long until the next message may go (0 = now); ``sent()`` records that one went.
+    Slots (``[k·interval, (k+1)·interval)``) rather than "interval since the last message": a viewer of one
+    node whose agent sends at 1 Hz would otherwise stay phase-locked behind any one-off delay (a message held
+    0.9 s once makes every later one wait 0.9 s too). With slots, each 1 Hz frame goes out as it arrives, and
+    a burst is coalesced into the next slot. ``delay()`` says how long until a message may go (0 = now);
+    ``sent()`` records that one went.
     """
 
     def __init__(self, *, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s = interval_s
         self.clock = clock
-        self._last_sent: float | None = None
+        self._last_slot: int | None = None
+
+    def _slot(self, moment: float) -> int:
+        return int(moment // self.interval_s) if self.interval_s > 0 else int(moment * 1e9)
 
     def delay(self) -> float:
-        if self._last_sent is None:
+        now = self.clock()
+        if self._last_slot is None or self.interval_s <= 0 or self._slot(now) > self._last_slot:
             return 0.0
-        return max(0.0, self._last_sent + self.interval_s - self.clock())
+        return max(0.0, (self._last_slot + 1) * self.interval_s - now)
 
     def sent(self) -> None:
-        self._last_sent = self.clock()
+        self._last_slot = self._slot(self.clock())
 
 
 def parse_time(value: object, *, default: datetime) -> datetime:

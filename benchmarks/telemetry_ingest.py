@@ -1,0 +1,426 @@
+"""Telemetry ingest and fan-out over real sockets: N simulated agents (8 cards each, 1 Hz) → a real daphne
+server (Redis channel layer) → 20 browser subscribers. Loopback only; bounded duration.
+
+    GPUPOOL_REDIS_URL=redis://127.0.0.1:6379/14 .venv/bin/python benchmarks/telemetry_ingest.py \\
+        --sizes 100,500,1000 --seconds 20
+
+Prints per size: telemetry frames/s ingested (sent by agents and accepted, with the server's catch-up lag
+at the end), agent-to-browser latency p50/p99, frames delivered/coalesced/dropped for watched nodes, and the
+CPU each process used (server, agents, Redis) so you can see where the time goes.
+
+``--watch one`` (default): each subscriber watches one node (a node's detail page). ``--watch all``: the 20
+subscribers together watch every node, N/20 each; their latency then includes the ≤1 message/s throttle.
+The database is a fresh SQLite file unless ``--database-url`` (or GPUPOOL_DATABASE_URL) names another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CARDS = 8
+HEARTBEAT_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (and its reaped children) from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(value) for value in fields[11:15]) / ticks
+
+
+# --- setup (in this process, with the server's environment) ---------------------------------------------------
+
+
+def setup_django(env: dict[str, str]) -> None:
+    os.environ.update(env)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    import django
+
+    django.setup()
+
+
+def create_fleet(count: int) -> tuple[list[tuple[int, str, str]], str]:
+    """``count`` nodes with credentials (bulk, no audit: this is fixture data) and an admin session cookie."""
+    from django.test import Client
+
+    from scheduler.fleet.models import NodeCredential
+    from scheduler.fleet.services import CREDENTIAL_PREFIX, _hash
+    from scheduler.models import Node
+    from tenants.models import PlatformRole, User
+
+    run = uuid.uuid4().hex[:6]
+    nodes = Node.objects.bulk_create([Node(name=f"bench-{run}-{index:04d}") for index in range(count)])
+    nodes = list(Node.objects.filter(name__startswith=f"bench-{run}-").order_by("name"))
+    fleet, credentials = [], []
+    for node in nodes:
+        key_id, secret = uuid.uuid4().hex[:16], uuid.uuid4().hex
+        credentials.append(NodeCredential(node=node, key_id=key_id, secret_hash=_hash(secret)))
+        fleet.append((node.pk, node.name, f"{CREDENTIAL_PREFIX}{key_id}_{secret}"))
+    NodeCredential.objects.bulk_create(credentials)
+    admin = User.objects.create(username=f"bench-admin-{run}", platform_role=PlatformRole.SYSTEM_ADMIN)
+    client = Client()
+    client.force_login(admin)
+    return fleet, client.cookies["sessionid"].value
+
+
+# --- simulated agents (child processes) ---------------------------------------------------------------------
+
+
+def _hello(name: str, index: int) -> str:
+    devices = [
+        {
+            "index": card,
+            "uuid": f"GPU-{name}-{card}",
+            "vendor": "simulated",
+            "model": "Simulated H100 80GB",
+            "memory_mib": 81559,
+            "numa_node": card // 4,
+        }
+        for card in range(CARDS)
+    ]
+    return json.dumps(
+        {
+            "v": 1,
+            "type": "hello",
+            "id": uuid.uuid4().hex,
+            "node_name": name,
+            "agent_version": "bench",
+            "hostname": name,
+            "cpu_cores": 64,
+            "memory_mib": 512000,
+            "devices": devices,
+        }
+    )
+
+
+def _telemetry(name: str, rng: random.Random) -> str:
+    samples = [
+        {
+            "uuid": f"GPU-{name}-{card}",
+            "utilization_pct": round(rng.uniform(0, 100), 1),
+            "memory_used_mib": rng.randint(0, 81559),
+            "memory_total_mib": 81559,
+            "power_w": round(rng.uniform(60, 700), 1),
+            "temperature_c": round(rng.uniform(30, 85), 1),
+            "sm_clock_mhz": 1980,
+            "ecc_errors": 0,
+            "xid_errors": 0,
+            "processes": [],
+        }
+        for card in range(CARDS)
+    ]
+    sent_at = datetime.now(UTC).isoformat()
+    return json.dumps({"v": 1, "type": "telemetry", "id": uuid.uuid4().hex, "sent_at": sent_at, "samples": samples})
+
+
+async def _agent(url: str, name: str, credential: str, start, seconds: float, stats: dict) -> None:
+    import websockets
+
+    rng = random.Random(name)
+    async with websockets.connect(
+        url, additional_headers={"Authorization": f"Bearer {credential}"}, max_queue=None, open_timeout=120
+    ) as ws:
+        await ws.recv()  # config
+        await ws.send(_hello(name, 0))
+
+        async def drain() -> None:
+            async for _frame in ws:
+                pass
+
+        drainer = asyncio.ensure_future(drain())
+        while start.value == 0:  # the coordinator starts the clock once the whole fleet said hello
+            await asyncio.sleep(0.1)
+        start_at = start.value
+        stop_at = start_at + seconds
+        # A random phase, as real agents have: the server sees an even stream, not a burst per second.
+        next_tick = start_at + rng.random()
+        next_heartbeat = next_tick + rng.random() * HEARTBEAT_S
+        seq = 0
+        while next_tick < stop_at:
+            await asyncio.sleep(max(0.0, next_tick - time.time()))
+            await ws.send(_telemetry(name, rng))
+            if next_tick >= start_at + 2.0:
+                stats["sent"] += 1
+            if next_tick >= next_heartbeat:
+                seq += 1
+                await ws.send(json.dumps({"v": 1, "type": "heartbeat", "id": uuid.uuid4().hex, "seq": seq}))
+                next_heartbeat += HEARTBEAT_S
+            next_tick += 1.0
+            if time.time() > next_tick + 1.0:
+                stats["late"] += 1  # could not keep 1 Hz: the sender (or the server's backpressure) is behind
+        drainer.cancel()
+
+
+def agent_process(url: str, agents: list[tuple[int, str, str]], start, seconds: float, out) -> None:
+    async def main() -> None:
+        stats = {"sent": 0, "late": 0, "errors": 0}
+
+        async def guarded(agent):
+            try:
+                await _agent(url, agent[1], agent[2], start, seconds, stats)
+            except Exception as exc:  # counted, shown in the summary
+                stats["errors"] += 1
+                stats.setdefault("error", repr(exc))
+
+        await asyncio.gather(*(guarded(agent) for agent in agents))
+        out.put(stats)
+
+    asyncio.run(main())
+
+
+# --- browser subscribers -----------------------------------------------------------------------------------------
+
+
+async def subscriber(url: str, origin: str, cookie: str, node_ids: list[int], start, seconds: float, stats: dict):
+    import websockets
+
+    async with websockets.connect(
+        url, additional_headers={"Cookie": f"sessionid={cookie}"}, origin=origin, max_queue=None, open_timeout=120
+    ) as ws:
+        for node_id in node_ids:
+            await ws.send(json.dumps({"subscribe": {"node": node_id}}))
+        while start.value == 0:
+            await asyncio.sleep(0.1)
+        measure_from, stop_at = start.value + 2.0, start.value + seconds + 1.0
+        while time.time() < stop_at:
+            try:
+                raw = await asyncio.wait_for(ws.recv(), timeout=max(0.05, stop_at - time.time()))
+            except TimeoutError:
+                break
+            received = datetime.now(UTC)
+            frame = json.loads(raw)
+            if frame.get("type") != "telemetry":
+                continue
+            stats["messages"] += 1
+            for entry in frame["nodes"]:
+                if not entry.get("sent_at"):
+                    continue  # a snapshot
+                sent = datetime.fromisoformat(entry["sent_at"])
+                if sent.timestamp() < measure_from:
+                    continue
+                stats["latencies"].append((received - sent).total_seconds())
+                stats["coalesced"] += entry.get("coalesced", 0)
+
+
+# --- one size ----------------------------------------------------------------------------------------------------
+
+
+def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
+    fleet, cookie = create_fleet(size)
+    ws_agent = f"ws://127.0.0.1:{port}/ws/agent/"
+    ws_browser = f"ws://127.0.0.1:{port}/ws/telemetry/"
+    origin = f"http://127.0.0.1:{port}"
+    processes = max(1, min(args.agent_processes, size // 50 or 1))
+    chunks = [fleet[index::processes] for index in range(processes)]
+    queue: multiprocessing.Queue = multiprocessing.Queue()
+    start = multiprocessing.Value("d", 0.0)
+    children = [
+        multiprocessing.Process(target=agent_process, args=(ws_agent, chunk, start, args.seconds, queue))
+        for chunk in chunks
+    ]
+    node_ids = [node_id for node_id, _name, _credential in fleet]
+    if args.watch == "one":
+        step = max(1, size // args.subscribers)
+        watch = [[node_ids[(index * step) % size]] for index in range(args.subscribers)]
+    else:
+        watch = [node_ids[index :: args.subscribers] for index in range(args.subscribers)]
+
+    from scheduler.models import Node
+
+    hello_started = time.monotonic()
+    for child in children:
+        child.start()
+    # The hello storm (inventory upserts, one audit record per node) is set-up, not the steady state measured.
+    while Node.objects.filter(pk__in=node_ids, status="ready").count() < size:
+        if time.monotonic() - hello_started > 300:
+            break
+        time.sleep(0.5)
+    hello_s = time.monotonic() - hello_started
+
+    async def browsers() -> list[dict]:
+        all_stats = []
+        tasks = []
+        for nodes in watch:
+            stats = {"messages": 0, "coalesced": 0, "latencies": []}
+            all_stats.append(stats)
+            tasks.append(subscriber(ws_browser, origin, cookie, nodes, start, args.seconds, stats))
+
+        async def go() -> None:
+            await asyncio.sleep(2.0)  # subscribers connected and subscribed
+            start.value = time.time() + 0.5
+
+        await asyncio.gather(go(), *tasks)
+        return all_stats
+
+    cpu_before = {"server": cpu_seconds(server_pid), "redis": cpu_seconds(args.redis_pid) if args.redis_pid else 0.0}
+    wall_before = time.monotonic()
+    subscriber_stats = asyncio.run(browsers())
+    agent_stats = [queue.get(timeout=120) for _child in children]
+    for child in children:
+        child.join(timeout=30)
+    wall = time.monotonic() - wall_before
+    # Agent processes are gone; their CPU is in our children's accounting (it includes their hello phase).
+    agent_cpu = sum(os.times()[2:4])
+    cpu = {
+        "server": cpu_seconds(server_pid) - cpu_before["server"],
+        "redis": (cpu_seconds(args.redis_pid) - cpu_before["redis"]) if args.redis_pid else 0.0,
+        "agents": agent_cpu - args.agent_cpu_so_far,
+    }
+    args.agent_cpu_so_far = agent_cpu
+
+    measured_s = args.seconds - 2.0
+    sent = sum(stats["sent"] for stats in agent_stats)
+    latencies = sorted(latency for stats in subscriber_stats for latency in stats["latencies"])
+    watched = sum(len(nodes) for nodes in watch)
+    delivered = len(latencies)
+    coalesced = sum(stats["coalesced"] for stats in subscriber_stats)
+    expected = watched * measured_s  # each watched node sends 1/s
+    lag = server_lag(fleet)
+    ready = Node.objects.filter(pk__in=node_ids, status="ready").count()
+    return {
+        "nodes": size,
+        "ingested_per_s": sent / measured_s,
+        "target_per_s": size,
+        "late_ticks": sum(stats["late"] for stats in agent_stats),
+        "agent_errors": sum(stats["errors"] for stats in agent_stats),
+        "agent_error": next((stats["error"] for stats in agent_stats if "error" in stats), ""),
+        "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
+        "p99_ms": 1000 * latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan"),
+        "max_ms": 1000 * latencies[-1] if latencies else float("nan"),
+        "delivered": delivered,
+        "coalesced": coalesced,
+        "dropped": max(0, round(expected) - delivered - coalesced),
+        "browser_msgs_per_s_max": max(stats["messages"] for stats in subscriber_stats) / args.seconds,
+        "hello_s": hello_s,
+        "lag_s": lag,
+        "ready": ready,
+        "cpu_pct": {name: 100 * value / wall for name, value in cpu.items()},
+    }
+
+
+def server_lag(fleet: list[tuple[int, str, str]]) -> float:
+    """Seconds between now and the oldest node's latest sample in Redis (how far behind the server is)."""
+    from scheduler.fleet.telemetry import latest_store
+
+    latest = latest_store().get_nodes([node_id for node_id, _name, _credential in fleet])
+    names = {node_id: name for node_id, name, _credential in fleet}
+    now = datetime.now(UTC)
+    oldest = None
+    for node_id, devices in latest.items():
+        for uuid_, values in devices.items():
+            if not uuid_.startswith(f"GPU-{names[node_id]}-"):
+                continue  # left in Redis by an earlier run that reused this node id
+            moment = datetime.fromisoformat(values["at"])
+            oldest = moment if oldest is None or moment < oldest else oldest
+    return (now - oldest).total_seconds() if oldest else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="100,500,1000", help="comma-separated node counts")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds per size (after warm-up)")
+    parser.add_argument("--subscribers", type=int, default=20)
+    parser.add_argument("--watch", choices=["one", "all"], default="one")
+    parser.add_argument("--agent-processes", type=int, default=2)
+    parser.add_argument("--redis-url", default=os.environ.get("GPUPOOL_REDIS_URL", "redis://127.0.0.1:6379/14"))
+    parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
+    data_dir = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
+    env = {
+        "GPUPOOL_DATA_DIR": str(data_dir),
+        "GPUPOOL_REDIS_URL": args.redis_url,
+        "GPUPOOL_CHANNELS_PREFIX": f"bench-{uuid.uuid4().hex[:6]}",
+        "GPUPOOL_LOG_LEVEL": "WARNING",
+        "GPUPOOL_ALLOWED_HOSTS": "127.0.0.1,localhost",
+    }
+    if args.database_url:
+        env["GPUPOOL_DATABASE_URL"] = args.database_url
+    full_env = {**os.environ, **env}
+    if not args.database_url:
+        full_env.pop("GPUPOOL_DATABASE_URL", None)
+    print(f"setting up ({'database ' + args.database_url if args.database_url else 'SQLite in ' + str(data_dir)})")
+    subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=full_env, check=True)
+    setup_django({key: value for key, value in full_env.items() if key.startswith("GPUPOOL_")})
+    if not args.database_url:
+        os.environ.pop("GPUPOOL_DATABASE_URL", None)
+    import redis
+
+    try:
+        args.redis_pid = int(redis.Redis.from_url(args.redis_url).info("server")["process_id"])
+    except Exception:
+        args.redis_pid = 0
+    args.agent_cpu_so_far = sum(os.times()[2:4])
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+        cwd=ROOT,
+        env=full_env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        print(
+            f"daphne on 127.0.0.1:{port}, {args.subscribers} subscribers watching {args.watch}, "
+            f"{CARDS} cards/node at 1 Hz, {args.seconds:.0f} s per size"
+        )
+        header = (
+            f"{'nodes':>6} {'ingest/s':>9} {'target':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+            f"{'deliv':>6} {'coal':>5} {'drop':>5} {'lag s':>6} {'late':>5} {'cpu server/agents/redis %':>26}"
+        )
+        print(header)
+        for size in sizes:
+            result = run_size(args, env, size, server.pid, port)
+            cpu = result["cpu_pct"]
+            print(
+                f"{result['nodes']:>6} {result['ingested_per_s']:>9.0f} {result['target_per_s']:>7} "
+                f"{result['p50_ms']:>8.1f} {result['p99_ms']:>8.1f} {result['max_ms']:>8.1f} {result['delivered']:>6} "
+                f"{result['coalesced']:>5} {result['dropped']:>5} {result['lag_s']:>6.2f} {result['late_ticks']:>5} "
+                f"{cpu['server']:>10.0f}/{cpu['agents']:>3.0f}/{cpu['redis']:>3.0f}",
+                flush=True,
+            )
+            print(f"       hello storm: {result['hello_s']:.1f} s until all {size} nodes were ready")
+            if result["ready"] < size:
+                print(f"       only {result['ready']} of {size} nodes were ready (hello) at the end")
+            if result["agent_errors"]:
+                print(f"       {result['agent_errors']} agents failed: {result['agent_error']}")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    main()
