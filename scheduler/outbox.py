@@ -28,10 +28,8 @@ def _create(*, node: Node | int, job: Job | None, message: protocol.Message) -> 
     return command
 
 
-def workload_start_create(*, job: Job, replica: int, allocations: Iterable[Allocation]) -> AgentCommand:
-    """``workload.start`` for one replica; all its allocations are on one node."""
-    allocations = list(allocations)
-    node_id = allocations[0].node_id
+def workload_start_message(*, job: Job, replica: int, allocations: Iterable[Allocation]) -> protocol.WorkloadStart:
+    """The ``workload.start`` frame for one replica (``command_id`` is filled in when the row exists)."""
     env = {
         **job.env,
         "GPUPOOL_REPLICA": str(replica),
@@ -40,7 +38,7 @@ def workload_start_create(*, job: Job, replica: int, allocations: Iterable[Alloc
     if job.last_checkpoint_at is not None:
         # A requeued job resumes: tell it when its last checkpoint was taken.
         env["GPUPOOL_LAST_CHECKPOINT_AT"] = protocol.format_time(job.last_checkpoint_at)
-    message = protocol.WorkloadStart(
+    return protocol.WorkloadStart(
         command_id=0,
         job_id=job.pk,
         replica=replica,
@@ -54,7 +52,29 @@ def workload_start_create(*, job: Job, replica: int, allocations: Iterable[Alloc
         checkpoint_dir=job.checkpoint_dir or None,
         max_runtime_s=job.max_runtime_s,
     )
-    return _create(node=node_id, job=job, message=message)
+
+
+def workload_start_create(*, job: Job, replica: int, allocations: Iterable[Allocation]) -> AgentCommand:
+    """``workload.start`` for one replica; all its allocations are on one node."""
+    allocations = list(allocations)
+    message = workload_start_message(job=job, replica=replica, allocations=allocations)
+    return _create(node=allocations[0].node_id, job=job, message=message)
+
+
+def commands_bulk_create(items: list[tuple[int, Job | None, protocol.Message]]) -> list[AgentCommand]:
+    """Many commands at once, ``(node id, job, message)`` each: two queries however many (a cycle's starts)."""
+    if not items:
+        return []
+    commands = AgentCommand.objects.bulk_create(
+        AgentCommand(node_id=node_id, job=job, command_type=message.type, payload={}) for node_id, job, message in items
+    )
+    for command, (_node_id, _job, message) in zip(commands, items, strict=True):
+        message.command_id = command.pk
+        message.id = f"cmd-{command.pk}"
+        command.payload = protocol.to_dict(message)
+    AgentCommand.objects.bulk_update(commands, ["payload"], batch_size=500)
+    announce_after_commit(commands)
+    return commands
 
 
 def workload_stop_create(

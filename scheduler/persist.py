@@ -1,10 +1,11 @@
 """A ``scheduler.core`` Plan → rows, in the caller's transaction, safe against concurrent writers.
 
 The plan was computed from a snapshot that may be stale by the time it is written (another worker, a cancel,
-a node going away). So each ``Place`` is re-checked under row locks: the job row, then the devices it
-touches (``select_for_update`` in pk order, so two writers never deadlock), and the active allocations of
-those devices are summed again inside the transaction. A place that no longer fits is skipped and its job
-stays queued for the next cycle; no device is ever double-booked. On PostgreSQL the allocation trigger
+a node going away). So every ``Place`` is re-checked under row locks: the plan's jobs, then the devices its
+places touch (``select_for_update`` once, in pk order, so two writers never deadlock), with the active
+allocations of those devices summed again inside the transaction and kept up to date as places are written.
+A place that no longer fits is skipped and its job stays queued for the next cycle; no device is ever
+double-booked. On PostgreSQL the allocation trigger
 (migration 0003) is the last line of defence, caught per place by a savepoint.
 """
 
@@ -72,41 +73,63 @@ def _check_shape(job: Job, place: core.Place) -> dict[int, list[core.Assignment]
     return by_replica
 
 
-def _place(place: core.Place, *, now: datetime, outcome: PersistOutcome) -> None:
-    job_pk = _job_id(place.job_id)
-    job = Job.objects.select_for_update().select_related("tenant").filter(pk=job_pk).first()
+class _PlaceBatch:
+    """The rows every place of a plan touches, locked once up front: the jobs, then the devices (each in pk
+    order, so concurrent writers never deadlock), with the devices' active usage summed once. The locks hold
+    until commit, so the usage kept here stays true: any other insert onto these devices waits for them (the
+    PostgreSQL trigger locks the device row too), and ending allocations only frees capacity."""
+
+    def __init__(self, places: tuple[core.Place, ...]) -> None:
+        job_pks = sorted({pk for place in places if (pk := _job_id(place.job_id)) is not None})
+        self.jobs = {
+            job.pk: job
+            for job in Job.objects.select_for_update(of=("self",))
+            .select_related("tenant")
+            .filter(pk__in=job_pks)
+            .order_by("pk")
+        }
+        uuids = sorted({a.device_uuid for place in places for a in place.assignments})
+        self.devices = {
+            device.uuid: device
+            for device in Device.objects.select_for_update(of=("self",))
+            .select_related("node")
+            .filter(uuid__in=uuids)
+            .order_by("pk")
+        }
+        self.used: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+        for row in (
+            Allocation.objects.active()
+            .filter(device_id__in=[d.pk for d in self.devices.values()])
+            .values("device_id")
+            .annotate(millis=Sum("millis"), memory=Sum("memory_mib"))
+        ):
+            self.used[row["device_id"]] = [row["millis"] or 0, row["memory"] or 0]
+        self.flavors = {
+            flavor.name: flavor for flavor in ResourceFlavor.objects.filter(name__in={p.flavor for p in places})
+        }
+        self.starts: list[tuple[int, Job, object]] = []
+
+
+def _place(place: core.Place, *, batch: _PlaceBatch, now: datetime, outcome: PersistOutcome) -> None:
+    job = batch.jobs.get(_job_id(place.job_id))
     if job is None or job.state != JobState.QUEUED:
         raise PlaceRejected(f"job is {job.state if job else 'gone'}, not queued")
     by_replica = _check_shape(job, place)
     if place.flavor not in job.flavors:
         raise PlaceRejected(f"flavor {place.flavor} was not asked for")
-    flavor = ResourceFlavor.objects.filter(name=place.flavor).first()
+    flavor = batch.flavors.get(place.flavor)
     if flavor is None:
         raise PlaceRejected(f"flavor {place.flavor} no longer exists")
 
     uuids = sorted({a.device_uuid for a in place.assignments})
-    devices = {
-        device.uuid: device
-        for device in Device.objects.select_for_update(of=("self",))
-        .select_related("node")
-        .filter(uuid__in=uuids)
-        .order_by("pk")
-    }
-    if len(devices) != len(uuids):
+    if any(uuid not in batch.devices for uuid in uuids):
         raise PlaceRejected("a device in the plan no longer exists")
-    used = {
-        row["device_id"]: (row["millis"] or 0, row["memory"] or 0)
-        for row in Allocation.objects.active()
-        .filter(device_id__in=[d.pk for d in devices.values()])
-        .values("device_id")
-        .annotate(millis=Sum("millis"), memory=Sum("memory_mib"))
-    }
     adding: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     rows = []
     borrowed_left = place.borrowed_millis
     for replica in sorted(by_replica):
         for assignment in sorted(by_replica[replica], key=lambda a: a.device_uuid):
-            device = devices[assignment.device_uuid]
+            device = batch.devices[assignment.device_uuid]
             if device.node.name != assignment.node:
                 raise PlaceRejected(f"device {device.uuid} is on {device.node.name}, not {assignment.node}")
             if device.node.status != NodeStatus.READY:
@@ -133,8 +156,9 @@ def _place(place: core.Place, *, now: datetime, outcome: PersistOutcome) -> None
                     started_at=now,
                 )
             )
-    for device in devices.values():
-        held_millis, held_memory = used.get(device.pk, (0, 0))
+    for uuid in uuids:
+        device = batch.devices[uuid]
+        held_millis, held_memory = batch.used[device.pk]
         new_millis, new_memory = adding[device.pk]
         if held_millis + new_millis > MILLIS_PER_DEVICE:
             raise PlaceRejected(f"device {device.uuid} has {MILLIS_PER_DEVICE - held_millis} millis free")
@@ -151,11 +175,16 @@ def _place(place: core.Place, *, now: datetime, outcome: PersistOutcome) -> None
         message=f"Placed on {', '.join(nodes)}.",
         details={"devices": uuids, "borrowed_millis": place.borrowed_millis},
     )
+    # Only now (nothing above raised) does the batch count the new usage and the commands to send.
+    for device_pk, (new_millis, new_memory) in adding.items():
+        batch.used[device_pk][0] += new_millis
+        batch.used[device_pk][1] += new_memory
     replica_rows: dict[int, list[Allocation]] = defaultdict(list)
     for row in rows:
         replica_rows[row.replica].append(row)
     for replica in sorted(replica_rows):
-        outbox.workload_start_create(job=job, replica=replica, allocations=replica_rows[replica])
+        message = outbox.workload_start_message(job=job, replica=replica, allocations=replica_rows[replica])
+        batch.starts.append((replica_rows[replica][0].node_id, job, message))
     outcome.placed.append(job.pk)
 
 
@@ -196,7 +225,7 @@ def _explain(explanations: tuple[core.Explain, ...], *, outcome: PersistOutcome)
             job.pending_reason_code, job.pending_message, job.position_in_tenant, job.position_overall = values
             changed.append(job)
     Job.objects.bulk_update(
-        changed, ["pending_reason_code", "pending_message", "position_in_tenant", "position_overall"], batch_size=500
+        changed, ["pending_reason_code", "pending_message", "position_in_tenant", "position_overall"], batch_size=100
     )
     outcome.explained = len(changed)
 
@@ -217,10 +246,11 @@ def persist_plan(plan: core.Plan, *, now: datetime | None = None) -> PersistOutc
     with transaction.atomic():
         for preempt in plan.preemptions:
             _preempt(preempt, outcome=outcome)
+        batch = _PlaceBatch(plan.places) if plan.places else None
         for place in plan.places:
             try:
                 with transaction.atomic():  # a savepoint: a rejected place leaves the others intact
-                    _place(place, now=now, outcome=outcome)
+                    _place(place, batch=batch, now=now, outcome=outcome)
             except PlaceRejected as exc:
                 logger.info("place of job %s skipped: %s", place.job_id, exc)
                 _skipped(place, str(exc), outcome=outcome)
@@ -228,5 +258,7 @@ def persist_plan(plan: core.Plan, *, now: datetime | None = None) -> PersistOutc
                 # The database refused a double booking the checks above did not see: same outcome.
                 logger.warning("place of job %s refused by the database: %s", place.job_id, exc)
                 _skipped(place, "refused by the database", outcome=outcome)
+        if batch is not None:
+            outbox.commands_bulk_create(batch.starts)
         _explain(plan.explanations, outcome=outcome)
     return outcome
