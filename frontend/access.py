@@ -24,6 +24,7 @@ class Section:
     TENANTS = "tenants"
     JOBS = "jobs"
     REPORTS = "reports"
+    APPROVALS = "approvals"
     AUDIT = "audit"
 
 
@@ -38,6 +39,7 @@ NAV_ITEMS = [
     NavItem(Section.OVERVIEW, _("Overview"), "frontend:overview"),
     NavItem(Section.NODES, _("Nodes"), "frontend:node-list"),
     NavItem(Section.TENANTS, _("Tenants & quotas"), "frontend:tenant-list"),
+    NavItem(Section.APPROVALS, _("Approvals"), "frontend:approval-inbox"),
     NavItem(Section.JOBS, _("Jobs"), "frontend:job-list"),
     NavItem(Section.REPORTS, _("Reports"), "frontend:reports"),
     NavItem(Section.AUDIT, _("Audit"), "frontend:audit"),
@@ -81,7 +83,7 @@ def sections_for(user: User) -> set[str]:
     if user.platform_role == PlatformRole.AUDITOR:
         return {Section.AUDIT}
     if user.platform_role == PlatformRole.SYSTEM_ADMIN:
-        return {Section.OVERVIEW, Section.NODES, Section.TENANTS, Section.JOBS, Section.REPORTS}
+        return {Section.OVERVIEW, Section.NODES, Section.TENANTS, Section.APPROVALS, Section.JOBS, Section.REPORTS}
     if user.platform_role == PlatformRole.SECURITY_ADMIN:
         # Runs users, roles and tokens; sees the pool's health but no tenant's work.
         return {Section.OVERVIEW}
@@ -89,7 +91,7 @@ def sections_for(user: User) -> set[str]:
         return {Section.OVERVIEW}
     sections = {Section.OVERVIEW, Section.TENANTS, Section.JOBS}
     if is_tenant_admin(user):
-        sections.add(Section.REPORTS)
+        sections |= {Section.APPROVALS, Section.REPORTS}
     return sections
 
 

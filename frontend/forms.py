@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import shlex
+from decimal import Decimal
 
 from django import forms
 from django.utils.translation import gettext_lazy as _
@@ -144,3 +145,66 @@ class AuditExportForm(forms.Form):
             datetime.datetime.combine(start, midnight),
             datetime.datetime.combine(end + datetime.timedelta(days=1), midnight),
         )
+
+
+def _millis(cards: Decimal | None) -> int | None:
+    return None if cards is None else int(cards * 1000)
+
+
+class QuotaChangeForm(forms.Form):
+    """A quota change request in cards (0.1 steps); the service takes millis and re-checks the whole tree."""
+
+    flavor = forms.ChoiceField(label=_("Flavor"))
+    guaranteed_cards = forms.DecimalField(
+        label=_("Guaranteed (cards)"), min_value=0, max_digits=8, decimal_places=1, initial=0
+    )
+    limit_cards = forms.DecimalField(
+        label=_("Limit incl. borrowing (cards, empty = no limit)"),
+        min_value=0,
+        max_digits=8,
+        decimal_places=1,
+        required=False,
+    )
+    lending_limit_cards = forms.DecimalField(
+        label=_("Lendable to siblings (cards, empty = all idle)"),
+        min_value=0,
+        max_digits=8,
+        decimal_places=1,
+        required=False,
+    )
+    guaranteed_memory_gib = forms.IntegerField(label=_("Guaranteed device memory (GiB)"), min_value=0, initial=0)
+    max_running_jobs = forms.IntegerField(
+        label=_("Maximum running jobs (empty = no limit)"), min_value=1, required=False
+    )
+    reason = forms.CharField(
+        label=_("Reason"), widget=forms.Textarea(attrs={"rows": 3}), max_length=2000, required=False
+    )
+
+    def __init__(self, *args, flavors: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["flavor"].choices = [(f, f) for f in flavors]
+
+    def values(self) -> dict:
+        data = self.cleaned_data
+        return {
+            "guaranteed_millis": _millis(data["guaranteed_cards"]),
+            "limit_millis": _millis(data.get("limit_cards")),
+            "lending_limit_millis": _millis(data.get("lending_limit_cards")),
+            "guaranteed_memory_mib": data["guaranteed_memory_gib"] * 1024,
+            "max_running_jobs": data.get("max_running_jobs"),
+        }
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(
+        choices=[("approve", _("Approve")), ("reject", _("Reject")), ("request_changes", _("Request changes"))]
+    )
+    comment = forms.CharField(
+        label=_("Comment"), widget=forms.Textarea(attrs={"rows": 3}), max_length=2000, required=False
+    )
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if data.get("decision") in ("reject", "request_changes") and not data.get("comment"):
+            self.add_error("comment", _("Say why, so the requester knows what to change."))
+        return data

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.contrib import messages
 from django.db.models import Count
 from django.http import Http404
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_POST
 
 from frontend.access import Section, section_required
-from portal.api import NotFoundError
+from frontend.forms import DecisionForm, QuotaChangeForm
+from portal.api import DomainError, NotFoundError
+from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
-from tenants.models import Tenant
+from tenants import services as tenant_services
+from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, Quota, Tenant
+from tenants.permissions import can_admin_tenant, can_decide_approval
 
 
 @dataclass
@@ -58,6 +66,9 @@ def tenant_detail(request, pk: int):
         "ancestors": _ancestors(tenant),
         "memberships": memberships,
         "children": children,
+        "quotas": quota_rows(tenant),
+        "can_request": can_admin_tenant(request.user, tenant),
+        "quota_form": QuotaChangeForm(flavors=_flavor_names(), prefix="q"),
     }
     return render(request, "frontend/tenants/detail.html", context)
 
@@ -69,3 +80,164 @@ def _ancestors(tenant: Tenant) -> list[Tenant]:
         chain.append(node)
         node = node.parent
     return list(reversed(chain))
+
+
+@dataclass
+class QuotaRow:
+    """One flavor's quota and use, with the numbers a bar needs (millis)."""
+
+    flavor: str
+    guaranteed: int
+    limit: int | None
+    in_use: int
+    borrowed: int
+    lent: int
+    available_to_borrow: int
+    running_jobs: int
+    max_running_jobs: int | None
+
+    @property
+    def scale(self) -> int:
+        """The bar's full width: the limit, or (no limit) what the tenant could reach now."""
+        if self.limit is not None:
+            return max(self.limit, self.in_use, 1)
+        return max(self.guaranteed + self.available_to_borrow, self.in_use, self.guaranteed, 1)
+
+
+def quota_rows(tenant: Tenant) -> list[QuotaRow]:
+    usage = tenant_selectors.quota_usage(tenant)
+    return [
+        QuotaRow(
+            flavor=name,
+            guaranteed=row["guaranteed"],
+            limit=row["limit"],
+            in_use=row["in_use"],
+            borrowed=row["borrowed"],
+            lent=row["lent"],
+            available_to_borrow=row["available_to_borrow"],
+            running_jobs=row["running_jobs"],
+            max_running_jobs=row["max_running_jobs"],
+        )
+        for name, row in usage.items()
+    ]
+
+
+def _flavor_names() -> list[str]:
+    return list(ResourceFlavor.objects.order_by("name").values_list("name", flat=True))
+
+
+@require_POST
+@section_required(Section.TENANTS)
+def quota_request(request, pk: int):
+    tenant = _tenant_or_404(request, pk)
+    if not can_admin_tenant(request.user, tenant):
+        raise Http404
+    form = QuotaChangeForm(request.POST, flavors=_flavor_names(), prefix="q")
+    if form.is_valid():
+        flavor = ResourceFlavor.objects.get(name=form.cleaned_data["flavor"])
+        try:
+            approval = tenant_services.quota_change_request_create(
+                actor=request.user,
+                tenant=tenant,
+                flavor=flavor,
+                values=form.values(),
+                reason=form.cleaned_data["reason"],
+                request=request,
+            )
+        except DomainError as exc:
+            messages.error(request, exc.message)
+        else:
+            messages.success(request, _("Quota change request %(id)s sent for approval.") % {"id": approval.pk})
+            return redirect("frontend:approval-detail", pk=approval.pk)
+    else:
+        messages.error(request, " ".join(" ".join(errors) for errors in form.errors.values()))
+    return redirect("frontend:tenant-detail", pk=tenant.pk)
+
+
+# --- approvals ------------------------------------------------------------------------------------------
+
+
+def _approval_or_404(request, pk):
+    try:
+        return tenant_selectors.approval_get_visible(user=request.user, pk=pk)
+    except NotFoundError:
+        raise Http404 from None
+
+
+@section_required(Section.APPROVALS)
+def approval_inbox(request):
+    visible = tenant_selectors.approvals_visible_to(request.user)
+    context = {
+        "section": Section.APPROVALS,
+        "awaiting": tenant_selectors.approvals_awaiting(request.user),
+        "mine": visible.filter(requester=request.user, status__in=OPEN_APPROVAL_STATUSES),
+        "recent": visible.exclude(status__in=OPEN_APPROVAL_STATUSES).order_by("-updated_at")[:20],
+    }
+    return render(request, "frontend/tenants/approvals.html", context)
+
+
+@section_required(Section.APPROVALS)
+def approval_detail(request, pk: int):
+    approval = _approval_or_404(request, pk)
+    current = None
+    if approval.kind == ApprovalKind.QUOTA_CHANGE and approval.flavor_id:
+        current = Quota.objects.filter(tenant=approval.tenant, flavor=approval.flavor).first()
+    fields = (
+        [
+            (
+                label,
+                quota_value_text(field, current.values().get(field) if current else None, current is not None),
+                quota_value_text(field, approval.payload.get(field), True),
+            )
+            for field, label in QUOTA_FIELD_LABELS
+        ]
+        if approval.kind == ApprovalKind.QUOTA_CHANGE
+        else []
+    )
+    form = DecisionForm()
+    if request.method == "POST":
+        form = DecisionForm(request.POST)
+        if form.is_valid():
+            decide = {
+                "approve": tenant_services.approval_approve,
+                "reject": tenant_services.approval_reject,
+                "request_changes": tenant_services.approval_request_changes,
+            }[form.cleaned_data["decision"]]
+            try:
+                decide(actor=request.user, approval=approval, comment=form.cleaned_data["comment"], request=request)
+            except DomainError as exc:
+                messages.error(request, exc.message)
+            else:
+                messages.success(request, _("Decision recorded."))
+                return redirect("frontend:approval-detail", pk=approval.pk)
+    context = {
+        "section": Section.APPROVALS,
+        "approval": approval,
+        "fields": fields,
+        "steps": list(approval.steps.all()),
+        "can_decide": can_decide_approval(request.user, approval),
+        "form": form,
+    }
+    return render(request, "frontend/tenants/approval_detail.html", context)
+
+
+QUOTA_FIELD_LABELS = [
+    ("guaranteed_millis", gettext_lazy("Guaranteed (cards)")),
+    ("limit_millis", gettext_lazy("Limit (cards)")),
+    ("lending_limit_millis", gettext_lazy("Lendable (cards)")),
+    ("guaranteed_memory_mib", gettext_lazy("Guaranteed memory (GiB)")),
+    ("max_running_jobs", gettext_lazy("Maximum running jobs")),
+]
+
+
+def quota_value_text(field: str, value: int | None, has_quota: bool) -> str:
+    """A quota number as people read it: cards, GiB, or "no limit"."""
+    if not has_quota:
+        return "—"
+    if value is None:
+        return _("no limit") if field != "lending_limit_millis" else _("all idle")
+    if field.endswith("_millis"):
+        return f"{value / 1000:g}"
+    if field.endswith("_mib"):
+        return f"{value / 1024:g}"
+    return str(value)
