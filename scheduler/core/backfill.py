@@ -18,6 +18,9 @@ from .capacity import Cluster
 from .placement import Placer
 from .types import MILLIS_PER_DEVICE, PendingJob, Snapshot, Topology
 
+# Nodes compared when choosing where a blocked head waits (most free cards first); bounds the work.
+MAX_NODES = 512
+
 
 class HeadReservations:
     def __init__(self, snapshot: Snapshot, cluster: Cluster, placer: Placer, *, max_heads: int) -> None:
@@ -26,6 +29,7 @@ class HeadReservations:
         self.max_heads = max_heads
         self.now = snapshot.now
         self.heads: dict[str, str] = {}  # flavor -> job id of its blocked head
+        self._flavor_nodes: dict[str, list[int]] = {}
         self.held: dict[str, tuple[list[int], float]] = {}  # flavor -> (held devices, when they are all free)
         # When each device is expected to be completely free.
         self.free_at = [snapshot.now] * len(cluster.dev_uuid)
@@ -79,26 +83,43 @@ class HeadReservations:
         c = self.c
         req = job.request
         need_mem = req.memory_mib
+        fraction = req.millis < MILLIS_PER_DEVICE
+        now = self.now
+        free_at = self.free_at
         best: tuple[tuple, list[int]] | None = None
-        for n in range(len(c.node_name)):
-            devs = c.node_devs[n].get(flavor)
-            if not devs or len(devs) < n_devices or not self.placer.node_matches(n, job.node_selector):
+        examined = 0
+        for n in self._nodes_with(flavor):
+            devs = c.node_devs[n][flavor]
+            if len(devs) < n_devices or not self.placer.node_matches(n, job.node_selector):
                 continue
-            usable = [
-                d
+            ready = [
+                (now if fraction and c.dev_free_millis[d] >= req.millis else free_at[d], d)
                 for d in devs
                 if c.dev_usable[d] and c.dev_held[d] is None and c.dev_mem[d] >= need_mem and d not in excluded
             ]
-            if len(usable) < n_devices:
+            if len(ready) < n_devices:
                 continue
-            usable.sort(key=lambda d: (self._ready_at(d, req.millis), d))
-            pick = usable[:n_devices]
-            ready = max(self._ready_at(d, req.millis) for d in pick)
-            free_now = sum(1 for d in pick if c.is_free(d))
-            key = (ready, -free_now, n)
+            ready.sort()
+            pick = ready[:n_devices]
+            free_now = sum(1 for _, d in pick if c.is_free(d))
+            key = (pick[-1][0], -free_now, n)
             if best is None or key < best[0]:
-                best = (key, pick)
+                best = (key, [d for _, d in pick])
+            examined += 1
+            if examined >= MAX_NODES:
+                break
         return None if best is None else best[1]
+
+    def _nodes_with(self, flavor: str) -> list[int]:
+        """Nodes with the flavor, those with the most free cards first (they are likely to be ready soonest)."""
+        nodes = self._flavor_nodes.get(flavor)
+        if nodes is None:
+            c = self.c
+            counts = c.node_free_whole.get(flavor, [])
+            nodes = [n for n in range(len(c.node_name)) if flavor in c.node_devs[n]]
+            nodes.sort(key=lambda n: (-counts[n] if counts else 0, n))
+            self._flavor_nodes[flavor] = nodes
+        return nodes
 
     def _ready_at(self, d: int, millis: int) -> float:
         c = self.c

@@ -48,6 +48,7 @@ class Cluster:
         "dev_usable",
         "dev_uuid",
         "frac",
+        "max_group",
         "node_busy",
         "node_devs",
         "node_free_whole",
@@ -80,6 +81,9 @@ class Cluster:
         self.node_busy: list[int] = []  # devices of the node with anything allocated
         self.capacity_millis: dict[str, int] = {}  # usable millis per flavor
         self._max_k: dict[str, int] = {}
+        # Per flavor, the most cards of one node sharing an NVLink domain, a PCIe switch, a NUMA node.
+        self.max_group: dict[str, tuple[int, int, int]] = {}
+        group_sizes: dict[tuple[int, int, str, object], int] = {}
 
         for node in sorted(snapshot.nodes, key=lambda n: n.name):
             n = len(self.node_name)
@@ -106,8 +110,18 @@ class Cluster:
                 self.dev_pcie.append(dev.pcie_switch)
                 self.dev_numa.append(dev.numa_node)
                 per_flavor.setdefault(dev.flavor, []).append(d)
+                for level, value in ((0, dev.nvlink_domain), (1, dev.pcie_switch), (2, dev.numa_node)):
+                    if value is not None:
+                        key = (n, level, dev.flavor, value)
+                        group_sizes[key] = group_sizes.get(key, 0) + 1
                 if usable:
                     self.capacity_millis[dev.flavor] = self.capacity_millis.get(dev.flavor, 0) + MILLIS_PER_DEVICE
+
+        maxima: dict[str, list[int]] = {}
+        for (_, level, flavor, _), size in group_sizes.items():
+            top = maxima.setdefault(flavor, [0, 0, 0])
+            top[level] = max(top[level], size)
+        self.max_group = {flavor: (top[0], top[1], top[2]) for flavor, top in maxima.items()}
 
         # Existing allocations and reservations take capacity before the indices are built.
         for alloc in snapshot.allocations:

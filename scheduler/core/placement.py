@@ -275,6 +275,7 @@ class Placer:
         candidates = None if only_node is None else [(c.node_free_whole[flavor][only_node], only_node)]
         best: tuple[tuple[int, ...], list[int]] | None = None
         examined = 0
+        top_score = self._top_score(flavor, n_cards, topology)
 
         def consider(k: int, n: int) -> bool:
             """Returns True when the search can stop."""
@@ -292,7 +293,7 @@ class Placer:
             key = (idle, -score, k) if self.energy_mode else (-score, k)
             if best is None or key < best[0]:
                 best = (key, group)
-            top = (0, -3) if self.energy_mode else (-3,)
+            top = (0, -top_score) if self.energy_mode else (-top_score,)
             return key[: len(top)] == top or examined >= CANDIDATE_NODES
 
         if candidates is not None:
@@ -309,6 +310,19 @@ class Placer:
                 if stop:
                     break
         return None if best is None else best[1]
+
+    def _top_score(self, flavor: str, n: int, topology: Topology) -> int:
+        """The best link score any node of ``flavor`` could give ``n`` cards: a candidate that reaches it
+        ends the search (3 NVLink, 2 PCIe switch, 1 NUMA, 0 none)."""
+        if n == 1:
+            return 3
+        nvlink, pcie, numa = self.c.max_group.get(flavor, (0, 0, 0))
+        if topology == Topology.NUMA:
+            return 1
+        for score, size in ((3, nvlink), (2, pcie), (1, numa)):
+            if size >= n:
+                return score
+        return 0
 
     def _best_group(self, devs: list[int], n: int, topology: Topology) -> tuple[list[int] | None, int]:
         """The ``n`` devices with the best common link, and its score (3 NVLink .. 0 none)."""
