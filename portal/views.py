@@ -25,6 +25,11 @@ API_ROOT_LINKS: dict[str, str] = {
     "memberships": "membership-list",
     "users": "user-list",
     "tokens": "apitoken-list",
+    "quotas": "quota-list",
+    "approvals": "approval-list",
+    "notifications": "notification-list",
+    "flavor_prices": "flavorprice-list",
+    "usage": "usage-report",
 }
 
 

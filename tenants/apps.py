@@ -25,5 +25,7 @@ def _register_audit_events() -> None:
         ("approval.expire", "An approval request expired"),
         ("approval.create", "An approval was requested"),
         ("notification.failed", "A notification could not be delivered"),
+        ("notification.retry", "An admin retried a notification"),
+        ("flavor.price.set", "The showback price of a flavor was set"),
     ]:
         register(code, "approval", description)

@@ -7,7 +7,22 @@ from django import forms
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, Tenant, TenantKind, TokenScope, User
+from tenants.models import (
+    ApiToken,
+    ApprovalKind,
+    ApprovalRequest,
+    ApprovalStatus,
+    DeliveryStatus,
+    Membership,
+    MembershipRole,
+    NotificationDelivery,
+    PlatformRole,
+    Quota,
+    Tenant,
+    TenantKind,
+    TokenScope,
+    User,
+)
 from tenants.selectors import MAX_ID, subtree_q
 
 
@@ -71,3 +86,38 @@ class ApiTokenFilterSet(django_filters.FilterSet):
     def filter_active(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
         usable = Q(revoked_at__isnull=True, expires_at__gt=timezone.now())
         return queryset.filter(usable) if value else queryset.exclude(usable)
+
+
+class QuotaFilterSet(django_filters.FilterSet):
+    tenant = IdFilter(field_name="tenant_id")
+    flavor = django_filters.CharFilter(field_name="flavor__name")
+
+    class Meta:
+        model = Quota
+        fields = ["tenant", "flavor"]
+
+
+class ApprovalFilterSet(django_filters.FilterSet):
+    kind = django_filters.ChoiceFilter(choices=ApprovalKind.choices)
+    status = django_filters.ChoiceFilter(choices=ApprovalStatus.choices)
+    tenant = IdFilter(field_name="tenant_id")
+    awaiting_me = django_filters.BooleanFilter(method="filter_awaiting_me", label="only requests you can decide now")
+
+    class Meta:
+        model = ApprovalRequest
+        fields = ["kind", "status", "tenant", "awaiting_me"]
+
+    def filter_awaiting_me(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
+        from tenants.selectors import approvals_awaiting
+
+        ids = [approval.pk for approval in approvals_awaiting(self.request.user)]
+        return queryset.filter(pk__in=ids) if value else queryset.exclude(pk__in=ids)
+
+
+class NotificationFilterSet(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(choices=DeliveryStatus.choices)
+    approval = IdFilter(field_name="approval_id")
+
+    class Meta:
+        model = NotificationDelivery
+        fields = ["status", "approval"]

@@ -1392,3 +1392,55 @@ def notification_deliver(*, delivery: Any) -> bool:
             delivery.last_error = ""
         delivery.save(update_fields=["status", "last_error", "sent_at", "updated_at"])
     return not error
+
+
+@transaction.atomic
+def notification_retry(*, actor: User | None, delivery: Any, request: Any = None) -> Any:
+    """Send a failed delivery again (admins, from the API), with a fresh attempt budget."""
+    from tenants.models import DeliveryStatus, NotificationDelivery
+
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor) or is_security_admin(actor), "Only platform admins retry notifications.")
+    delivery = NotificationDelivery.objects.select_for_update().get(pk=delivery.pk)
+    if delivery.status == DeliveryStatus.SENT:
+        raise ConflictError(f"Notification {delivery.pk} was already sent.", code="already_sent")
+    delivery.status = DeliveryStatus.PENDING
+    delivery.attempts = 0
+    delivery.save(update_fields=["status", "attempts", "updated_at"])
+    audit_record(action="notification.retry", actor=actor, target=f"notification:{delivery.pk}", request=request)
+    transaction.on_commit(lambda: _enqueue_delivery(delivery.pk))
+    return delivery
+
+
+@transaction.atomic
+def flavor_price_set(
+    *, actor: User | None, flavor: Any, price_per_device_hour: Any, currency: str = "CNY", request: Any = None
+) -> Any:
+    """Set the showback price of one card-hour of ``flavor`` (system admins)."""
+    from decimal import Decimal, InvalidOperation
+
+    from tenants.models import FlavorPrice
+
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor), "Only a system admin sets prices.")
+    try:
+        price = Decimal(str(price_per_device_hour))
+    except InvalidOperation:
+        raise DomainError("price_per_device_hour must be a number.", field="price_per_device_hour") from None
+    if price < 0 or not price.is_finite():
+        raise DomainError("price_per_device_hour must be ≥ 0.", field="price_per_device_hour")
+    existing = FlavorPrice.objects.filter(flavor=flavor).first()
+    before = {"price": str(existing.price_per_device_hour), "currency": existing.currency} if existing else None
+    row, _created = FlavorPrice.objects.update_or_create(
+        flavor=flavor, defaults={"price_per_device_hour": price, "currency": currency.upper()[:3]}
+    )
+    audit_record(
+        action="flavor.price.set",
+        actor=actor,
+        target=f"flavor:{flavor.pk}",
+        details={"before": before, "after": {"price": str(price), "currency": row.currency}},
+        request=request,
+    )
+    return row

@@ -8,7 +8,22 @@ from django_otp import user_has_device
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, Tenant, TenantKind, TokenScope, User
+from tenants.models import (
+    QUOTA_FIELDS,
+    ApiToken,
+    ApprovalRequest,
+    ApprovalStep,
+    FlavorPrice,
+    Membership,
+    MembershipRole,
+    NotificationDelivery,
+    PlatformRole,
+    Quota,
+    Tenant,
+    TenantKind,
+    TokenScope,
+    User,
+)
 from tenants.selectors import MAX_ID
 
 
@@ -37,7 +52,18 @@ class TenantSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Tenant
-        fields = ["id", "name", "slug", "kind", "parent", "parent_slug", "depth", "description", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "slug",
+            "kind",
+            "parent",
+            "parent_slug",
+            "depth",
+            "description",
+            "job_approval_threshold_millis",
+            "created_at",
+        ]
         read_only_fields = fields
 
 
@@ -212,3 +238,199 @@ class MeSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.BooleanField())
     def get_mfa_enrolled(self, user: User) -> bool:
         return user_has_device(user, confirmed=True)
+
+
+# --- quotas -----------------------------------------------------------------------------------------------
+
+
+def _millis_field(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=10**9, **kwargs)
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    tenant_slug = serializers.CharField(source="tenant.slug", read_only=True)
+    flavor_name = serializers.CharField(source="flavor.name", read_only=True)
+
+    class Meta:
+        model = Quota
+        fields = ["id", "tenant", "tenant_slug", "flavor", "flavor_name", *QUOTA_FIELDS, "updated_at"]
+        read_only_fields = fields
+
+
+class QuotaValuesSerializer(StrictInputSerializer):
+    guaranteed_millis = _millis_field(required=False)
+    limit_millis = _millis_field(required=False, allow_null=True)
+    lending_limit_millis = _millis_field(required=False, allow_null=True)
+    guaranteed_memory_mib = serializers.IntegerField(min_value=0, max_value=2**53, required=False)
+    max_running_jobs = serializers.IntegerField(min_value=0, max_value=10**6, required=False, allow_null=True)
+
+
+class QuotaSetSerializer(QuotaValuesSerializer):
+    tenant = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    flavor = serializers.SlugField(max_length=64, help_text="flavor name, e.g. nvidia-h100-80g")
+
+
+class QuotaUsageSerializer(serializers.Serializer):
+    flavor = serializers.CharField()
+    guaranteed = serializers.IntegerField()
+    limit = serializers.IntegerField(allow_null=True)
+    lending_limit = serializers.IntegerField(allow_null=True)
+    in_use = serializers.IntegerField()
+    borrowed = serializers.IntegerField()
+    lent = serializers.IntegerField()
+    available_to_borrow = serializers.IntegerField()
+    guaranteed_memory_mib = serializers.IntegerField()
+    memory_in_use_mib = serializers.IntegerField()
+    running_jobs = serializers.IntegerField()
+    max_running_jobs = serializers.IntegerField(allow_null=True)
+
+
+class ThresholdSerializer(StrictInputSerializer):
+    threshold_millis = serializers.IntegerField(
+        min_value=0, max_value=10**9, allow_null=True, help_text="null: inherit from the parent / the setting"
+    )
+
+
+# --- approvals --------------------------------------------------------------------------------------------
+
+
+class ApprovalStepSerializer(serializers.ModelSerializer):
+    actor_username = serializers.CharField(source="actor.username", read_only=True, default=None)
+
+    class Meta:
+        model = ApprovalStep
+        fields = ["step", "role", "actor", "actor_username", "decision", "comment", "created_at"]
+        read_only_fields = fields
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    tenant_slug = serializers.CharField(source="tenant.slug", read_only=True)
+    flavor_name = serializers.CharField(source="flavor.name", read_only=True, default=None)
+    requester_username = serializers.CharField(source="requester.username", read_only=True, default=None)
+    awaiting_role = serializers.CharField(read_only=True, allow_null=True)
+    steps = ApprovalStepSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ApprovalRequest
+        fields = [
+            "id",
+            "kind",
+            "status",
+            "tenant",
+            "tenant_slug",
+            "flavor",
+            "flavor_name",
+            "job",
+            "requester",
+            "requester_username",
+            "payload",
+            "reason",
+            "chain",
+            "step",
+            "awaiting_role",
+            "result_message",
+            "created_at",
+            "updated_at",
+            "expires_at",
+            "decided_at",
+            "steps",
+        ]
+        read_only_fields = fields
+
+
+class QuotaChangeRequestSerializer(QuotaValuesSerializer):
+    tenant = serializers.IntegerField(min_value=1, max_value=MAX_ID)
+    flavor = serializers.SlugField(max_length=64)
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class DecisionSerializer(StrictInputSerializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+class ResubmitSerializer(StrictInputSerializer):
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    values = QuotaValuesSerializer(required=False)
+
+
+# --- notifications, prices, usage --------------------------------------------------------------------------
+
+
+class NotificationDeliverySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = NotificationDelivery
+        fields = [
+            "id",
+            "approval",
+            "event",
+            "notifier",
+            "recipients",
+            "subject",
+            "status",
+            "attempts",
+            "last_error",
+            "created_at",
+            "updated_at",
+            "sent_at",
+        ]
+        read_only_fields = fields
+
+
+class FlavorPriceSerializer(serializers.ModelSerializer):
+    flavor_name = serializers.CharField(source="flavor.name", read_only=True)
+
+    class Meta:
+        model = FlavorPrice
+        fields = ["id", "flavor", "flavor_name", "price_per_device_hour", "currency"]
+        read_only_fields = fields
+
+
+class FlavorPriceSetSerializer(StrictInputSerializer):
+    flavor = serializers.SlugField(max_length=64)
+    price_per_device_hour = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0)
+    currency = serializers.RegexField(r"^[A-Za-z]{3}\Z", required=False, default="CNY")
+
+
+class UsageQuerySerializer(serializers.Serializer):
+    start = serializers.DateTimeField(help_text="from (inclusive)")
+    end = serializers.DateTimeField(help_text="to (exclusive)")
+    period = serializers.ChoiceField(choices=["day", "week", "month"], default="day")
+    tenant = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID, help_text="subtree of this id")
+    export = serializers.ChoiceField(choices=["json", "csv", "xlsx"], default="json")
+    detail = serializers.BooleanField(default=False, help_text="CSV: one row per user and job")
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs["end"] <= attrs["start"]:
+            raise serializers.ValidationError({"end": ["'end' must be after 'start'."]})
+        if (attrs["end"] - attrs["start"]).days > 400:
+            raise serializers.ValidationError({"end": ["A report covers at most 400 days."]})
+        return attrs
+
+
+class UsageRowSerializer(serializers.Serializer):
+    period_start = serializers.DateField()
+    tenant = serializers.CharField()
+    flavor = serializers.CharField()
+    user = serializers.CharField()
+    job_id = serializers.IntegerField()
+    device_hours = serializers.DecimalField(max_digits=20, decimal_places=4)
+    cost = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True)
+
+
+class TenantUsageSerializer(serializers.Serializer):
+    period_start = serializers.DateField()
+    tenant = serializers.CharField()
+    parent = serializers.CharField(allow_null=True)
+    flavor = serializers.CharField()
+    own_device_hours = serializers.DecimalField(max_digits=20, decimal_places=4)
+    subtree_device_hours = serializers.DecimalField(max_digits=20, decimal_places=4)
+    subtree_cost = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True)
+
+
+class UsageReportSerializer(serializers.Serializer):
+    start = serializers.DateTimeField()
+    end = serializers.DateTimeField()
+    period = serializers.CharField()
+    currency = serializers.CharField()
+    tenants = TenantUsageSerializer(many=True)
+    rows = UsageRowSerializer(many=True)

@@ -10,8 +10,19 @@ router.register("tenants", views.TenantViewSet, basename="tenant")
 router.register("memberships", views.MembershipViewSet, basename="membership")
 router.register("users", views.UserViewSet, basename="user")
 router.register("tokens", views.ApiTokenViewSet, basename="apitoken")
+router.register("quotas", views.QuotaViewSet, basename="quota")
+router.register("approvals", views.ApprovalViewSet, basename="approval")
+router.register("notifications", views.NotificationViewSet, basename="notification")
+router.register("flavor-prices", views.FlavorPriceViewSet, basename="flavorprice")
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
+    path("tenants/<str:pk>/quota-usage/", views.TenantQuotaUsageView.as_view(), name="tenant-quota-usage"),
+    path(
+        "tenants/<str:pk>/approval-threshold/",
+        views.TenantApprovalThresholdView.as_view(),
+        name="tenant-approval-threshold",
+    ),
+    path("usage/", views.UsageReportView.as_view(), name="usage-report"),
     *router.urls,
 ]

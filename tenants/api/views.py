@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -18,8 +19,16 @@ from rest_framework.views import APIView
 from portal.api import NotFoundError, PermissionDeniedError
 from tenants import selectors, services
 from tenants.api import serializers as s
-from tenants.filtersets import ApiTokenFilterSet, MembershipFilterSet, TenantFilterSet, UserFilterSet
-from tenants.models import Membership, TokenScope, User
+from tenants.filtersets import (
+    ApiTokenFilterSet,
+    ApprovalFilterSet,
+    MembershipFilterSet,
+    NotificationFilterSet,
+    QuotaFilterSet,
+    TenantFilterSet,
+    UserFilterSet,
+)
+from tenants.models import ApiToken, FlavorPrice, Membership, Quota, TokenScope, User
 from tenants.permissions import ReadOnlyForAuditor, can_manage_memberships, is_security_admin
 
 ERROR = OpenApiResponse(description='Error: {"code": "...", "detail": "..."}')
@@ -259,3 +268,274 @@ class MeView(APIView):
     def get(self, request: Request) -> Response:
         user = User.objects.prefetch_related("memberships__tenant").get(pk=request.user.pk)
         return Response(s.MeSerializer(user).data)
+
+
+# --- quotas -------------------------------------------------------------------------------------------------
+
+
+def _flavor(name: str):
+    from scheduler.models import ResourceFlavor
+
+    flavor = ResourceFlavor.objects.filter(name=name).first()
+    if flavor is None:
+        raise NotFoundError(f"No flavor named {name!r}.")
+    return flavor
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Quotas of the tenants visible to you", responses={200: s.QuotaSerializer(many=True)}),
+    retrieve=extend_schema(summary="One quota", responses={200: s.QuotaSerializer, **ERRORS}),
+)
+class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    serializer_class = s.QuotaSerializer
+    filterset_class = QuotaFilterSet
+    http_method_names = ["get", "post", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.quotas_visible_to(self.request.user)
+
+    def get_object(self):
+        found = self.get_queryset().filter(pk=selectors.parse_id(self.kwargs["pk"])).first()
+        if found is None:
+            raise NotFoundError(f"No quota with id {self.kwargs['pk']} is visible to you.")
+        return found
+
+    @extend_schema(
+        summary="Set a quota directly (system admin; tenant admins use /approvals/quota-change/)",
+        request=s.QuotaSetSerializer,
+        responses={200: s.QuotaSerializer, **ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        data = dict(_validated(s.QuotaSetSerializer, request))
+        tenant = selectors.tenant_get_visible(user=request.user, pk=data.pop("tenant"))
+        flavor = _flavor(data.pop("flavor"))
+        if isinstance(request.auth, ApiToken) and request.auth.scope != TokenScope.ADMIN:
+            raise PermissionDeniedError("Setting quotas directly needs an admin-scoped token.")
+        current = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
+        values = {**(current.values() if current else {}), **data}
+        quota = services.quota_set(actor=request.user, tenant=tenant, flavor=flavor, values=values, request=request)
+        return Response(s.QuotaSerializer(quota).data)
+
+
+class TenantQuotaUsageView(APIView):
+    @extend_schema(
+        summary="Quota and current use of a tenant, per flavor (millis; 1000 = one card)",
+        responses={200: s.QuotaUsageSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request, pk: str) -> Response:
+        tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
+        usage = selectors.quota_usage(tenant)
+        return Response([{"flavor": name, **values} for name, values in usage.items()])
+
+
+class TenantApprovalThresholdView(APIView):
+    permission_classes = [*APIView.permission_classes, ReadOnlyForAuditor]
+
+    @extend_schema(
+        summary="Set the size above which a tenant's jobs wait for approval (system admin)",
+        request=s.ThresholdSerializer,
+        responses={200: s.TenantSerializer, **ERRORS},
+    )
+    def post(self, request: Request, pk: str) -> Response:
+        tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
+        data = _validated(s.ThresholdSerializer, request)
+        tenant = services.tenant_set_job_approval_threshold(
+            actor=request.user, tenant=tenant, threshold_millis=data["threshold_millis"], request=request
+        )
+        return Response(s.TenantSerializer(tenant).data)
+
+
+# --- approvals ----------------------------------------------------------------------------------------------
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Approval requests (?awaiting_me=true: your inbox)", responses={200: s.ApprovalSerializer(many=True)}
+    ),
+    retrieve=extend_schema(
+        summary="One approval request with its history", responses={200: s.ApprovalSerializer, **ERRORS}
+    ),
+)
+class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    serializer_class = s.ApprovalSerializer
+    filterset_class = ApprovalFilterSet
+    http_method_names = ["get", "post", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.approvals_visible_to(self.request.user)
+
+    def get_object(self):
+        return selectors.approval_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+
+    @extend_schema(
+        summary="Request a quota change for a tenant you administer",
+        request=s.QuotaChangeRequestSerializer,
+        responses={201: s.ApprovalSerializer, **ERRORS},
+    )
+    @action(detail=False, methods=["post"], url_path="quota-change")
+    def quota_change(self, request: Request) -> Response:
+        data = dict(_validated(s.QuotaChangeRequestSerializer, request))
+        tenant = selectors.tenant_get_visible(user=request.user, pk=data.pop("tenant"))
+        flavor = _flavor(data.pop("flavor"))
+        reason = data.pop("reason", "")
+        approval = services.quota_change_request_create(
+            actor=request.user, tenant=tenant, flavor=flavor, values=data, reason=reason, request=request
+        )
+        return Response(s.ApprovalSerializer(approval).data, status=status.HTTP_201_CREATED)
+
+    def _decide(self, request: Request, service, **extra: Any) -> Response:
+        approval = self.get_object()
+        data = _validated(s.DecisionSerializer, request)
+        approval = service(actor=request.user, approval=approval, comment=data["comment"], request=request, **extra)
+        return Response(s.ApprovalSerializer(approval).data)
+
+    @extend_schema(
+        summary="Approve the step the request waits for (on the last step the change is applied)",
+        request=s.DecisionSerializer,
+        responses={200: s.ApprovalSerializer, 409: ERROR, **ERRORS},
+    )
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str) -> Response:
+        return self._decide(request, services.approval_approve)
+
+    @extend_schema(
+        summary="Reject (comment required)",
+        request=s.DecisionSerializer,
+        responses={200: s.ApprovalSerializer, 409: ERROR, **ERRORS},
+    )
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str) -> Response:
+        return self._decide(request, services.approval_reject)
+
+    @extend_schema(
+        summary="Send back to the requester for changes (comment required)",
+        request=s.DecisionSerializer,
+        responses={200: s.ApprovalSerializer, 409: ERROR, **ERRORS},
+    )
+    @action(detail=True, methods=["post"], url_path="request-changes")
+    def request_changes(self, request: Request, pk: str) -> Response:
+        return self._decide(request, services.approval_request_changes)
+
+    @extend_schema(
+        summary="Withdraw your request",
+        request=s.DecisionSerializer,
+        responses={200: s.ApprovalSerializer, 409: ERROR, **ERRORS},
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        return self._decide(request, services.approval_cancel)
+
+    @extend_schema(
+        summary="Resubmit with changed values after changes were requested",
+        request=s.ResubmitSerializer,
+        responses={200: s.ApprovalSerializer, 409: ERROR, **ERRORS},
+    )
+    @action(detail=True, methods=["post"])
+    def resubmit(self, request: Request, pk: str) -> Response:
+        approval = self.get_object()
+        data = _validated(s.ResubmitSerializer, request)
+        approval = services.approval_resubmit(
+            actor=request.user,
+            approval=approval,
+            values=dict(data.get("values") or {}),
+            comment=data["comment"],
+            request=request,
+        )
+        return Response(s.ApprovalSerializer(approval).data)
+
+
+# --- notifications, prices, usage ---------------------------------------------------------------------------
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="Notification deliveries (platform admins)",
+        responses={200: s.NotificationDeliverySerializer(many=True)},
+    ),
+    retrieve=extend_schema(summary="One delivery", responses={200: s.NotificationDeliverySerializer, **ERRORS}),
+)
+class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    serializer_class = s.NotificationDeliverySerializer
+    filterset_class = NotificationFilterSet
+    http_method_names = ["get", "post", "head", "options"]
+
+    def get_queryset(self):
+        return selectors.notifications_visible_to(self.request.user)
+
+    def get_object(self):
+        found = self.get_queryset().filter(pk=selectors.parse_id(self.kwargs["pk"])).first()
+        if found is None:
+            raise NotFoundError(f"No notification with id {self.kwargs['pk']} is visible to you.")
+        return found
+
+    @extend_schema(
+        summary="Send a failed notification again",
+        request=None,
+        responses={200: s.NotificationDeliverySerializer, 409: ERROR, **ERRORS},
+    )
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str) -> Response:
+        delivery = services.notification_retry(actor=request.user, delivery=self.get_object(), request=request)
+        return Response(s.NotificationDeliverySerializer(delivery).data)
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Prices per card-hour", responses={200: s.FlavorPriceSerializer(many=True)})
+)
+class FlavorPriceViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    serializer_class = s.FlavorPriceSerializer
+    http_method_names = ["get", "post", "head", "options"]
+    queryset = FlavorPrice.objects.select_related("flavor").order_by("flavor__name")
+
+    @extend_schema(
+        summary="Set the price of a flavor's card-hour (system admin)",
+        request=s.FlavorPriceSetSerializer,
+        responses={200: s.FlavorPriceSerializer, **ERRORS},
+    )
+    def create(self, request: Request) -> Response:
+        data = _validated(s.FlavorPriceSetSerializer, request)
+        price = services.flavor_price_set(
+            actor=request.user,
+            flavor=_flavor(data["flavor"]),
+            price_per_device_hour=data["price_per_device_hour"],
+            currency=data["currency"],
+            request=request,
+        )
+        return Response(s.FlavorPriceSerializer(price).data)
+
+
+class UsageReportView(APIView):
+    """Showback: device-hours per tenant (rolled up the tree), flavor, user and job, for the tenants you see."""
+
+    @extend_schema(
+        summary="Usage report (device-hours, cost) as JSON, CSV or XLSX",
+        parameters=[s.UsageQuerySerializer],
+        responses={200: s.UsageReportSerializer, **ERRORS},
+    )
+    def get(self, request: Request) -> Response | HttpResponse:
+        from tenants.usage import report_csv, report_xlsx, usage_report
+
+        query = s.UsageQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        visible = list(selectors.tenants_visible_to(request.user).values_list("pk", flat=True))
+        tenant_ids = visible
+        if params.get("tenant"):
+            root = selectors.tenant_get_visible(user=request.user, pk=params["tenant"])
+            tenant_ids = [pk for pk in selectors.tenant_subtree_ids(root) if pk in set(visible)]
+        report = usage_report(start=params["start"], end=params["end"], period=params["period"], tenant_ids=tenant_ids)
+        stem = f"gpupool-usage-{params['start']:%Y%m%d}-{params['end']:%Y%m%d}"
+        if params["export"] == "csv":
+            response = HttpResponse(
+                report_csv(report, kind="detail" if params["detail"] else "tenants"),
+                content_type="text/csv; charset=utf-8",
+            )
+            response["Content-Disposition"] = f'attachment; filename="{stem}.csv"'
+            return response
+        if params["export"] == "xlsx":
+            response = HttpResponse(
+                report_xlsx(report), content_type="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+            )
+            response["Content-Disposition"] = f'attachment; filename="{stem}.xlsx"'
+            return response
+        return Response(s.UsageReportSerializer(report).data)

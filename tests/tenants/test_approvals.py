@@ -55,8 +55,11 @@ def setup(world):
 
 def _request(world, flavor, millis: int = 3000, tenant=None):
     return quota_change_request_create(
-        actor=world.users["vision_admin"], tenant=tenant or world.vision, flavor=flavor,
-        values={"guaranteed_millis": millis}, reason="new project",
+        actor=world.users["vision_admin"],
+        tenant=tenant or world.vision,
+        flavor=flavor,
+        values={"guaranteed_millis": millis},
+        reason="new project",
     )
 
 
@@ -297,6 +300,9 @@ def test_concurrent_final_approvals_that_together_overflow_the_parent_are_serial
     for thread in threads:
         thread.join(timeout=60)
     assert sorted(map(str, results)) == [ApprovalStatus.APPROVED, ApprovalStatus.FAILED], results
-    total = sum(Quota.objects.filter(tenant__in=[world.vision, world.nlp], flavor=flavor).values_list(
-        "guaranteed_millis", flat=True))
+    total = sum(
+        Quota.objects.filter(tenant__in=[world.vision, world.nlp], flavor=flavor).values_list(
+            "guaranteed_millis", flat=True
+        )
+    )
     assert total == 5000

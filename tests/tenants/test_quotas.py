@@ -39,8 +39,15 @@ def allocate(tenant, flavor, millis: int, *, ended: bool = False, started=None) 
     device = DeviceFactory(flavor=flavor)
     job = JobFactory(tenant=tenant)
     return Allocation.objects.create(
-        job=job, replica=0, tenant=tenant, flavor=flavor, device=device, node=device.node, millis=min(millis, 1000),
-        started_at=started or timezone.now(), ended_at=timezone.now() if ended else None,
+        job=job,
+        replica=0,
+        tenant=tenant,
+        flavor=flavor,
+        device=device,
+        node=device.node,
+        millis=min(millis, 1000),
+        started_at=started or timezone.now(),
+        ended_at=timezone.now() if ended else None,
     )
 
 
