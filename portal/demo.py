@@ -66,6 +66,28 @@ def load_demo_data() -> bool:
         ResourceFlavor.objects.get_or_create(
             name=name, defaults={"vendor": vendor, "model": model, "memory_mib": memory_mib}
         )
+    # Quotas (millis; 1000 = one card), so demo jobs can run: the company holds the pool, research part of it,
+    # and each team a guarantee it may exceed by borrowing its sibling's idle share.
+    from tenants.services import quota_set
+
+    for tenant, flavor, guaranteed, limit in [
+        (acme, "nvidia-h100-80g", 16000, 16000),
+        (acme, "nvidia-a100-40g", 4000, 4000),
+        (acme, "ascend-910b", 8000, 8000),
+        (research, "nvidia-h100-80g", 12000, 16000),
+        (research, "nvidia-a100-40g", 4000, 4000),
+        (research, "ascend-910b", 8000, 8000),
+        (vision, "nvidia-h100-80g", 4000, 8000),
+        (nlp, "nvidia-h100-80g", 4000, 8000),
+        (vision, "nvidia-a100-40g", 2000, 4000),
+        (nlp, "nvidia-a100-40g", 2000, 4000),
+    ]:
+        quota_set(
+            actor=None,
+            tenant=tenant,
+            flavor=ResourceFlavor.objects.get(name=flavor),
+            values={"guaranteed_millis": guaranteed, "limit_millis": limit},
+        )
     return True
 
 
