@@ -184,8 +184,9 @@ class _Cycle:
                     message += f"; {len(held[0])} {first.flavor} device(s) are held for it as the head of the queue"
             self._wait(job, first.failure.code, message)
             return
-        first = refusals[0]
-        if first.code in _QUOTA_REASONS and self._preempt_for_quota(job):
+        # A flavor the pool lacks says less than a quota refusal on another one.
+        first = next((r for r in refusals if r.code != PendingReason.NO_SUCH_FLAVOR), refusals[0])
+        if any(r.code in _QUOTA_REASONS for r in refusals) and self._preempt_for_quota(job):
             return
         self._wait(job, first.code, first.message)
 

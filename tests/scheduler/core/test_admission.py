@@ -162,3 +162,13 @@ def test_second_flavor_is_tried_when_the_first_has_no_quota():
     )
     (place,) = plan(s, Policy()).places
     assert place.flavor == "ascend-910b"
+
+
+def test_quota_refusal_is_explained_rather_than_a_missing_second_flavor():
+    s = snapshot(
+        [node("n1", 2)],
+        pending=[job("j", "team-a", cards=2, flavor=("ascend-910b", "nvidia-h100-80g"))],
+        quotas=[quota("team-a", 1, 1)],
+    )
+    (explain,) = plan(s, Policy()).explanations
+    assert explain.code == PendingReason.QUOTA_LIMIT
