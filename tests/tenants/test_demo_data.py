@@ -1,0 +1,20 @@
+"""The demo data builds a valid tenant tree with quotas through the services (and only once)."""
+
+from __future__ import annotations
+
+import pytest
+
+from portal.demo import load_demo_data
+from tenants.models import Quota, Tenant
+from tenants.selectors import quota_usage
+
+pytestmark = pytest.mark.django_db
+
+
+def test_demo_data_has_quotas_that_respect_the_tree():
+    assert load_demo_data() is True
+    assert load_demo_data() is False
+    vision = Tenant.objects.get(slug="acme-vision")
+    usage = quota_usage(vision)
+    assert usage["nvidia-h100-80g"]["guaranteed"] == 4000
+    assert Quota.objects.filter(tenant__slug="acme").count() == 3
