@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -224,10 +224,38 @@ def _explain(explanations: tuple[core.Explain, ...], *, outcome: PersistOutcome)
         if values != current:
             job.pending_reason_code, job.pending_message, job.position_in_tenant, job.position_overall = values
             changed.append(job)
-    Job.objects.bulk_update(
-        changed, ["pending_reason_code", "pending_message", "position_in_tenant", "position_overall"], batch_size=100
-    )
+    _write_explanations(changed)
     outcome.explained = len(changed)
+
+
+EXPLAIN_BATCH = 500
+
+
+def _write_explanations(jobs: list[Job]) -> None:
+    """``UPDATE ... FROM`` a VALUES list, in batches: one statement per 500 jobs. (``bulk_update`` builds a CASE
+    per column that the database evaluates row by row: quadratic, seconds for a few thousand jobs.)"""
+    table = connection.ops.quote_name(Job._meta.db_table)
+    for start in range(0, len(jobs), EXPLAIN_BATCH):
+        chunk = jobs[start : start + EXPLAIN_BATCH]
+        rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))
+        params: list = []
+        for job in chunk:
+            params += [
+                job.pk,
+                job.pending_reason_code,
+                job.pending_message,
+                job.position_in_tenant,
+                job.position_overall,
+            ]
+        # A CTE names the VALUES columns the same way on PostgreSQL and SQLite (3.33+ has UPDATE ... FROM).
+        sql = (
+            f"WITH v(id, code, message, in_tenant, overall) AS (VALUES {rows}) "
+            f"UPDATE {table} SET pending_reason_code = v.code, pending_message = v.message, "
+            "position_in_tenant = CAST(v.in_tenant AS integer), position_overall = CAST(v.overall AS integer) "
+            f"FROM v WHERE {table}.id = CAST(v.id AS bigint)"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
 
 
 def _skipped(place: core.Place, reason: str, *, outcome: PersistOutcome) -> None:
