@@ -99,13 +99,11 @@ def can_submit_work(user: Any, tenant: Tenant) -> bool:
 
 
 def token_scope_allows(token: ApiToken, *, method: str, required_scope: str | None = None) -> bool:
-    """``read`` tokens make safe requests only; ``write`` anything but admin operations; ``admin`` all."""
-    if token.scope == TokenScope.ADMIN:
+    """Every scope reads; ``write`` also changes things except admin operations; ``admin`` does all."""
+    if method in SAFE_METHODS or token.scope == TokenScope.ADMIN:
         return True
     if required_scope == TokenScope.ADMIN:
         return False
-    if method in SAFE_METHODS:
-        return True
     return token.scope == TokenScope.WRITE
 
 

@@ -28,7 +28,7 @@ from tenants.filtersets import (
     TenantFilterSet,
     UserFilterSet,
 )
-from tenants.models import ApiToken, FlavorPrice, Membership, Quota, TokenScope, User
+from tenants.models import FlavorPrice, Membership, Quota, TokenScope, User
 from tenants.permissions import ReadOnlyForAuditor, can_manage_memberships, is_security_admin
 
 ERROR = OpenApiResponse(description='Error: {"code": "...", "detail": "..."}')
@@ -290,6 +290,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
     serializer_class = s.QuotaSerializer
     filterset_class = QuotaFilterSet
     http_method_names = ["get", "post", "head", "options"]
+    required_scope = TokenScope.ADMIN  # for the direct change; reads need any scope
 
     def get_queryset(self):
         return selectors.quotas_visible_to(self.request.user)
@@ -309,8 +310,6 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
         data = dict(_validated(s.QuotaSetSerializer, request))
         tenant = selectors.tenant_get_visible(user=request.user, pk=data.pop("tenant"))
         flavor = _flavor(data.pop("flavor"))
-        if isinstance(request.auth, ApiToken) and request.auth.scope != TokenScope.ADMIN:
-            raise PermissionDeniedError("Setting quotas directly needs an admin-scoped token.")
         current = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
         values = {**(current.values() if current else {}), **data}
         quota = services.quota_set(actor=request.user, tenant=tenant, flavor=flavor, values=values, request=request)
@@ -485,6 +484,7 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
 class FlavorPriceViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     serializer_class = s.FlavorPriceSerializer
     http_method_names = ["get", "post", "head", "options"]
+    required_scope = TokenScope.ADMIN
     queryset = FlavorPrice.objects.select_related("flavor").order_by("flavor__name")
 
     @extend_schema(

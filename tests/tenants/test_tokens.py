@@ -155,3 +155,12 @@ def test_filter_active_tokens(world):
     ApiTokenFactory(user=world.users["member"], name="dead", revoked_at=timezone.now())
     body = world.client("member").get("/api/v1/tokens/", {"active": "true"}).json()
     assert [t["name"] for t in body["results"]] == ["live"]
+
+
+def test_read_token_lists_admin_resources_but_write_token_cannot_administer(world):
+    read = ApiTokenFactory(user=world.users["security_admin"], scope="read")
+    assert APIClient().get("/api/v1/users/", headers=bearer(read)).status_code == 200
+    write = ApiTokenFactory(user=world.users["system_admin"], scope="write")
+    body = {"tenant": world.vision.pk, "flavor": "sim-80g", "guaranteed_millis": 1000}
+    response = APIClient().post("/api/v1/quotas/", body, format="json", headers=bearer(write))
+    assert response.status_code == 403 and "scope" in response.json()["detail"]
