@@ -63,7 +63,8 @@ def job_pending_sentence(job: Job) -> str:
     if job.state not in (JobState.QUEUED, JobState.PENDING_APPROVAL):
         return ""
     message = job.pending_message or "Queued; the scheduler looks at it within a few seconds."
-    if job.position_in_tenant and job.position_overall:
+    # The engine's messages usually say the position already ("... (position 3 in the queue, ...)").
+    if job.position_in_tenant and job.position_overall and "position" not in message.lower():
         message = (
             f"{message.rstrip('.')}. Position {job.position_in_tenant} in your tenant's queue, "
             f"{job.position_overall} overall."

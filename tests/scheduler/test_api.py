@@ -166,3 +166,9 @@ def test_api_token_scopes_apply_to_scheduler_endpoints(member, node, no_cycle_re
     assert client.post(f"/api/v1/nodes/{node.pk}/cordon/", headers=bearer(admin_write)).status_code == 403
     admin_token = ApiTokenFactory(user=admin_user, scope="admin")
     assert client.post(f"/api/v1/nodes/{node.pk}/cordon/", headers=bearer(admin_token)).status_code == 200
+
+
+def test_pending_reason_does_not_repeat_a_position_the_engine_already_gave(api, tenant):
+    message = "no node has 1 free sim-80g card (position 1 in the queue, 1 among team-a's jobs)"
+    job = JobFactory(tenant=tenant, pending_message=message, position_in_tenant=1, position_overall=1)
+    assert api.get(f"/api/v1/jobs/{job.pk}/").json()["pending_reason"] == message
