@@ -60,9 +60,27 @@ class LiveDemo:
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def start(self) -> LiveDemo:
+    def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("GPUPOOL_DATABASE_URL", "GPUPOOL_REDIS_URL")}
         env.update(GPUPOOL_DATA_DIR=str(self.data_dir), GPUPOOL_DEMO_AGENTS=str(self.agents), PYTHONUNBUFFERED="1")
+        return env
+
+    def python(self, code: str) -> str:
+        """Run ``code`` in a Django shell on the demo's database (to add data a page cannot, e.g. users)."""
+        result = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code],
+            cwd=ROOT,
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise DemoFailed(f"demo shell failed:\n{result.stderr[-2000:]}")
+        return result.stdout
+
+    def start(self) -> LiveDemo:
+        env = self._env()
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "manage.py", "demo", "--port", str(self.port)],
