@@ -2,9 +2,11 @@
 
 Fair share is dominant-resource fairness (DRF): a tenant's share is the largest, over flavors, of
 ``(millis held now + time-decayed past usage) / usable millis of the flavor``, divided by the tenant's
-``fair_share_weight``. Within one priority class the queue is served tenant by tenant, always from the tenant
-with the lowest share, and a tenant's share grows as its jobs are placed during the cycle — so two tenants
-with equal weight alternate instead of the first submitter taking everything.
+``fair_share_weight``; it is hierarchical — shares are compared root first along the tenant tree, so
+departments are balanced before the teams inside them. Within one priority class the queue is served
+tenant by tenant, always from the tenant with the lowest share, and a tenant's share grows as its jobs are
+placed during the cycle — so two tenants with equal weight alternate instead of the first submitter taking
+everything.
 """
 
 from __future__ import annotations
@@ -33,30 +35,51 @@ def job_key(job: PendingJob) -> tuple[float, str]:
 
 
 class FairShare:
-    """Dominant share per tenant; ``add`` is called when the cycle places a job."""
+    """Hierarchical dominant share; ``add`` is called when the cycle places a job.
+
+    A tenant's share is compared as the tuple of shares along its path from the root of the tenant tree, so
+    departments are balanced first and teams within a department next (usage rolls up the tree).
+    """
 
     def __init__(self, snapshot: Snapshot, capacity_millis: dict[str, int]) -> None:
         self.capacity = {f: max(c, MILLIS_PER_DEVICE) for f, c in capacity_millis.items()}
         self.weight = {t.name: (t.fair_share_weight if t.fair_share_weight > 0 else 1.0) for t in snapshot.tenants}
+        self.parent = {t.name: t.parent for t in snapshot.tenants}
+        self._paths: dict[str, tuple[str, ...]] = {}
         self.held: dict[str, dict[str, float]] = {}
-        for tenant, per_flavor in snapshot.usage.items():
-            bucket = self.held.setdefault(tenant, {})
-            for flavor, millis in per_flavor.items():
-                bucket[flavor] = bucket.get(flavor, 0.0) + float(millis)
+        for tenant, per_flavor in sorted(snapshot.usage.items()):
+            for flavor, millis in sorted(per_flavor.items()):
+                self.add(tenant, flavor, float(millis))
         for alloc in snapshot.allocations:
-            bucket = self.held.setdefault(alloc.tenant, {})
-            bucket[alloc.flavor] = bucket.get(alloc.flavor, 0.0) + min(alloc.millis, MILLIS_PER_DEVICE)
+            self.add(alloc.tenant, alloc.flavor, min(alloc.millis, MILLIS_PER_DEVICE))
 
-    def share(self, tenant: str) -> float:
-        per_flavor = self.held.get(tenant)
+    def path(self, tenant: str) -> tuple[str, ...]:
+        """Root first, ``tenant`` last."""
+        cached = self._paths.get(tenant)
+        if cached is None:
+            out = [tenant]
+            parent = self.parent.get(tenant)
+            while parent is not None and parent not in out:  # tolerate a cycle in bad input
+                out.append(parent)
+                parent = self.parent.get(parent)
+            cached = tuple(reversed(out))
+            self._paths[tenant] = cached
+        return cached
+
+    def _node_share(self, name: str) -> float:
+        per_flavor = self.held.get(name)
         if not per_flavor:
             return 0.0
         dominant = max(millis / self.capacity.get(flavor, MILLIS_PER_DEVICE) for flavor, millis in per_flavor.items())
-        return dominant / self.weight.get(tenant, 1.0)
+        return dominant / self.weight.get(name, 1.0)
 
-    def add(self, tenant: str, flavor: str, millis: int) -> None:
-        bucket = self.held.setdefault(tenant, {})
-        bucket[flavor] = bucket.get(flavor, 0.0) + millis
+    def share(self, tenant: str) -> tuple[float, ...]:
+        return tuple(self._node_share(name) for name in self.path(tenant))
+
+    def add(self, tenant: str, flavor: str, millis: float) -> None:
+        for name in self.path(tenant):
+            bucket = self.held.setdefault(name, {})
+            bucket[flavor] = bucket.get(flavor, 0.0) + millis
 
 
 def ordered(snapshot: Snapshot, policy: Policy, fair: FairShare) -> Iterator[PendingJob]:
@@ -76,7 +99,7 @@ def ordered(snapshot: Snapshot, policy: Policy, fair: FairShare) -> Iterator[Pen
         yield from _round_robin_by_share(group, fair.share)
 
 
-def _round_robin_by_share(group: list[PendingJob], share: Callable[[str], float]) -> Iterator[PendingJob]:
+def _round_robin_by_share(group: list[PendingJob], share: Callable[[str], tuple[float, ...]]) -> Iterator[PendingJob]:
     queues: dict[str, list[PendingJob]] = {}
     for job in group:
         queues.setdefault(job.tenant, []).append(job)
@@ -84,7 +107,13 @@ def _round_robin_by_share(group: list[PendingJob], share: Callable[[str], float]
     heap = [(share(t), job_key(q[0]), t, 0) for t, q in queues.items()]
     heapq.heapify(heap)
     while heap:
-        _, _, tenant, i = heapq.heappop(heap)
+        stored, key, tenant, i = heapq.heappop(heap)
+        # Placing a job raises the shares of its tenant's ancestors too, so other tenants' entries go
+        # stale; shares only grow, so re-checking the popped entry (and pushing it back if it grew) is enough.
+        fresh = share(tenant)
+        if fresh > stored:
+            heapq.heappush(heap, (fresh, key, tenant, i))
+            continue
         queue = queues[tenant]
         yield queue[i]  # the consumer may place it, which raises the tenant's share
         i += 1

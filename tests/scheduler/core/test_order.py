@@ -77,3 +77,19 @@ def test_decay_usage_halves_old_usage_after_one_half_life():
     assert decay_usage(1000.0, 0.0, elapsed_s=3600, half_life_s=3600) == 500.0
     assert decay_usage(0.0, 1000.0, elapsed_s=3600, half_life_s=3600) == 500.0
     assert decay_usage(800.0, 0.0, elapsed_s=0, half_life_s=3600) == 800.0
+
+
+def test_fair_share_balances_departments_before_teams():
+    # dept-x has two teams, dept-y one: with 4 cards, dept-y's team gets 2, not 4/3.
+    tenants = [
+        Tenant("dept-x"),
+        Tenant("dept-y"),
+        Tenant("x1", "dept-x"),
+        Tenant("x2", "dept-x"),
+        Tenant("y1", "dept-y"),
+    ]
+    pending = [job(f"{t}-{i}", t, submitted_at=i) for t in ("x1", "x2", "y1") for i in range(4)]
+    result = plan(snapshot([node("n1", 4)], pending=pending, tenants=tenants), Policy())
+    placed = [p.job_id for p in result.places]
+    assert sum(1 for j in placed if j.startswith("y1")) == 2
+    assert sum(1 for j in placed if j.startswith("x")) == 2
