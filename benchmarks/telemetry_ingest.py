@@ -349,6 +349,7 @@ def main() -> None:
     parser.add_argument("--agent-processes", type=int, default=2)
     parser.add_argument("--redis-url", default=os.environ.get("GPUPOOL_REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
+    parser.add_argument("--profile", default="", help="run the server under cProfile, write its stats here")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",") if size.strip()]
     data_dir = Path(tempfile.mkdtemp(prefix="gpupool-bench-"))
@@ -378,7 +379,19 @@ def main() -> None:
     args.agent_cpu_so_far = sum(os.times()[2:4])
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-v", "0", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+        [
+            sys.executable,
+            *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
+            "-m",
+            "daphne",
+            "-v",
+            "0",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "portal.asgi:application",
+        ],
         cwd=ROOT,
         env=full_env,
     )

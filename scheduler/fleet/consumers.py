@@ -20,14 +20,12 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from scheduler.fleet import selectors, services
+from scheduler.fleet.runtime import db, fleet_process
 from scheduler.fleet.telemetry import MinuteAggregator, Throttle, latest_store, latest_values, parse_time
 
 logger = logging.getLogger(__name__)
 
 CLOSE_FORBIDDEN = 4403
-#: An agent connection re-reads which tenant holds which of its cards on every heartbeat (5 s by default); this
-#: is the fallback when heartbeats are slower.
-TENANT_MAP_REFRESH_S = 12.0
 
 
 def node_group(node_id: int) -> str:
@@ -61,11 +59,6 @@ def _frame_id(raw: str | bytes | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _heartbeat(*, node_id: int, now: datetime) -> dict[str, set[int]]:
-    services.node_heartbeat(node_id=node_id, now=now)
-    return selectors.device_tenants_of_node(node_id=node_id)
-
-
 class AgentConsumer(AsyncWebsocketConsumer):
     """One node agent. Authenticated by ``Authorization: Bearer <node credential>``; the newest connection of a
     node wins. Telemetry is kept in memory per connection (latest values to Redis, minute aggregates flushed
@@ -73,7 +66,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     #: Wall clock for lease and rollups; tests replace it.
     clock: Callable[[], datetime] = staticmethod(timezone.now)
-    monotonic: Callable[[], float] = staticmethod(time.monotonic)
 
     async def connect(self) -> None:
         self.node_id: int | None = None
@@ -82,9 +74,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.replaced = False
         self.device_ids: dict[str, int] = {}
         self.aggregator = MinuteAggregator()
-        self.tenant_devices: dict[int, set[str]] = {}
-        self.tenant_map_read_at = float("-inf")
-        credential = await database_sync_to_async(services.credential_authenticate)(
+        credential = await db(services.credential_authenticate)(
             credential=bearer_token(self.scope), peer=_peer(self.scope)
         )
         # Accept before closing so the agent sees the 4401 code (a refused handshake is only an HTTP 403).
@@ -98,7 +88,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         )
         await self.channel_layer.group_add(services.agent_group(node_id), self.channel_name)
         # A revocation between the check above and joining the group would have been missed: look again.
-        if not await database_sync_to_async(selectors.credential_is_active)(credential_id=credential.pk):
+        if not await db(selectors.credential_is_active)(credential_id=credential.pk):
             await self.channel_layer.group_discard(services.agent_group(node_id), self.channel_name)
             await self.close(code=services.CLOSE_UNAUTHORIZED)
             return
@@ -115,9 +105,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.node_id is None:
             return
         await self.channel_layer.group_discard(services.agent_group(self.node_id), self.channel_name)
+        if self.hello_done:
+            fleet_process().node_disconnected(self.node_id)
         await self.flush_rollups(None)
         if not self.replaced:
-            await database_sync_to_async(services.node_disconnected)(node_id=self.node_id, now=self.clock())
+            await db(services.node_disconnected)(node_id=self.node_id, now=self.clock())
 
     async def send_message(self, message: protocol.Message) -> None:
         await self.send(text_data=protocol.encode(message))
@@ -164,17 +156,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 message.id,
             )
             return
-        self.device_ids = await database_sync_to_async(services.node_hello)(
+        self.device_ids = await db(services.node_hello)(
             node_id=self.node_id, hello=dataclasses.asdict(message), now=self.clock()
         )
+        fleet = fleet_process()
+        if not self.hello_done:
+            fleet.node_connected(self.node_id)
+        fleet.set_tenant_map(self.node_id, await db(selectors.device_tenants_of_node)(node_id=self.node_id))
         self.hello_done = True
-        await self.refresh_tenant_map(force=True)
         await self.send_pending_commands()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
-        # One trip to the database thread per heartbeat: renew the lease and re-read who holds which card.
-        by_device = await database_sync_to_async(_heartbeat)(node_id=self.node_id, now=self.clock())
-        self.set_tenant_map(by_device)
+        # Written with the other sockets' heartbeats about once a second (runtime.FleetProcess).
+        fleet_process().beat(self.node_id, self.clock())
         if self.aggregator.has_finished(self.clock()):
             await self.flush_rollups(self.clock())
 
@@ -196,32 +190,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.flush_rollups(now)
 
     async def on_workload_status(self, message: protocol.WorkloadStatus) -> None:
-        await database_sync_to_async(services.workload_status_forward)(
-            node_id=self.node_id, status=dataclasses.asdict(message)
-        )
+        await db(services.workload_status_forward)(node_id=self.node_id, status=dataclasses.asdict(message))
 
     async def on_ack(self, message: protocol.Ack) -> None:
-        known = await database_sync_to_async(services.command_ack)(
+        known = await db(services.command_ack)(
             node_id=self.node_id, command_id=message.command_id, ok=message.ok, error=message.error
         )
         if not known:
             logger.info("node %s acked unknown command %s", self.node_name, message.command_id)
 
     # --- fan-out and rollups -----------------------------------------------------------------------------------
-
-    async def refresh_tenant_map(self, *, force: bool = False) -> None:
-        now = self.monotonic()
-        if not force and now - self.tenant_map_read_at < TENANT_MAP_REFRESH_S:
-            return
-        self.set_tenant_map(await database_sync_to_async(selectors.device_tenants_of_node)(node_id=self.node_id))
-
-    def set_tenant_map(self, by_device: dict[str, set[int]]) -> None:
-        by_tenant: dict[int, set[str]] = {}
-        for uuid, tenant_ids in by_device.items():
-            for tenant_id in tenant_ids:
-                by_tenant.setdefault(tenant_id, set()).add(uuid)
-        self.tenant_devices = by_tenant
-        self.tenant_map_read_at = self.monotonic()
 
     async def fan_out(self, devices: dict[str, dict], *, sent_at: str) -> None:
         """One frame per node per tick to the node's watchers, and to each tenant holding some of its devices
@@ -230,8 +208,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_send(
             node_group(self.node_id), {"type": "telemetry.batch", "node": self.node_id, "batch": batch}
         )
-        await self.refresh_tenant_map()
-        for tenant_id, uuids in self.tenant_devices.items():
+        for tenant_id, uuids in fleet_process().tenant_maps.get(self.node_id, {}).items():
             own = {uuid: values for uuid, values in devices.items() if uuid in uuids}
             if own:
                 await self.channel_layer.group_send(
@@ -242,12 +219,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def flush_rollups(self, now: datetime | None) -> None:
         finished = self.aggregator.drain(now)
         if finished:
-            await database_sync_to_async(services.telemetry_minutes_write)(
-                aggregates=finished, device_ids=self.device_ids
-            )
+            await db(services.telemetry_minutes_write)(aggregates=finished, device_ids=self.device_ids)
 
     async def send_pending_commands(self, command_id: int | None = None) -> None:
-        commands = await database_sync_to_async(services.commands_pending)(node_id=self.node_id, command_id=command_id)
+        commands = await db(services.commands_pending)(node_id=self.node_id, command_id=command_id)
         for _pk, payload in commands:
             await self.send(text_data=json.dumps(payload, separators=(",", ":")))
 

@@ -63,6 +63,15 @@ def device_tenants_of_node(*, node_id: int) -> dict[str, set[int]]:
     return dict(result)
 
 
+def device_tenants_of_nodes(*, node_ids: list[int]) -> dict[int, dict[str, set[int]]]:
+    """``device_tenants_of_node`` for many nodes in one query (node id → device UUID → tenant ids)."""
+    result: dict[int, dict[str, set[int]]] = {node_id: {} for node_id in node_ids}
+    rows = _active_allocations().filter(node_id__in=node_ids).values_list("node_id", "device__uuid", "tenant_id")
+    for node_id, uuid, tenant_id in rows:
+        result[node_id].setdefault(uuid, set()).add(tenant_id)
+    return result
+
+
 def tenant_devices(*, tenant_ids: list[int]) -> dict[int, set[str]]:
     """Node id → UUIDs of devices with an active allocation of one of ``tenant_ids``."""
     allocations = _active_allocations()

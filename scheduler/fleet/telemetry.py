@@ -211,7 +211,9 @@ class RedisLatestStore:
         if self._sync is None:
             import redis
 
-            self._sync = redis.Redis.from_url(self.url)
+            self._sync = redis.Redis(
+                connection_pool=redis.BlockingConnectionPool.from_url(self.url, max_connections=50, timeout=10)
+            )
         return self._sync
 
     def _async_client(self):
@@ -223,7 +225,10 @@ class RedisLatestStore:
         loop_id = id(asyncio.get_running_loop())
         client = self._async.get(loop_id)
         if client is None:
-            client = self._async[loop_id] = redis.asyncio.Redis.from_url(self.url)
+            # A blocking pool: hundreds of agent sockets writing at once wait for a connection instead of
+            # failing with "Too many connections" (redis-py ≥ 8 caps a plain pool at 100).
+            pool = redis.asyncio.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=10)
+            client = self._async[loop_id] = redis.asyncio.Redis(connection_pool=pool)
         return client
 
     async def aput(self, node_id: int, devices: dict[str, dict]) -> None:

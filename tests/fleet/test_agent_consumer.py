@@ -13,6 +13,7 @@ from nodeagent import protocol
 from scheduler.fleet import services
 from scheduler.fleet.consumers import AgentConsumer
 from scheduler.fleet.models import NodeCredential
+from scheduler.fleet.runtime import fleet_process
 from scheduler.models import AgentCommand, Device, DeviceHealth, Node, NodeStatus, ResourceFlavor
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node, settle, telemetry
 
@@ -132,6 +133,8 @@ async def test_heartbeats_renew_the_lease_with_the_consumers_clock(monkeypatch):
     fake_now = datetime(2026, 1, 5, 12, 0, 7, tzinfo=UTC)
     await socket.send_to(text_data=protocol.encode(protocol.Heartbeat(seq=1)))
     await settle(socket)
+    # Heartbeats are batched and written about once a second; write this batch now.
+    await fleet_process().flush()
     await socket.disconnect()
     node = await db(Node.objects.get)(pk=node.pk)
     assert node.last_heartbeat_at == fake_now

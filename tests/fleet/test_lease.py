@@ -3,6 +3,7 @@ return. Time is passed in (``now=``), never slept."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -45,8 +46,6 @@ def ready_node() -> Node:
 
 
 def _hello_dict() -> dict:
-    import dataclasses
-
     return dataclasses.asdict(hello("gpu-lease"))
 
 
@@ -114,3 +113,16 @@ def test_the_beat_task_runs_the_lease_check(lease_settings, requeues):
     node = ready_node()
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=T0 - timedelta(days=1))
     assert tasks.lease_check.apply().get()["lost"] == [node.pk]
+
+
+def test_batched_heartbeats_renew_every_lease_and_revive_lost_nodes(lease_settings, requeues):
+    lost = ready_node()
+    other, _credential = register_node("gpu-other")
+    services.node_hello(node_id=other.pk, hello=dataclasses.asdict(hello("gpu-other")), now=T0 + timedelta(seconds=10))
+    services.lease_check(now=T0 + timedelta(seconds=16))
+    assert Node.objects.get(pk=lost.pk).status == NodeStatus.NOT_READY
+    later = T0 + timedelta(seconds=20)
+    revived = services.node_heartbeats_record(beats={lost.pk: later, other.pk: later})
+    assert sorted(revived) == [lost.pk]
+    assert {node.last_heartbeat_at for node in Node.objects.filter(pk__in=[lost.pk, other.pk])} == {later}
+    assert set(Node.objects.filter(pk__in=[lost.pk, other.pk]).values_list("status", flat=True)) == {"ready"}

@@ -1,0 +1,117 @@
+"""Per-process plumbing of the agent sockets: database calls that keep their connection, and the batch that
+turns thousands of heartbeats a minute into one write a second.
+
+``channels.db.database_sync_to_async`` closes the connection around every call (with ``CONN_MAX_AGE=0``
+that is a new connection each time: ~25 ms on SQLite, more on PostgreSQL). The agent sockets call the
+database often enough for that to be the bottleneck, so they use :func:`db` instead: the same single
+thread-sensitive worker thread, one connection kept open, dropped only when it breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, close_old_connections
+
+logger = logging.getLogger(__name__)
+
+#: How often a process writes the heartbeats its agent sockets received.
+HEARTBEAT_FLUSH_S = 1.0
+#: How often a process re-reads which tenant holds which card of its connected nodes.
+TENANT_MAP_REFRESH_S = 5.0
+
+
+def db(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` run on the database thread, keeping its connection between calls."""
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except DatabaseError:
+            close_old_connections()  # a broken or obsolete connection is replaced on the next call
+            raise
+
+    return sync_to_async(call, thread_sensitive=True)
+
+
+class FleetProcess:
+    """What the agent sockets of one process share: pending heartbeats and the card → tenant maps."""
+
+    def __init__(self) -> None:
+        self.beats: dict[int, datetime] = {}
+        self.connected: dict[int, int] = {}
+        self.tenant_maps: dict[int, dict[int, set[str]]] = {}
+        self._task: asyncio.Task | None = None
+
+    def node_connected(self, node_id: int) -> None:
+        self.connected[node_id] = self.connected.get(node_id, 0) + 1
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+
+    def node_disconnected(self, node_id: int) -> None:
+        count = self.connected.get(node_id, 0) - 1
+        if count > 0:
+            self.connected[node_id] = count
+        else:
+            self.connected.pop(node_id, None)
+            self.tenant_maps.pop(node_id, None)
+
+    def beat(self, node_id: int, moment: datetime) -> None:
+        self.beats[node_id] = moment
+
+    def set_tenant_map(self, node_id: int, by_device: dict[str, set[int]]) -> None:
+        by_tenant: dict[int, set[str]] = {}
+        for uuid, tenant_ids in by_device.items():
+            for tenant_id in tenant_ids:
+                by_tenant.setdefault(tenant_id, set()).add(uuid)
+        self.tenant_maps[node_id] = by_tenant
+
+    async def flush(self) -> None:
+        """Write the pending heartbeats now (the loop does this every second; tests call it)."""
+        from scheduler.fleet import services
+
+        beats, self.beats = self.beats, {}
+        if beats:
+            await db(services.node_heartbeats_record)(beats=beats)
+
+    async def refresh_tenant_maps(self) -> None:
+        from scheduler.fleet import selectors
+
+        node_ids = list(self.connected)
+        if node_ids:
+            maps = await db(selectors.device_tenants_of_nodes)(node_ids=node_ids)
+            for node_id, by_device in maps.items():
+                if node_id in self.connected:
+                    self.set_tenant_map(node_id, by_device)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_refresh = loop.time() + TENANT_MAP_REFRESH_S
+        while self.connected or self.beats:
+            await asyncio.sleep(HEARTBEAT_FLUSH_S)
+            try:
+                await self.flush()
+                if loop.time() >= next_refresh:
+                    next_refresh = loop.time() + TENANT_MAP_REFRESH_S
+                    await self.refresh_tenant_maps()
+            except Exception:
+                logger.exception("writing heartbeats / reading tenant maps failed; retrying in a second")
+
+
+_processes: dict[int, tuple[asyncio.AbstractEventLoop, FleetProcess]] = {}
+
+
+def fleet_process() -> FleetProcess:
+    """The shared state of this event loop's agent sockets (one per loop: tests run a loop each)."""
+    loop = asyncio.get_running_loop()
+    entry = _processes.get(id(loop))
+    if entry is None or entry[0] is not loop:
+        entry = _processes[id(loop)] = (loop, FleetProcess())
+    return entry[1]
