@@ -20,6 +20,8 @@ API_ROOT_LINKS: dict[str, str] = {
     "nodes": "node-list",
     "devices": "device-list",
     "flavors": "flavor-list",
+    "agent-nodes": "agent-node-list",
+    "metrics": "metrics",
     "me": "me",
     "tenants": "tenant-list",
     "memberships": "membership-list",
