@@ -208,3 +208,31 @@ class DecisionForm(forms.Form):
         if data.get("decision") in ("reject", "request_changes") and not data.get("comment"):
             self.add_error("comment", _("Say why, so the requester knows what to change."))
         return data
+
+
+class UsageReportForm(forms.Form):
+    """The range and grouping of a showback report; read from the query string so a report is a link."""
+
+    start = forms.DateField(label=_("From (date, UTC)"), widget=forms.DateInput(attrs={"type": "date"}))
+    end = forms.DateField(label=_("To (date, UTC, inclusive)"), widget=forms.DateInput(attrs={"type": "date"}))
+    period = forms.ChoiceField(
+        label=_("Period"), choices=[("day", _("day")), ("week", _("week")), ("month", _("month"))], initial="day"
+    )
+    tenant = forms.ChoiceField(label=_("Tenant"), required=False)
+
+    def __init__(self, *args, tenants: list[tuple[str, str]], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].choices = [("", _("all I may see")), *tenants]
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if data.get("start") and data.get("end") and data["end"] < data["start"]:
+            self.add_error("end", _("'To' must not be before 'From'."))
+        return data
+
+    def range(self) -> tuple[datetime.datetime, datetime.datetime]:
+        midnight = datetime.time(0, 0, tzinfo=datetime.UTC)
+        return (
+            datetime.datetime.combine(self.cleaned_data["start"], midnight),
+            datetime.datetime.combine(self.cleaned_data["end"] + datetime.timedelta(days=1), midnight),
+        )

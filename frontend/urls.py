@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend.views import audit, jobs, nodes, overview, tenants
+from frontend.views import audit, jobs, nodes, overview, reports, tenants
 
 console_patterns = [
     path("overview/", overview.overview, name="overview"),
@@ -18,6 +18,7 @@ console_patterns = [
     path("jobs/submit/", jobs.job_submit, name="job-submit"),
     path("jobs/<int:pk>/", jobs.job_detail, name="job-detail"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
+    path("reports/", reports.usage_reports, name="reports"),
     path("audit/", audit.audit_list, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit-verify"),
     path("audit/export/", audit.audit_export, name="audit-export"),
