@@ -17,6 +17,15 @@ DEFAULT_OUTPUT = ROOT / "docs" / "screenshots"
 LOOP = "python3 -c \"import time; [print('epoch', i, flush=True) or time.sleep(1) for i in range(3600)]\""
 
 
+ADD_TEAM_ADMIN = """
+from portal.demo import DEMO_PASSWORD
+from tenants.models import Tenant
+from tenants.services import membership_create, user_create
+dora = user_create(actor=None, username="dora", password=DEMO_PASSWORD)
+membership_create(actor=None, user=dora, tenant=Tenant.objects.get(slug="acme-vision"), role="tenant_admin")
+"""
+
+
 def submit_job(page, *, name: str, cards: int | None = None, fraction: str | None = None) -> str:
     page.goto("/console/jobs/submit/")
     page.get_by_label("Name").fill(name)
@@ -91,10 +100,29 @@ def main(argv: list[str]) -> int:
             admin.get_by_role("link", name="sim-00").click()
             wait_points(admin, "[data-device-chart]", 8)
             take(admin, output, "node")
+            admin.goto("/console/reports/")
+            take(admin, output, "reports", full_page=True)
 
             alice = page_for("alice")
             alice.goto("/console/tenants/")
             take(alice, output, "tenants")
+            alice.get_by_role("link", name="Vision").click()
+            take(alice, output, "tenant-quotas", full_page=True)
+
+            # A quota request from a team admin waits in alice's inbox (she administers the parent tenant).
+            demo.python(ADD_TEAM_ADMIN)
+            dora = page_for("dora")
+            dora.goto(alice.url)
+            dora.get_by_label("Flavor", exact=True).select_option("nvidia-h100-80g")
+            dora.get_by_label("Guaranteed (cards)").fill("6")
+            dora.get_by_label("Limit incl. borrowing (cards, empty = no limit)").fill("8")
+            dora.get_by_label("Reason").fill("Second vision model needs two more cards through Q3.")
+            dora.get_by_role("button", name="Send for approval").click()
+            dora.wait_for_url("**/console/approvals/*/")
+            alice.goto("/console/approvals/")
+            take(alice, output, "approvals")
+            alice.goto(dora.url)
+            take(alice, output, "approval")
 
             auditor = page_for("auditor")
             auditor.goto("/console/audit/")

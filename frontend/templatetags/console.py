@@ -75,3 +75,16 @@ def qbar(*, scale: int, used: int = 0, guaranteed: int | None = None, borrowed: 
         "borrowed_pct": percent_of(borrowed, scale),
         "guaranteed_pct": None if guaranteed is None else percent_of(guaranteed, scale),
     }
+
+
+@register.filter
+def approver_role(value: str | None) -> str:
+    """``parent_tenant_admin`` → "tenant admin of the parent tenant" (the approval chain in words)."""
+    from tenants.models import ApprovalStepRole
+
+    if not value:
+        return "—"
+    try:
+        return str(ApprovalStepRole(value).label)
+    except ValueError:
+        return value

@@ -60,8 +60,8 @@ def usage_chart(report: usage.UsageReport) -> dict:
         bars.append(
             {
                 "period": period,
-                "x": index * width + width * 0.15,
-                "width": width * 0.7,
+                "x": index * width + (width - min(width * 0.7, 12)) / 2,
+                "width": min(width * 0.7, 12),
                 "segments": segments,
                 "total": sum(totals[period].values()),
             }
