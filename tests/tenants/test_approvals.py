@@ -306,3 +306,25 @@ def test_concurrent_final_approvals_that_together_overflow_the_parent_are_serial
         )
     )
     assert total == 5000
+
+
+def test_critical_job_submitted_through_the_scheduler_waits_in_the_inbox_until_approved(world):
+    from scheduler import services as scheduler_services
+
+    FlavorFactory()
+    spec = {
+        "name": "urgent",
+        "tenant": "acme-vision",
+        "priority_class": "critical",
+        "resources": {"flavors": ["sim-80g"], "gpus": 1},
+        "command": ["python", "train.py"],
+    }
+    job = scheduler_services.job_submit(actor=world.users["member"], spec=spec)
+    assert job.state == JobState.PENDING_APPROVAL
+    [approval] = approvals_awaiting(world.users["tenant_admin"])
+    assert approval.job_id == job.pk and approval.requester == world.users["member"]
+    approval = approval_approve(actor=world.users["tenant_admin"], approval=approval)
+    approval_approve(actor=world.users["system_admin"], approval=approval)
+    job.refresh_from_db()
+    assert job.state == JobState.QUEUED
+    assert [e["details"]["final"] for e in audited("approval.approve")] == [False, True]
