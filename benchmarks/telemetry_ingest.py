@@ -300,7 +300,7 @@ def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
     delivered = len(latencies)
     coalesced = sum(stats["coalesced"] for stats in subscriber_stats)
     expected = watched * measured_s  # each watched node sends 1/s
-    lag = server_lag(fleet)
+    lag = server_lag(fleet, start.value + args.seconds)
     ready = Node.objects.filter(pk__in=node_ids, status="ready").count()
     return {
         "nodes": size,
@@ -323,13 +323,14 @@ def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
     }
 
 
-def server_lag(fleet: list[tuple[int, str, str]]) -> float:
-    """Seconds between now and the oldest node's latest sample in Redis (how far behind the server is)."""
+def server_lag(fleet: list[tuple[int, str, str]], stopped_at: float) -> float:
+    """Seconds between the agents' last tick and the oldest node's latest sample in Redis (how far behind the
+    server was when the agents stopped; ~1 s is keeping up, as every node ticks once a second)."""
     from scheduler.fleet.telemetry import latest_store
 
     latest = latest_store().get_nodes([node_id for node_id, _name, _credential in fleet])
     names = {node_id: name for node_id, name, _credential in fleet}
-    now = datetime.now(UTC)
+    now = datetime.fromtimestamp(stopped_at, UTC)
     oldest = None
     for node_id, devices in latest.items():
         for uuid_, values in devices.items():

@@ -21,7 +21,14 @@ from django.utils import timezone
 from nodeagent import protocol
 from scheduler.fleet import selectors, services
 from scheduler.fleet.runtime import db, fleet_process
-from scheduler.fleet.telemetry import MinuteAggregator, Throttle, latest_store, latest_values, parse_time
+from scheduler.fleet.telemetry import (
+    WATCH_TTL_S,
+    MinuteAggregator,
+    Throttle,
+    latest_store,
+    latest_values,
+    parse_time,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -204,13 +211,16 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def fan_out(self, devices: dict[str, dict], *, sent_at: str) -> None:
         """One frame per node per tick to the node's watchers, and to each tenant holding some of its devices
         a frame with only that tenant's devices."""
+        # Only to groups someone watches: a group send costs Redis round trips even when the group is empty.
+        fleet = fleet_process()
         batch = {"node": self.node_id, "name": self.node_name, "sent_at": sent_at, "devices": devices}
-        await self.channel_layer.group_send(
-            node_group(self.node_id), {"type": "telemetry.batch", "node": self.node_id, "batch": batch}
-        )
-        for tenant_id, uuids in fleet_process().tenant_maps.get(self.node_id, {}).items():
+        if node_group(self.node_id) in fleet.watched:
+            await self.channel_layer.group_send(
+                node_group(self.node_id), {"type": "telemetry.batch", "node": self.node_id, "batch": batch}
+            )
+        for tenant_id, uuids in fleet.tenant_maps.get(self.node_id, {}).items():
             own = {uuid: values for uuid, values in devices.items() if uuid in uuids}
-            if own:
+            if own and tenant_group(tenant_id) in fleet.watched:
                 await self.channel_layer.group_send(
                     tenant_group(tenant_id),
                     {"type": "telemetry.batch", "node": self.node_id, "batch": {**batch, "devices": own}},
@@ -258,6 +268,7 @@ class TelemetryConsumer(AsyncJsonWebsocketConsumer):
         self.groups_joined: set[str] = set()
         self.pending: dict[int, dict] = {}
         self.flush_task: asyncio.Task | None = None
+        self.watch_task: asyncio.Task | None = None
         self.throttle = Throttle(interval_s=self.throttle_interval_s, clock=self.monotonic)
         user = self.scope.get("user")
         await self.accept()
@@ -281,10 +292,22 @@ class TelemetryConsumer(AsyncJsonWebsocketConsumer):
     async def join(self, group: str) -> None:
         await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined.add(group)
+        await latest_store().awatch([group])
+        # Agent sockets of this process see the watch at once; those of other processes within a second.
+        fleet_process().watched.add(group)
+        if self.watch_task is None:
+            self.watch_task = asyncio.ensure_future(self.renew_watches())
+
+    async def renew_watches(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_TTL_S / 3)
+            if self.groups_joined:
+                await latest_store().awatch(self.groups_joined)
 
     async def disconnect(self, code: int) -> None:
-        if self.flush_task is not None:
-            self.flush_task.cancel()
+        for task in (self.flush_task, getattr(self, "watch_task", None)):
+            if task is not None:
+                task.cancel()
         for group in getattr(self, "groups_joined", ()):
             await self.channel_layer.group_discard(group, self.channel_name)
 

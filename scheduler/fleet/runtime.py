@@ -48,6 +48,8 @@ class FleetProcess:
         self.beats: dict[int, datetime] = {}
         self.connected: dict[int, int] = {}
         self.tenant_maps: dict[int, dict[int, set[str]]] = {}
+        #: Groups some browser watches (any process); telemetry is sent only to these.
+        self.watched: set[str] = set()
         self._task: asyncio.Task | None = None
 
     def node_connected(self, node_id: int) -> None:
@@ -91,10 +93,19 @@ class FleetProcess:
                 if node_id in self.connected:
                     self.set_tenant_map(node_id, by_device)
 
+    async def refresh_watched(self) -> None:
+        from scheduler.fleet.telemetry import latest_store
+
+        self.watched = await latest_store().awatched()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         next_refresh = loop.time() + TENANT_MAP_REFRESH_S
         while self.connected or self.beats:
+            try:
+                await self.refresh_watched()
+            except Exception:
+                logger.exception("reading the watched telemetry groups failed")
             await asyncio.sleep(HEARTBEAT_FLUSH_S)
             try:
                 await self.flush()

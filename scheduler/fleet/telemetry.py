@@ -28,6 +28,8 @@ LATEST_FIELDS = (
     "ecc_errors",
     "xid_errors",
 )
+# A browser's watch on a group lasts this long unless renewed (its socket renews it while open).
+WATCH_TTL_S = 30.0
 # Latest values older than this vanish from Redis, so a dead node's last numbers do not linger in /metrics.
 LATEST_TTL_S = 300
 
@@ -175,6 +177,7 @@ class MemoryLatestStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._nodes: dict[int, dict[str, dict]] = {}
+        self._watched: dict[str, float] = {}
 
     async def aput(self, node_id: int, devices: dict[str, dict]) -> None:
         self.put(node_id, devices)
@@ -193,6 +196,16 @@ class MemoryLatestStore:
     def clear(self) -> None:
         with self._lock:
             self._nodes.clear()
+
+    async def awatch(self, groups: Iterable[str], ttl_s: float = WATCH_TTL_S) -> None:
+        with self._lock:
+            for group in groups:
+                self._watched[group] = time.time() + ttl_s
+
+    async def awatched(self) -> set[str]:
+        now = time.time()
+        with self._lock:
+            return {group for group, until in self._watched.items() if until > now}
 
 
 class RedisLatestStore:
@@ -239,6 +252,23 @@ class RedisLatestStore:
             pipe.hset(key, mapping={uuid: json.dumps(values) for uuid, values in devices.items()})
             pipe.expire(key, LATEST_TTL_S)
             await pipe.execute()
+
+    def watch_key(self) -> str:
+        return f"{self.prefix}:telemetry:watched"
+
+    async def awatch(self, groups: Iterable[str], ttl_s: float = WATCH_TTL_S) -> None:
+        until = time.time() + ttl_s
+        mapping = {group: until for group in groups}
+        if mapping:
+            await self._async_client().zadd(self.watch_key(), mapping)
+
+    async def awatched(self) -> set[str]:
+        now = time.time()
+        async with self._async_client().pipeline(transaction=False) as pipe:
+            pipe.zremrangebyscore(self.watch_key(), "-inf", now)
+            pipe.zrangebyscore(self.watch_key(), now, "+inf")
+            _removed, groups = await pipe.execute()
+        return {group.decode() for group in groups}
 
     def put(self, node_id: int, devices: dict[str, dict]) -> None:
         if not devices:

@@ -266,3 +266,34 @@ async def test_a_browser_socket_from_another_origin_is_refused():
     ]
     connected, _ = await socket.connect()
     assert not connected
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_nodes_nobody_watches_cost_no_group_send(monkeypatch):
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    sent_to: list[str] = []
+    original = layer.group_send
+
+    async def counting_group_send(group, message):
+        sent_to.append(group)
+        await original(group, message)
+
+    monkeypatch.setattr(layer, "group_send", counting_group_send)
+    admin = await db(SystemAdminFactory)()
+    node, credential = await db(register_node)("n1")
+    agent = await connect_agent(credential, "n1", devices=1)
+    await agent.send_to(text_data=protocol.encode(telemetry(["GPU-n1-0"])))
+    await settle(agent)
+    assert f"node.{node.pk}" not in sent_to
+    browser = await browser_socket(admin)
+    await welcome(browser)
+    await browser.send_json_to({"subscribe": {"node": node.pk}})
+    assert (await receive_json(browser))["type"] == "subscribed"
+    await receive_json(browser)  # the snapshot
+    await agent.send_to(text_data=protocol.encode(telemetry(["GPU-n1-0"])))
+    await settle(agent)
+    assert sent_to.count(f"node.{node.pk}") == 1
+    await browser.disconnect()
+    await agent.disconnect()
