@@ -54,3 +54,12 @@ def test_language_switch_to_simplified_chinese(page):
     page.locator("#language-select").select_option("en")
     page.wait_for_load_state("load")
     assert page.locator("html").get_attribute("lang") == "en"
+
+
+def test_keyboard_users_skip_to_the_content(page):
+    login(page, "admin")
+    page.keyboard.press("Tab")
+    focused = page.evaluate("document.activeElement.textContent.trim()")
+    assert focused == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
