@@ -27,14 +27,25 @@ def _context(request) -> dict:
     summary = pool_summary()
     tenant_ids = visible_tenant_ids(request.user)
     own_queued, own_running = job_counts(tenant_ids) if tenant_ids else (None, None)
-    devices = list(Device.objects.select_related("node", "flavor"))
-    node_ids = sorted({d.node_id for d in devices})
+    sees_nodes = Section.NODES in sections_for(request.user)
+    devices = Device.objects.select_related("node", "flavor")
+    if sees_nodes:
+        devices = list(devices)
+        subscribe = [{"subscribe": {"node": node_id}} for node_id in sorted({d.node_id for d in devices})]
+    elif tenant_ids:
+        # Tenant users see the telemetry of the cards their tenants hold now; the socket sends just those.
+        devices = list(
+            devices.filter(allocations__ended_at__isnull=True, allocations__tenant_id__in=tenant_ids).distinct()
+        )
+        subscribe = []
+    else:
+        devices, subscribe = [], []
     return {
-        "subscribe_json": json.dumps([{"subscribe": {"node": node_id}} for node_id in node_ids]),
+        "subscribe_json": json.dumps(subscribe),
         "section": Section.OVERVIEW,
         "summary": summary,
         "chart_devices": devices_for_charts(devices),
-        "sees_nodes": Section.NODES in sections_for(request.user),
+        "sees_nodes": sees_nodes,
         "own_jobs": None if not tenant_ids else {"queued": own_queued, "running": own_running},
     }
 

@@ -52,7 +52,7 @@ def test_navigation_shows_only_what_the_role_may_use(client):
     assert 'href="/console/overview/"' in page
     assert 'href="/console/nodes/"' not in page
     assert 'href="/console/audit/"' not in page
-    # Members see the pool's numbers but not every node's live telemetry.
+    # Members see the pool's numbers but not every node's live telemetry (they hold no cards yet).
     assert "data-live-telemetry" not in page
 
 
@@ -99,3 +99,38 @@ def test_every_console_string_has_a_chinese_translation():
     assert untranslated == []
     # msgmerge's fuzzy guesses are not translations: none may slip into the catalogue.
     assert [e for e in entries if "#, fuzzy" in e and "#~" not in e] == []
+
+
+def test_member_overview_charts_only_the_cards_their_tenant_holds(client):
+    import datetime
+
+    from django.utils import timezone
+
+    from scheduler.models import Allocation
+    from scheduler.services import job_submit
+
+    flavor = make_flavor("nvidia-h100-80g")
+    node = make_node("n1", devices=2, flavor=flavor)
+    mine = make_tenant("mine")
+    me = make_member(mine)
+    job = job_submit(
+        actor=me,
+        spec={"name": "a", "tenant": "mine", "resources": {"flavors": [flavor.name], "gpus": 1}, "command": ["x"]},
+    )
+    held, idle = list(node.devices.all())
+    # As a scheduling cycle leaves it: one card held by the member's job.
+    Allocation.objects.create(
+        job=job,
+        replica=0,
+        tenant=mine,
+        flavor=flavor,
+        device=held,
+        node=node,
+        millis=1000,
+        started_at=timezone.now() - datetime.timedelta(minutes=1),
+    )
+    client.force_login(me)
+    response = client.get("/console/overview/")
+    assert [d["uuid"] for d in response.context["chart_devices"]] == [held.uuid]
+    assert response.context["subscribe_json"] == "[]"
+    assert idle.uuid not in response.content.decode()
