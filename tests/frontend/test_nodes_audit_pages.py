@@ -128,3 +128,37 @@ def test_auditor_downloads_an_export_bundle_that_verifies_offline(client, tmp_pa
 def test_export_bundle_is_for_auditors_only(client):
     client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
     assert client.post("/console/audit/export/", {"start": "2026-01-01"}).status_code == 404
+
+
+def test_system_admin_cordons_drains_and_returns_a_node(admin_client):
+    node = make_node("gpu-a", devices=1)
+    url = f"/console/nodes/{node.pk}/action/"
+    response = admin_client.post(url, {"action": "cordon"}, follow=True)
+    assert "cordoned" in response.content.decode()
+    node.refresh_from_db()
+    assert node.status == NodeStatus.CORDONED
+    admin_client.post(url, {"action": "drain"})
+    node.refresh_from_db()
+    assert node.status == NodeStatus.DRAINING
+    admin_client.post(url, {"action": "uncordon"})
+    node.refresh_from_db()
+    # No recent heartbeat: back in service, but not ready until its agent reports.
+    assert node.status == NodeStatus.NOT_READY
+
+
+def test_node_actions_are_for_system_admins_only(client):
+    node = make_node("gpu-a", devices=1)
+    client.force_login(make_member(make_tenant(), role=MembershipRole.TENANT_ADMIN))
+    assert client.post(f"/console/nodes/{node.pk}/action/", {"action": "cordon"}).status_code == 404
+    client.force_login(make_user(platform_role=PlatformRole.SECURITY_ADMIN))
+    assert client.post(f"/console/nodes/{node.pk}/action/", {"action": "cordon"}).status_code == 404
+    node.refresh_from_db()
+    assert node.status == NodeStatus.READY
+
+
+def test_unknown_node_action_changes_nothing(admin_client):
+    node = make_node("gpu-a", devices=1)
+    response = admin_client.post(f"/console/nodes/{node.pk}/action/", {"action": "explode"}, follow=True)
+    assert "Unknown action" in response.content.decode()
+    node.refresh_from_db()
+    assert node.status == NodeStatus.READY
