@@ -33,6 +33,8 @@ class FlavorCapacity:
     capacity_millis: int = 0
     allocated_millis: int = 0
     memory_mib: int = 0
+    # Average utilisation of the flavor's cards from the latest telemetry (None: no recent values).
+    utilisation_pct: float | None = None
 
     @property
     def free_millis(self) -> int:
@@ -69,7 +71,7 @@ def pool_summary() -> PoolSummary:
     allocated = device_allocated_millis()
     flavors: dict[str, FlavorCapacity] = {}
     devices = Device.objects.select_related("flavor", "node").only(
-        "id", "memory_mib", "health", "flavor__name", "node__status"
+        "id", "uuid", "node_id", "memory_mib", "health", "flavor__name", "node__status"
     )
     for device in devices:
         name = device.flavor.name if device.flavor else "—"
@@ -80,6 +82,7 @@ def pool_summary() -> PoolSummary:
             row.schedulable_devices += 1
             row.capacity_millis += MILLIS_PER_DEVICE
         row.allocated_millis += allocated.get(device.pk, 0)
+    _add_live_utilisation(flavors, devices)
     summary.flavors = sorted(flavors.values(), key=lambda f: f.name)
     summary.devices_total = sum(f.devices for f in summary.flavors)
     counts = Node.objects.values("status").annotate(n=Count("id"))
@@ -87,6 +90,23 @@ def pool_summary() -> PoolSummary:
     summary.nodes_total = sum(summary.nodes_by_status.values())
     summary.jobs_queued, summary.jobs_running = job_counts()
     return summary
+
+
+def _add_live_utilisation(flavors: dict[str, FlavorCapacity], devices) -> None:
+    """Fill ``utilisation_pct`` from the fleet's store of latest values (Redis, or memory when embedded)."""
+    from scheduler.fleet.telemetry import latest_store
+
+    devices = list(devices)
+    latest = latest_store().get_nodes({d.node_id for d in devices})
+    readings: dict[str, list[float]] = {}
+    for device in devices:
+        values = latest.get(device.node_id, {}).get(device.uuid)
+        utilisation = values.get("utilization_pct") if values else None
+        if isinstance(utilisation, int | float):
+            readings.setdefault(device.flavor.name if device.flavor else "—", []).append(float(utilisation))
+    for name, values in readings.items():
+        if name in flavors:
+            flavors[name].utilisation_pct = sum(values) / len(values)
 
 
 def job_counts(tenant_ids: set[int] | None = None) -> tuple[int, int]:

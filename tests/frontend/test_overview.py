@@ -134,3 +134,18 @@ def test_member_overview_charts_only_the_cards_their_tenant_holds(client):
     assert [d["uuid"] for d in response.context["chart_devices"]] == [held.uuid]
     assert response.context["subscribe_json"] == "[]"
     assert idle.uuid not in response.content.decode()
+
+
+def test_overview_shows_utilisation_from_the_latest_telemetry(client, monkeypatch):
+    from scheduler.fleet import telemetry
+
+    # A private store: the test must not leave values in a Redis other tests read.
+    store = telemetry.MemoryLatestStore()
+    monkeypatch.setattr(telemetry, "latest_store", lambda: store)
+    node = make_node("n1", devices=2, flavor=make_flavor("nvidia-h100-80g"))
+    first, second = node.devices.all()
+    store.put(node.pk, {first.uuid: {"utilization_pct": 80.0}, second.uuid: {"utilization_pct": 40.0}})
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    response = client.get("/console/overview/numbers/")
+    assert response.context["summary"].flavors[0].utilisation_pct == 60.0
+    assert 'data-flavor-util="nvidia-h100-80g">60%' in response.content.decode()
