@@ -195,3 +195,42 @@ def test_flavor_price_set_by_system_admin_only(world, flavor):
     assert world.client("tenant_admin").post("/api/v1/flavor-prices/", body, format="json").status_code == 403
     response = world.client("system_admin").post("/api/v1/flavor-prices/", body, format="json")
     assert response.status_code == 200 and response.json()["price_per_device_hour"] == "12.5000"
+
+
+@pytest.mark.parametrize("role", ["member", "viewer", "tenant_admin", "vision_admin"])
+def test_quota_and_approval_objects_of_another_tenant_are_not_found(world, flavor, role):
+    globex_admin = UserFactory(username="gadmin")
+    MembershipFactory(user=globex_admin, tenant=world.globex, role=MembershipRole.TENANT_ADMIN)
+    from tenants.services import quota_change_request_create
+
+    approval = quota_change_request_create(
+        actor=globex_admin, tenant=world.globex_team, flavor=flavor, values={"guaranteed_millis": 1000}
+    )
+    quota = Quota.objects.get(tenant=world.globex)
+    client = world.client(role)
+    day = "2026-11-01T00:00:00Z"
+    requests = [
+        ("get", f"/api/v1/quotas/{quota.pk}/", None),
+        ("get", f"/api/v1/tenants/{world.globex.pk}/quota-usage/", None),
+        ("post", f"/api/v1/tenants/{world.globex.pk}/approval-threshold/", {"threshold_millis": 1}),
+        ("post", "/api/v1/quotas/", {"tenant": world.globex.pk, "flavor": flavor.name, "guaranteed_millis": 0}),
+        ("get", f"/api/v1/approvals/{approval.pk}/", None),
+        ("post", f"/api/v1/approvals/{approval.pk}/approve/", {}),
+        ("post", f"/api/v1/approvals/{approval.pk}/reject/", {"comment": "no"}),
+        ("post", f"/api/v1/approvals/{approval.pk}/cancel/", {}),
+        (
+            "post",
+            "/api/v1/approvals/quota-change/",
+            {"tenant": world.globex_team.pk, "flavor": flavor.name, "guaranteed_millis": 100},
+        ),
+        ("get", f"/api/v1/usage/?start={day}&end=2026-11-02T00:00:00Z&tenant={world.globex.pk}", None),
+    ]
+    for method, url, body in requests:
+        response = (
+            getattr(client, method)(url, body, format="json") if body is not None else getattr(client, method)(url)
+        )
+        assert response.status_code == 404, (method, url, response.content)
+        assert "globex" not in response.content.decode().lower()
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING
+    assert Quota.objects.get(tenant=world.globex).guaranteed_millis == 4000
