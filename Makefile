@@ -39,3 +39,8 @@ bench: $(VENV)/.installed
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
+
+# Fuzz the REST API with schemathesis against a live server (bounded; also part of `make test`).
+.PHONY: schemathesis
+schemathesis: $(VENV)/.installed
+	$(BIN)/pytest -q -s tests/tenants/test_api_fuzz.py
