@@ -6,6 +6,7 @@ see, so views stay a few lines long.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -23,6 +24,8 @@ from scheduler.models import (
     Node,
     NodeStatus,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,8 +99,15 @@ def _add_live_utilisation(flavors: dict[str, FlavorCapacity], devices) -> None:
     """Fill ``utilisation_pct`` from the fleet's store of latest values (Redis, or memory when embedded)."""
     from scheduler.fleet.telemetry import latest_store
 
+    import redis
+
     devices = list(devices)
-    latest = latest_store().get_nodes({d.node_id for d in devices})
+    try:
+        latest = latest_store().get_nodes({d.node_id for d in devices})
+    except (OSError, redis.RedisError):
+        # Live numbers are a nicety here: the page still shows capacity and allocation without them.
+        logger.warning("latest telemetry unavailable for the overview", exc_info=True)
+        return
     readings: dict[str, list[float]] = {}
     for device in devices:
         values = latest.get(device.node_id, {}).get(device.uuid)
