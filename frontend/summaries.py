@@ -97,9 +97,9 @@ def pool_summary() -> PoolSummary:
 
 def _add_live_utilisation(flavors: dict[str, FlavorCapacity], devices) -> None:
     """Fill ``utilisation_pct`` from the fleet's store of latest values (Redis, or memory when embedded)."""
-    from scheduler.fleet.telemetry import latest_store
-
     import redis
+
+    from scheduler.fleet.telemetry import latest_store
 
     devices = list(devices)
     try:
