@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CARDS = 8
 HEARTBEAT_S = 5.0
+DRAIN_S = 30.0
 
 
 def free_port() -> int:
@@ -206,10 +207,13 @@ async def subscriber(url: str, origin: str, cookie: str, node_ids: list[int], st
             await ws.send(json.dumps({"subscribe": {"node": node_id}}))
         while start.value == 0:
             await asyncio.sleep(0.1)
-        measure_from, stop_at = start.value + 2.0, start.value + seconds + 1.0
-        while time.time() < stop_at:
+        measure_from, stop_at = start.value + 2.0, start.value + seconds
+        # After the agents stop, keep reading what is still on its way (late is not dropped), until 3 s of
+        # silence or DRAIN_S.
+        while time.time() < stop_at + DRAIN_S:
+            quiet = 3.0 if time.time() > stop_at else stop_at + 3.0 - time.time()
             try:
-                raw = await asyncio.wait_for(ws.recv(), timeout=max(0.05, stop_at - time.time()))
+                raw = await asyncio.wait_for(ws.recv(), timeout=quiet)
             except TimeoutError:
                 break
             received = datetime.now(UTC)

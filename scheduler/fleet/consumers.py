@@ -22,11 +22,11 @@ from nodeagent import protocol
 from scheduler.fleet import selectors, services
 from scheduler.fleet.runtime import db, fleet_process
 from scheduler.fleet.telemetry import (
+    LATEST_FIELDS,
     WATCH_TTL_S,
     MinuteAggregator,
     Throttle,
     latest_store,
-    latest_values,
     parse_time,
 )
 
@@ -183,12 +183,14 @@ class AgentConsumer(AsyncWebsocketConsumer):
         now = self.clock()
         sampled_at = parse_time(message.sampled_at or message.sent_at, default=now)
         devices: dict[str, dict] = {}
+        at_text = sampled_at.isoformat()
         for sample in message.samples:
             if sample.uuid not in self.device_ids:
                 continue  # not in this node's hello: not ours to record
-            values = dataclasses.asdict(sample)
+            # Attribute reads, not dataclasses.asdict: this runs 8,000 times a second for 1,000 nodes.
+            values = {name: getattr(sample, name) for name in LATEST_FIELDS}
             self.aggregator.add(uuid=sample.uuid, sample=values, at=sampled_at)
-            devices[sample.uuid] = {**latest_values(values), "at": sampled_at.isoformat()}
+            devices[sample.uuid] = {**values, "at": at_text}
         # A batch buffered while disconnected is history: rollups only, never shown as live.
         if devices and not message.buffered:
             await latest_store().aput(self.node_id, devices)

@@ -164,10 +164,6 @@ def parse_time(value: object, *, default: datetime) -> datetime:
     return default
 
 
-def latest_values(sample: dict) -> dict:
-    return {name: sample.get(name) for name in LATEST_FIELDS}
-
-
 # --- latest values ------------------------------------------------------------------------------------------
 
 
