@@ -13,7 +13,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
-from frontend.access import Section, section_required
+from frontend.access import Section, section_required, sections_for
 from frontend.forms import DecisionForm, QuotaChangeForm
 from portal.api import DomainError, NotFoundError
 from scheduler.models import ResourceFlavor
@@ -22,18 +22,25 @@ from tenants import services as tenant_services
 from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, Quota, Tenant
 from tenants.permissions import can_admin_tenant, can_decide_approval
 
+# Quota bars in the tree cost a few queries per tenant; past this many tenants the tree shows names only.
+TREE_QUOTA_LIMIT = 60
+
 
 @dataclass
 class TreeNode:
     tenant: Tenant
     members: int = 0
     children: list[TreeNode] = field(default_factory=list)
+    quotas: list = field(default_factory=list)
 
 
 def tenant_tree(user) -> list[TreeNode]:
     """The tenants ``user`` may see as a forest: roots are the topmost visible tenants."""
     tenants = list(tenant_selectors.tenants_visible_to(user).annotate(member_count=Count("memberships")))
     nodes = {t.pk: TreeNode(tenant=t, members=t.member_count) for t in tenants}
+    if len(tenants) <= TREE_QUOTA_LIMIT:
+        for t in tenants:
+            nodes[t.pk].quotas = quota_rows(t)
     roots: list[TreeNode] = []
     for t in sorted(tenants, key=lambda t: (t.depth, t.name)):
         parent = nodes.get(t.parent_id)
@@ -50,9 +57,11 @@ def _tenant_or_404(request, pk):
 
 @section_required(Section.TENANTS)
 def tenant_list(request):
-    return render(
-        request, "frontend/tenants/list.html", {"section": Section.TENANTS, "tree": tenant_tree(request.user)}
-    )
+    inbox = None
+    if Section.APPROVALS in sections_for(request.user):
+        inbox = len(tenant_selectors.approvals_awaiting(request.user))
+    context = {"section": Section.TENANTS, "tree": tenant_tree(request.user), "inbox_count": inbox}
+    return render(request, "frontend/tenants/list.html", context)
 
 
 @section_required(Section.TENANTS)

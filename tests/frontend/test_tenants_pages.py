@@ -31,6 +31,7 @@ def test_tenant_admin_sees_only_their_subtree(client, tree):
     response = client.get("/console/tenants/")
     roots = response.context["tree"]
     assert [n.tenant.slug for n in roots] == ["research"]
+    assert response.context["inbox_count"] == 0
     assert client.get(f"/console/tenants/{tree['vision'].pk}/").status_code == 200
     assert client.get(f"/console/tenants/{tree['globex'].pk}/").status_code == 404
     assert client.get(f"/console/tenants/{tree['acme'].pk}/").status_code == 404
@@ -43,6 +44,24 @@ def test_tenant_page_lists_members_and_sub_tenants(client, tree):
     assert "bob" in page and "Vision" in page
 
 
+def test_members_get_no_inbox_count(client, tree):
+    client.force_login(make_member(tree["vision"]))
+    assert client.get("/console/tenants/").context["inbox_count"] is None
+
+
 def test_auditor_has_no_tenant_pages(client, tree):
     client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
     assert client.get("/console/tenants/").status_code == 404
+
+
+def test_tree_shows_each_tenants_quota_bars(client, tree):
+    from tenants.services import quota_set
+    from tests.frontend.factories import make_flavor
+
+    flavor = make_flavor("nvidia-h100-80g")
+    quota_set(actor=None, tenant=tree["acme"], flavor=flavor, values={"guaranteed_millis": 4000})
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    response = client.get("/console/tenants/")
+    acme = response.context["tree"][0]
+    assert [(q.flavor, q.guaranteed) for q in acme.quotas] == [("nvidia-h100-80g", 4000)]
+    assert "nvidia-h100-80g: 0 / 4" in response.content.decode()
