@@ -64,7 +64,8 @@ def philly(args: argparse.Namespace, plot_dir: Path | None) -> None:
         )
     for s, _ in runs:
         print(
-            f"  {s['policy']}: {s['cycles']:,} plan() calls ({s['plan_ms_per_cycle']:.1f} ms each), "
+            f"  {s['policy']}: {s['cycles']:,} cycles, {s['plan_calls']:,} plan() calls "
+            f"({s['plan_ms_per_cycle']:.1f} ms each), "
             f"lost {s['lost_gpu_hours']:,.0f} GPU-h to preemption, restarts {s['restart_gpu_hours']:,.0f} GPU-h"
         )
     if plot_dir is not None:
