@@ -132,8 +132,8 @@ def main(argv: list[str]) -> int:
 
             dark = page_for("admin", color_scheme="dark")
             dark.goto("/console/overview/")
-            dark.locator("#language-select").select_option("zh-hans")
-            dark.wait_for_load_state("load")
+            with dark.expect_navigation():
+                dark.locator("#language-select").select_option("zh-hans")
             wait_points(dark, "[data-flavor-chart]", 5)
             take(dark, output, "overview-dark-zh")
             browser.close()

@@ -48,11 +48,13 @@ def test_dark_mode_toggle_is_remembered(page):
 
 def test_language_switch_to_simplified_chinese(page):
     login(page, "admin")
-    page.locator("#language-select").select_option("zh-hans")
-    page.wait_for_load_state("load")
+    # Choosing a language submits the form (set_language) and reloads the same page.
+    with page.expect_navigation():
+        page.locator("#language-select").select_option("zh-hans")
     assert page.locator("html").get_attribute("lang") == "zh-Hans"
-    page.locator("#language-select").select_option("en")
-    page.wait_for_load_state("load")
+    assert page.get_by_role("heading", name="资源池概览").is_visible()
+    with page.expect_navigation():
+        page.locator("#language-select").select_option("en")
     assert page.locator("html").get_attribute("lang") == "en"
 
 
