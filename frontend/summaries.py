@@ -119,6 +119,27 @@ def _add_live_utilisation(flavors: dict[str, FlavorCapacity], devices) -> None:
             flavors[name].utilisation_pct = sum(values) / len(values)
 
 
+def node_utilisation(nodes) -> dict[int, float]:
+    """Average live utilisation of each node's cards (node id → percent), from the fleet's latest values."""
+    import redis
+
+    from scheduler.fleet.telemetry import latest_store
+
+    ids = [n.pk for n in nodes]
+    try:
+        latest = latest_store().get_nodes(ids)
+    except (OSError, redis.RedisError):
+        logger.warning("latest telemetry unavailable for the node table", exc_info=True)
+        return {}
+    result = {}
+    for node_id, devices in latest.items():
+        values = [v.get("utilization_pct") for v in devices.values()]
+        values = [float(v) for v in values if isinstance(v, int | float)]
+        if values:
+            result[node_id] = sum(values) / len(values)
+    return result
+
+
 def job_counts(tenant_ids: set[int] | None = None) -> tuple[int, int]:
     """(waiting, running) jobs, optionally limited to some tenants."""
     jobs = Job.objects.all()

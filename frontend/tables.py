@@ -33,14 +33,35 @@ class NodeTable(ConsoleTable):
     device_count = tables.Column(verbose_name=_("Cards"), orderable=True)
     flavor_names = tables.Column(verbose_name=_("Flavors"), orderable=False, empty_values=())
     allocated_millis = tables.Column(verbose_name=_("Allocated (cards)"), orderable=True)
+    utilisation = tables.Column(verbose_name=_("Utilisation (live)"), orderable=False, empty_values=())
     last_heartbeat_at = tables.DateTimeColumn(verbose_name=_("Last heartbeat"), format="Y-m-d H:i:s")
     agent_version = tables.Column(verbose_name=_("Agent"))
 
     class Meta(ConsoleTable.Meta):
         model = Node
-        fields = ("name", "status", "device_count", "flavor_names", "allocated_millis", "last_heartbeat_at")
+        fields = (
+            "name",
+            "status",
+            "device_count",
+            "flavor_names",
+            "allocated_millis",
+            "utilisation",
+            "last_heartbeat_at",
+        )
         sequence = (*fields, "agent_version")
         empty_text = _("No nodes match. Start a node agent with a bootstrap token to add one.")
+
+    def __init__(self, *args, utilisation: dict[int, float] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.utilisation_by_node = utilisation or {}
+
+    def render_utilisation(self, record):
+        value = self.utilisation_by_node.get(record.pk)
+        return "—" if value is None else f"{value:.0f}%"
+
+    def value_utilisation(self, record):
+        value = self.utilisation_by_node.get(record.pk)
+        return "" if value is None else f"{value:.1f}"
 
     def render_flavor_names(self, record):
         return ", ".join(sorted({d.flavor.name for d in record.devices.all() if d.flavor})) or "—"

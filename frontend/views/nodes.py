@@ -12,7 +12,7 @@ from django_tables2 import RequestConfig
 from frontend.access import Section, is_system_admin, section_required, system_admin_required
 from frontend.export import export_response
 from frontend.filtersets import NodeFilterSet
-from frontend.summaries import devices_for_charts
+from frontend.summaries import devices_for_charts, node_utilisation
 from frontend.tables import NodeTable
 from portal.api import DomainError
 from scheduler import services as scheduler_services
@@ -33,7 +33,8 @@ def _nodes():
 @section_required(Section.NODES)
 def node_list(request):
     filterset = NodeFilterSet(request.GET, queryset=_nodes())
-    table = NodeTable(filterset.qs)
+    nodes = list(filterset.qs)
+    table = NodeTable(nodes, utilisation=node_utilisation(nodes))
     export = request.GET.get("export")
     if export in ("csv", "xlsx"):
         RequestConfig(request, paginate=False).configure(table)

@@ -162,3 +162,18 @@ def test_unknown_node_action_changes_nothing(admin_client):
     assert "Unknown action" in response.content.decode()
     node.refresh_from_db()
     assert node.status == NodeStatus.READY
+
+
+def test_node_table_shows_live_utilisation(admin_client, monkeypatch):
+    from scheduler.fleet import telemetry
+
+    store = telemetry.MemoryLatestStore()  # private: leaves nothing in a shared Redis
+    monkeypatch.setattr(telemetry, "latest_store", lambda: store)
+    node = make_node("gpu-a", devices=2)
+    first, second = node.devices.all()
+    store.put(node.pk, {first.uuid: {"utilization_pct": 90.0}, second.uuid: {"utilization_pct": 30.0}})
+    make_node("gpu-b", devices=1)
+    page = admin_client.get("/console/nodes/").content.decode()
+    assert "60%" in page
+    csv_lines = admin_client.get("/console/nodes/?export=csv").content.decode().splitlines()
+    assert ",60.0," in csv_lines[1] and ",60.0," not in csv_lines[2]
