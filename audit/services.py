@@ -142,11 +142,22 @@ def _raw_key(data_key: DataKey) -> bytes:
 
 
 def _active_data_key(tenant_id: int | None, cipher: str) -> tuple[DataKey, bytes]:
-    data_key = (
-        DataKey.objects.filter(tenant_id=tenant_id, cipher=cipher, destroyed_at__isnull=True)
-        .order_by("-created_at")
-        .first()
-    )
+    # Raw SQL on the hot path: every audited request runs this; the ORM's query compilation cost more than the
+    # query itself.
+    table = DataKey._meta.db_table
+    tenant_clause = "tenant_id IS NULL" if tenant_id is None else "tenant_id = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT key_id, master_key_id, wrapped_key FROM {table} WHERE {tenant_clause} AND cipher = %s "
+            "AND destroyed_at IS NULL ORDER BY created_at DESC LIMIT 1",
+            ([] if tenant_id is None else [tenant_id]) + [cipher],
+        )
+        found = cursor.fetchone()
+    data_key = None
+    if found is not None:
+        data_key = DataKey(
+            key_id=found[0], tenant_id=tenant_id, cipher=cipher, master_key_id=found[1], wrapped_key=bytes(found[2])
+        )
     if data_key is None:
         key_id = uuid.uuid4().hex
         raw = crypto.new_data_key(cipher)
@@ -215,11 +226,13 @@ def _lock_chain() -> None:
 
 
 def _head(stream: str) -> ChainHead:
-    head = ChainHead.objects.filter(stream=stream).first()
-    if head is None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT seq, hash, checkpoint_seq FROM {ChainHead._meta.db_table} WHERE stream = %s", [stream])
+        found = cursor.fetchone()
+    if found is None:
         # Safe under the chain lock: nobody else creates this row meanwhile.
-        head = ChainHead.objects.create(stream=stream, seq=0, hash=chain.GENESIS_HASH)
-    return head
+        return ChainHead.objects.create(stream=stream, seq=0, hash=chain.GENESIS_HASH)
+    return ChainHead(stream=stream, seq=found[0], hash=found[1], checkpoint_seq=found[2])
 
 
 def _append(
@@ -241,7 +254,11 @@ def _append(
     record.ciphertext = ciphertext
     record.hash = chain.record_hash(head.hash, header, ciphertext)
     record.save(force_insert=True)
-    ChainHead.objects.filter(stream=stream).update(seq=record.seq, hash=record.hash, updated_at=timezone.now())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s WHERE stream = %s",
+            [record.seq, record.hash, connection.ops.adapt_datetimefield_value(timezone.now()), stream],
+        )
     if record.seq - head.checkpoint_seq >= conf.checkpoint_every_records():
         transaction.on_commit(lambda: checkpoint_create(stream=stream))
     return record
