@@ -149,9 +149,10 @@ def main() -> int:
     args = parser.parse_args()
     plot_dir = None if args.no_plot else args.plot_dir
     try:
-        if args.trace in ("philly", "both"):
+        wanted = args.trace
+        if wanted in ("philly", "both"):
             philly(args, plot_dir)
-        if args.trace in ("alibaba", "both"):
+        if wanted in ("alibaba", "both"):
             alibaba(args, plot_dir)
     except TraceNotFound as exc:
         print(f"trace missing: {exc}", file=sys.stderr)
