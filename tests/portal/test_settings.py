@@ -65,7 +65,8 @@ def test_redis_url_switches_broker_and_channel_layer(tmp_path):
     assert loaded["broker"] == "redis://127.0.0.1:6379/7"
     assert loaded["result_backend"] == "redis://127.0.0.1:6379/7"
     assert loaded["layer"] == "channels_redis.core.RedisChannelLayer"
-    assert loaded["layer_hosts"] == ["redis://127.0.0.1:6379/7"]
+    addresses = [host["address"] if isinstance(host, dict) else host for host in loaded["layer_hosts"]]
+    assert addresses == ["redis://127.0.0.1:6379/7"]
 
 
 def test_database_url_and_hosts_come_from_environment(tmp_path):

@@ -21,7 +21,9 @@ from tests.conftest import skip_or_fail
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 
 
-@pytest.fixture(scope="session")
+# Package scope: a live sync_playwright keeps an event loop running in the main thread, which would break
+# every later test that calls asyncio.run() (nodeagent, channels).
+@pytest.fixture(scope="package")
 def live_demo() -> Iterator[LiveDemo]:
     if not Path(CHROMIUM).exists():
         skip_or_fail(f"{CHROMIUM} is missing (make test installs it as root on Debian)")
@@ -40,7 +42,9 @@ def live_demo() -> Iterator[LiveDemo]:
         demo.stop()
 
 
-@pytest.fixture(scope="session")
+# Package scope: a live sync_playwright keeps an event loop running in the main thread, which would break
+# every later test that calls asyncio.run() (nodeagent, channels).
+@pytest.fixture(scope="package")
 def browser(live_demo):
     from playwright.sync_api import sync_playwright
 
