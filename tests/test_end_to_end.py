@@ -23,8 +23,7 @@ def _api(demo: LiveDemo, token: str, path: str, body: dict | None = None) -> tup
     request = urllib.request.Request(
         demo.url(path),
         data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json",
-                 "Accept": "application/json"},
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"},
         method="GET" if body is None else "POST",
     )
     try:
@@ -54,16 +53,27 @@ def test_job_submitted_through_the_api_runs_on_a_real_agent_and_is_accounted(liv
         "token, raw = api_token_create(actor=User.objects.get(username='bob'), name='e2e', scope='write')\n"
         "print('TOKEN=' + raw)\n"
     )
-    token = next(line for line in created.splitlines() if line.startswith("TOKEN="))[len("TOKEN="):]
+    token = next(line for line in created.splitlines() if line.startswith("TOKEN="))[len("TOKEN=") :]
     started = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
 
     marker = "hello-from-gpupool-e2e"
-    status, job = _api(live_demo, token, "/api/v1/jobs/", {
-        "name": "e2e", "tenant": "acme-vision", "kind": "batch", "priority_class": "normal",
-        "resources": {"flavors": ["nvidia-h100-80g", "nvidia-a100-40g"], "millis": 500, "memory_mib": 4096},
-        "command": [sys.executable, "-c",
-                    f"import os, time; time.sleep(2); print('{marker}', os.environ['CUDA_VISIBLE_DEVICES'])"],
-    })
+    status, job = _api(
+        live_demo,
+        token,
+        "/api/v1/jobs/",
+        {
+            "name": "e2e",
+            "tenant": "acme-vision",
+            "kind": "batch",
+            "priority_class": "normal",
+            "resources": {"flavors": ["nvidia-h100-80g", "nvidia-a100-40g"], "millis": 500, "memory_mib": 4096},
+            "command": [
+                sys.executable,
+                "-c",
+                f"import os, time; time.sleep(2); print('{marker}', os.environ['CUDA_VISIBLE_DEVICES'])",
+            ],
+        },
+    )
     assert status == 201, job
     job_id = job["id"]
 
@@ -89,7 +99,7 @@ def test_job_submitted_through_the_api_runs_on_a_real_agent_and_is_accounted(liv
     text = json.dumps(report)
     assert "acme-vision" in text, report
     hours = [float(value) for value in _values(report, "device_hours") + _values(report, "own_device_hours")]
-    # 500 millis for at least the 2 s the command sleeps: ≥ 0.5 × 2 / 3600 device-hours.
+    # 500 millis for at least the 2 s the command sleeps: at least 0.5 * 2 / 3600 device-hours.
     assert max(hours, default=0) >= 0.5 * 2 / 3600, report
 
 
