@@ -21,30 +21,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def _setup(database_url: str | None, data_dir: str) -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
-    os.environ["GPUPOOL_DATA_DIR"] = data_dir
-    os.environ["GPUPOOL_AUDIT_WITNESS_PATH"] = str(Path(data_dir) / "witness.jsonl")
-    os.environ.setdefault("GPUPOOL_LOG_LEVEL", "ERROR")
-    if database_url:
-        os.environ["GPUPOOL_DATABASE_URL"] = database_url
-    else:
-        os.environ.pop("GPUPOOL_DATABASE_URL", None)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+from _django import setup_django  # benchmarks/ is on sys.path when a script runs
 
 
 def _per_call(fn, iterations: int) -> float:
@@ -64,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
 
     data_dir = tempfile.mkdtemp(prefix="gpupool-audit-bench-")
-    _setup(args.database_url or None, data_dir)
+    setup_django(args.database_url or None, data_dir)
 
     from django.db import connection, transaction
     from rest_framework.test import APIClient

@@ -15,30 +15,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def _setup(database_url: str | None, data_dir: str) -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
-    os.environ["GPUPOOL_DATA_DIR"] = data_dir
-    os.environ["GPUPOOL_AUDIT_WITNESS_PATH"] = str(Path(data_dir) / "witness.jsonl")
-    os.environ.setdefault("GPUPOOL_LOG_LEVEL", "ERROR")
-    if database_url:
-        os.environ["GPUPOOL_DATABASE_URL"] = database_url
-    else:
-        os.environ.pop("GPUPOOL_DATABASE_URL", None)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+from _django import setup_django  # benchmarks/ is on sys.path when a script runs
 
 
 def _populate(nodes: int, jobs: int) -> None:
@@ -111,7 +91,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
     args = parser.parse_args()
 
-    _setup(args.database_url or None, tempfile.mkdtemp(prefix="gpupool-sched-bench-"))
+    setup_django(args.database_url or None, tempfile.mkdtemp(prefix="gpupool-sched-bench-"))
     from django.db import connection
 
     print(
