@@ -139,10 +139,11 @@ def _telemetry(name: str, rng: random.Random) -> str:
     return json.dumps({"v": 1, "type": "telemetry", "id": uuid.uuid4().hex, "sent_at": sent_at, "samples": samples})
 
 
-async def _agent(url: str, name: str, credential: str, start, seconds: float, stats: dict) -> None:
+async def _agent(url: str, name: str, credential: str, start, seconds: float, stats: dict, delay_s: float) -> None:
     import websockets
 
     rng = random.Random(name)
+    await asyncio.sleep(delay_s)  # agents come up over time, as after a portal restart with jittered backoff
     async with websockets.connect(
         url, additional_headers={"Authorization": f"Bearer {credential}"}, max_queue=None, open_timeout=120
     ) as ws:
@@ -177,18 +178,18 @@ async def _agent(url: str, name: str, credential: str, start, seconds: float, st
         drainer.cancel()
 
 
-def agent_process(url: str, agents: list[tuple[int, str, str]], start, seconds: float, out) -> None:
+def agent_process(url: str, agents: list[tuple[int, str, str]], start, seconds: float, ramp_per_s: float, out):
     async def main() -> None:
         stats = {"sent": 0, "late": 0, "errors": 0}
 
-        async def guarded(agent):
+        async def guarded(agent, delay_s):
             try:
-                await _agent(url, agent[1], agent[2], start, seconds, stats)
+                await _agent(url, agent[1], agent[2], start, seconds, stats, delay_s)
             except Exception as exc:  # counted, shown in the summary
                 stats["errors"] += 1
                 stats.setdefault("error", repr(exc))
 
-        await asyncio.gather(*(guarded(agent) for agent in agents))
+        await asyncio.gather(*(guarded(agent, index / ramp_per_s) for index, agent in enumerate(agents)))
         out.put(stats)
 
     asyncio.run(main())
@@ -244,7 +245,10 @@ def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
     queue: multiprocessing.Queue = multiprocessing.Queue()
     start = multiprocessing.Value("d", 0.0)
     children = [
-        multiprocessing.Process(target=agent_process, args=(ws_agent, chunk, start, args.seconds, queue))
+        multiprocessing.Process(
+            target=agent_process,
+            args=(ws_agent, chunk, start, args.seconds, args.ramp / processes, queue),
+        )
         for chunk in chunks
     ]
     node_ids = [node_id for node_id, _name, _credential in fleet]
@@ -260,10 +264,12 @@ def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
     for child in children:
         child.start()
     # The hello storm (inventory upserts, one audit record per node) is set-up, not the steady state measured.
-    while Node.objects.filter(pk__in=node_ids, status="ready").count() < size:
-        if time.monotonic() - hello_started > 300:
-            break
+    ready, progress_at = 0, time.monotonic()
+    while ready < size and time.monotonic() - progress_at < 30:
         time.sleep(0.5)
+        now_ready = Node.objects.filter(pk__in=node_ids, status="ready").count()
+        if now_ready > ready:
+            ready, progress_at = now_ready, time.monotonic()
     hello_s = time.monotonic() - hello_started
 
     async def browsers() -> list[dict]:
@@ -352,6 +358,7 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=20)
     parser.add_argument("--watch", choices=["one", "all"], default="one")
     parser.add_argument("--agent-processes", type=int, default=2)
+    parser.add_argument("--ramp", type=float, default=100.0, help="agents connecting per second at the start")
     parser.add_argument("--redis-url", default=os.environ.get("GPUPOOL_REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
     parser.add_argument("--profile", default="", help="run the server under cProfile, write its stats here")
@@ -391,6 +398,8 @@ def main() -> None:
             "daphne",
             "-v",
             "0",
+            "--websocket_connect_timeout",
+            "60",
             "-b",
             "127.0.0.1",
             "-p",

@@ -125,7 +125,11 @@ if REDIS_URL:
             "CONFIG": {
                 # redis-py ≥ 8 reads with a 5 s socket timeout, the same as channels_redis' 5 s BZPOPMIN:
                 # under load the read times out first and kills the consumer. Give the read more room.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+                # max_connections: redis-py ≥ 8 caps a pool at 100 and then raises instead of waiting, which
+                # a few hundred agent sockets joining their groups at once exceed.
+                "hosts": [
+                    {"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5, "max_connections": 2000}
+                ],
                 "prefix": env_str("GPUPOOL_CHANNELS_PREFIX", "gpupool"),
                 # channels_redis drops group sends to a full channel silently; give bursts room.
                 "capacity": env_int("GPUPOOL_CHANNELS_CAPACITY", 1000),
