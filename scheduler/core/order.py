@@ -1,12 +1,15 @@
 """Step 1, order: priority class, then tenant fair share, then submit time.
 
 Fair share is dominant-resource fairness (DRF): a tenant's share is the largest, over flavors, of
-``(millis held now + time-decayed past usage) / usable millis of the flavor``, divided by the tenant's
-``fair_share_weight``; it is hierarchical — shares are compared root first along the tenant tree, so
-departments are balanced before the teams inside them. Within one priority class the queue is served
-tenant by tenant, always from the tenant with the lowest share, and a tenant's share grows as its jobs are
-placed during the cycle — so two tenants with equal weight alternate instead of the first submitter taking
-everything.
+``max(millis held now, time-decayed usage) / usable millis of the flavor``, divided by the tenant's
+``fair_share_weight``. The decayed usage (``Snapshot.usage``) is an average of millis held that the caller
+updates with what is held now, so it already contains the allocations: adding the two would count current
+use twice. The larger of the two charges a tenant for what it holds even before its average catches up,
+and for recent use it no longer holds while that decays. It is hierarchical — shares are compared root first
+along the tenant tree, so departments are balanced before the teams inside them. Within one priority class
+the queue is served tenant by tenant, always from the tenant with the lowest share, and a tenant's share
+grows as its jobs are placed during the cycle — so two tenants with equal weight alternate instead of the
+first submitter taking everything.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class FairShare:
     """Hierarchical dominant share; ``add`` is called when the cycle places a job.
 
     A tenant's share is compared as the tuple of shares along its path from the root of the tenant tree, so
-    departments are balanced first and teams within a department next (usage rolls up the tree).
+    departments are balanced first and teams within a department next (usage rolls up the tree). Per tree
+    node and flavor it counts ``max(held now, decayed usage)`` (see the module docstring).
     """
 
     def __init__(self, snapshot: Snapshot, capacity_millis: dict[str, int]) -> None:
@@ -46,10 +50,11 @@ class FairShare:
         self.weight = {t.name: (t.fair_share_weight if t.fair_share_weight > 0 else 1.0) for t in snapshot.tenants}
         self.parent = {t.name: t.parent for t in snapshot.tenants}
         self._paths: dict[str, tuple[str, ...]] = {}
-        self.held: dict[str, dict[str, float]] = {}
+        self.held: dict[str, dict[str, float]] = {}  # millis held now (and placed this cycle), rolled up
+        self.decayed: dict[str, dict[str, float]] = {}  # the caller's decayed usage, rolled up
         for tenant, per_flavor in sorted(snapshot.usage.items()):
             for flavor, millis in sorted(per_flavor.items()):
-                self.add(tenant, flavor, float(millis))
+                self._roll_up(self.decayed, tenant, flavor, float(millis))
         for alloc in snapshot.allocations:
             self.add(alloc.tenant, alloc.flavor, min(alloc.millis, MILLIS_PER_DEVICE))
 
@@ -67,18 +72,26 @@ class FairShare:
         return cached
 
     def _node_share(self, name: str) -> float:
-        per_flavor = self.held.get(name)
-        if not per_flavor:
+        held = self.held.get(name) or {}
+        decayed = self.decayed.get(name) or {}
+        if not held and not decayed:
             return 0.0
-        dominant = max(millis / self.capacity.get(flavor, MILLIS_PER_DEVICE) for flavor, millis in per_flavor.items())
+        dominant = max(
+            max(held.get(flavor, 0.0), decayed.get(flavor, 0.0)) / self.capacity.get(flavor, MILLIS_PER_DEVICE)
+            for flavor in (held.keys() | decayed.keys())
+        )
         return dominant / self.weight.get(name, 1.0)
 
     def share(self, tenant: str) -> tuple[float, ...]:
         return tuple(self._node_share(name) for name in self.path(tenant))
 
     def add(self, tenant: str, flavor: str, millis: float) -> None:
+        """``tenant`` holds ``millis`` more of ``flavor`` (a running allocation, or a job placed this cycle)."""
+        self._roll_up(self.held, tenant, flavor, millis)
+
+    def _roll_up(self, table: dict[str, dict[str, float]], tenant: str, flavor: str, millis: float) -> None:
         for name in self.path(tenant):
-            bucket = self.held.setdefault(name, {})
+            bucket = table.setdefault(name, {})
             bucket[flavor] = bucket.get(flavor, 0.0) + millis
 
 

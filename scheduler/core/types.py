@@ -238,7 +238,8 @@ class Snapshot:
     allocations: tuple[Allocation, ...] = ()
     tenants: tuple[Tenant, ...] = ()  # tenants missing here but named elsewhere are roots
     quotas: tuple[Quota, ...] = ()
-    # tenant -> flavor -> time-decayed average millis held (see ``fairshare.decay_usage``); for fair share.
+    # tenant -> flavor -> time-decayed average millis held, updated with what is held now (``decay_usage``);
+    # fair share counts max(held now, this), never the sum, so current use is not counted twice.
     usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
     pending: tuple[PendingJob, ...] = ()
     reservations: tuple[Reservation, ...] = ()

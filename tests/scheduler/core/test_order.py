@@ -93,3 +93,29 @@ def test_fair_share_balances_departments_before_teams():
     placed = [p.job_id for p in result.places]
     assert sum(1 for j in placed if j.startswith("y1")) == 2
     assert sum(1 for j in placed if j.startswith("x")) == 2
+
+
+def test_usage_that_includes_what_is_held_now_is_not_counted_twice():
+    # The caller's usage is a decayed average of millis held, updated with what is held now (on the Django
+    # side's first cycle it *is* what is held now). team-a holds 2 cards and its average is 2; team-b holds
+    # nothing now but averaged 3 cards recently. team-b has used more, so team-a is served first. Adding the
+    # allocations on top of the average would count team-a's 2 cards twice (4 > 3) and serve team-b.
+    s = snapshot(
+        [node("n1", 3)],
+        allocations=[alloc("run-a", "n1-gpu0", "team-a"), alloc("run-a2", "n1-gpu1", "team-a")],
+        pending=[job("a1", "team-a", submitted_at=1), job("b1", "team-b", submitted_at=2)],
+        usage={"team-a": {"nvidia-h100-80g": 2000.0}, "team-b": {"nvidia-h100-80g": 3000.0}},
+    )
+    assert [p.job_id for p in plan(s, Policy()).places] == ["a1"]
+
+
+def test_a_tenant_holding_more_than_its_decayed_average_is_charged_what_it_holds():
+    # team-a just took 2 cards (its average has barely moved); team-b averaged 1 card. What team-a holds now
+    # counts, so team-b goes first.
+    s = snapshot(
+        [node("n1", 3)],
+        allocations=[alloc("run-a", "n1-gpu0", "team-a"), alloc("run-a2", "n1-gpu1", "team-a")],
+        pending=[job("a1", "team-a", submitted_at=1), job("b1", "team-b", submitted_at=2)],
+        usage={"team-a": {"nvidia-h100-80g": 100.0}, "team-b": {"nvidia-h100-80g": 1000.0}},
+    )
+    assert [p.job_id for p in plan(s, Policy()).places] == ["b1"]
