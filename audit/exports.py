@@ -31,6 +31,7 @@ from django.db import transaction
 from django.db.models import Max, Min
 
 from audit import chain
+from audit.csvsafe import formula_safe_row
 from audit.models import PLATFORM_STREAM, AuditRecord, ChainHead, Checkpoint, SigningKey, Tombstone, tenant_stream
 from audit.services import _iso, audit_record, checkpoint_all, details_for, record_header
 from audit.signing import get_signer
@@ -117,13 +118,16 @@ def build_bundle(
             line = _record_line(record, details[record.pk])
             lines.append(json.dumps(line, sort_keys=True, ensure_ascii=False, default=str))
             header = line["header"]
+            # Formula-safe cells (audit.csvsafe): user agents, usernames and targets are attacker-controlled.
             writer.writerow(
-                [header.get(c, "") for c in CSV_COLUMNS[:16]]
-                + [
-                    json.dumps(details[record.pk], sort_keys=True, ensure_ascii=False, default=str),
-                    record.prev_hash,
-                    record.hash,
-                ]
+                formula_safe_row(
+                    [header.get(c, "") for c in CSV_COLUMNS[:16]]
+                    + [
+                        json.dumps(details[record.pk], sort_keys=True, ensure_ascii=False, default=str),
+                        record.prev_hash,
+                        record.hash,
+                    ]
+                )
             )
         stream_cps = [c.as_dict() for c in Checkpoint.objects.filter(stream=stream, seq__gte=lo, seq__lte=hi)]
         checkpoints.extend(([previous] if previous else []) + stream_cps)

@@ -22,6 +22,7 @@ import zipfile
 from typing import Any
 
 from audit import chain
+from audit.csvsafe import formula_safe
 
 REQUIRED = (
     "manifest.json",
@@ -161,11 +162,11 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
         header = record["header"]
         for column, value in row.items():
             if column in header:
-                want = "" if header[column] is None else str(header[column])
+                want = "" if header[column] is None else str(formula_safe(header[column]))
             elif column == "details":
                 want = json.dumps(record["details"], sort_keys=True, ensure_ascii=False)
             else:
-                want = record.get(column, "")
+                want = str(formula_safe(record.get(column, "")))
             if value != want:
                 raise BundleError(f"records.csv differs from records.jsonl at {header['stream']} seq {header['seq']}")
     return {

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Sequence
 from django.http import HttpResponse
 from django.utils.encoding import force_str
 
+from audit.csvsafe import formula_safe_row
+
 EXPORT_FORMATS = ("csv", "xlsx")
 
 
@@ -21,8 +23,8 @@ def csv_response(rows: Iterable[Sequence], *, filename: str) -> HttpResponse:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     for row in rows:
-        # Spreadsheets run cells that start with = + - @ as formulas (CSV injection): quote them.
-        writer.writerow([f"'{c}" if isinstance(c, str) and c[:1] in ("=", "+", "-", "@") else c for c in row])
+        # Spreadsheets run cells that start with = + - @ (or tab / CR) as formulas (CSV injection): quote them.
+        writer.writerow(formula_safe_row(row))
     response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}.csv"'
     return response
@@ -34,7 +36,7 @@ def xlsx_response(rows: Iterable[Sequence], *, filename: str, sheet: str = "repo
     workbook = Workbook(write_only=True)
     worksheet = workbook.create_sheet(title=sheet[:31])
     for row in rows:
-        worksheet.append(list(row))
+        worksheet.append(formula_safe_row(row))
     buffer = io.BytesIO()
     workbook.save(buffer)
     response = HttpResponse(

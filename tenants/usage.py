@@ -18,6 +18,8 @@ from decimal import Decimal
 from django.db.models import Q
 from django.utils import timezone
 
+from audit.csvsafe import formula_safe, formula_safe_row
+
 PERIODS = ("day", "week", "month")
 SECONDS_PER_HOUR = 3600
 MILLIS_PER_DEVICE = 1000
@@ -207,7 +209,7 @@ def report_csv(report: UsageReport, *, kind: str = "tenants") -> str:
     writer = csv.writer(out)
     writer.writerow(columns)
     for item in items:
-        writer.writerow(_cells(item, columns))
+        writer.writerow(formula_safe_row(_cells(item, columns)))
     return out.getvalue()
 
 
@@ -223,7 +225,7 @@ def report_xlsx(report: UsageReport) -> bytes:
             sheet = workbook.create_sheet(name)
         sheet.append(columns)
         for item in items:
-            sheet.append([float(v) if isinstance(v, Decimal) else v for v in _cells(item, columns)])
+            sheet.append([float(v) if isinstance(v, Decimal) else formula_safe(v) for v in _cells(item, columns)])
     info = workbook.create_sheet("about")
     info.append(["from", report.start.isoformat()])
     info.append(["to", report.end.isoformat()])

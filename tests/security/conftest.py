@@ -1,0 +1,40 @@
+"""Helpers of the security tests: a fingerprint of everything the product stores, to prove a refused request
+changed nothing."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.apps import apps
+
+#: Apps whose tables hold product state (tenants, jobs, nodes, credentials, audit trail).
+STATE_APPS = ("tenants", "scheduler", "fleet", "audit")
+#: Columns that legitimately move on a refused request (a token's or credential's last use).
+VOLATILE = {"last_used_at", "last_seen_at", "last_login"}
+
+
+def state_fingerprint() -> dict[str, list[tuple]]:
+    """Every row of every product table (minus volatile columns), ordered by primary key."""
+    fingerprint: dict[str, list[tuple]] = {}
+    for model in apps.get_models():
+        if model._meta.app_label not in STATE_APPS or model._meta.proxy:
+            continue
+        columns = [f.attname for f in model._meta.concrete_fields if f.attname not in VOLATILE]
+        fingerprint[model._meta.label] = list(model.objects.order_by("pk").values_list(*columns))
+    return fingerprint
+
+
+def assert_unchanged(before: dict[str, list[tuple]], after: dict[str, list[tuple]], what: str = "") -> None:
+    changed = [label for label in before if before[label] != after.get(label)]
+    assert not changed, f"{what}: these tables changed: {changed}"
+
+
+@pytest.fixture(autouse=True)
+def private_telemetry_prefix(settings, monkeypatch) -> None:
+    """Latest telemetry under a key prefix of our own; scheduling cycles not queued to Celery."""
+    from scheduler.fleet import services
+
+    settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-security-{uuid.uuid4().hex[:10]}"
+    monkeypatch.setattr(services, "_request_cycle", lambda: None)
+    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
