@@ -9,7 +9,8 @@
 7. **explain** (``explain.py``) — a reason code, a sentence and queue positions for every pending job.
 
 The cycle only ever *takes* capacity (places, holds), never frees it — preempted work frees its devices
-when it stops, and the preemptor starts in a later cycle on the devices held for it. So a shape of job that
+when it stops, and the preemptor starts in a later cycle on the devices held for it (``holds.py``: the
+plan returns its holds and the caller passes them back until the preemptor has started). So a shape of job that
 did not fit once will not fit later in the same cycle, which lets the cycle skip repeated attempts
 (``Plan.stats["skipped_repeat_shapes"]``) and keeps a 10,000-job queue cheap.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from .backfill import HeadReservations
 from .capacity import Cluster
 from .explain import Pending, explanations
+from .holds import Holds
 from .order import FairShare, ordered
 from .placement import Failure, Placer, Take, rollback
 from .preempt import Preemptor, VictimChoice
@@ -91,6 +93,8 @@ class _Cycle:
         self.s = snapshot
         self.p = policy
         self.cluster = Cluster(snapshot)
+        # Before anything else looks at free capacity: devices held for preemptors are nobody else's.
+        self.holds = Holds(snapshot, self.cluster)
         self.book = QuotaBook(snapshot, self.cluster.capacity_millis, require_quota=policy.require_quota)
         self.fair = FairShare(snapshot, self.cluster.capacity_millis)
         self.placer = Placer(
@@ -103,6 +107,7 @@ class _Cycle:
                 placer=self.placer,
                 book=self.book,
                 min_runtime_s=policy.min_runtime_before_preempt_s,
+                stopping=self.holds.stopping,
             )
             if policy.preemption
             else None
@@ -120,6 +125,7 @@ class _Cycle:
             "preemption_searches": 0,
             "head_reservations": 0,
             "backfilled_into_held": 0,
+            "holds_kept": 0,
         }
 
     # -- the loop --------------------------------------------------------------------------------------------
@@ -139,6 +145,7 @@ class _Cycle:
             places=tuple(self.places),
             preemptions=tuple(self.preemptions),
             explanations=explanations(self.pending),
+            holds=self.holds.result(),
             stats=dict(self.stats),
         )
 
@@ -146,6 +153,7 @@ class _Cycle:
         self.pending.append(Pending(job, code, message))
 
     def _schedule(self, job: PendingJob) -> None:
+        held = self.holds.take(job.job_id)
         problem = validate(job)
         if problem:
             self._wait(job, PendingReason.INVALID_REQUEST, f"the request cannot be scheduled: {problem}")
@@ -153,18 +161,22 @@ class _Cycle:
         if job.awaiting_approval:
             self._wait(job, PendingReason.AWAITING_APPROVAL, "waiting for approval by an administrator")
             return
-        if self._own_reservation(job):
+        waiting = self.holds.waiting_for(held)
+        if self._own_reservation(job, waiting):
             return
         attempts: list[_Attempt] = []
         refusals: list[Failure] = []
         for flavor in job.request.flavors:
-            outcome = self._try_flavor(job, flavor)
+            outcome = self._try_flavor(job, flavor, holder=bool(held))
             if outcome is None:
                 return  # placed
             if isinstance(outcome, _Attempt):
                 attempts.append(outcome)
             else:
                 refusals.append(outcome)
+        if waiting:
+            self._keep_waiting(job, held, waiting)
+            return
         for attempt in attempts:
             if attempt.failure.code in _CAPACITY_REASONS and self._on_reservation(job, attempt):
                 return
@@ -192,7 +204,9 @@ class _Cycle:
 
     # -- one flavor: admit, place ----------------------------------------------------------------------------
 
-    def _try_flavor(self, job: PendingJob, flavor: str) -> _Attempt | Failure | None:
+    def _try_flavor(self, job: PendingJob, flavor: str, *, holder: bool = False) -> _Attempt | Failure | None:
+        """Admit and place on ``flavor``; None when placed. A ``holder`` (a preemptor with devices held for it)
+        sees capacity no other job sees, so shape failures of others say nothing about it and vice versa."""
         req = job.request
         if not self.cluster.has_flavor(flavor):
             return Failure(PendingReason.NO_SUCH_FLAVOR, f"no healthy, schedulable {flavor} device in the pool")
@@ -207,7 +221,7 @@ class _Cycle:
         if not admission.ok:
             return Failure(admission.code or PendingReason.QUOTA_EXHAUSTED, admission.message)
         head = self.heads.head(flavor)
-        if head is not None and not self.p.backfill:
+        if head is not None and not self.p.backfill and not holder:
             return Failure(
                 PendingReason.BLOCKED_BY_HEAD,
                 f"waiting behind job {head}, which is first in the {flavor} queue (backfill is off)",
@@ -220,7 +234,7 @@ class _Cycle:
             job.topology,
             tuple(sorted(job.node_selector.items())),
         )
-        failure = self.failed_shapes.get(shape)
+        failure = None if holder else self.failed_shapes.get(shape)
         if failure is not None:
             self.stats["skipped_repeat_shapes"] += 1
             return _Attempt(flavor, admission, failure, count)
@@ -236,10 +250,27 @@ class _Cycle:
             log=log,
         )
         if failure is not None:
-            self.failed_shapes[shape] = failure
+            if not holder:
+                self.failed_shapes[shape] = failure
             return _Attempt(flavor, admission, failure, count)
         self._commit_place(job, flavor, admission, log)
         return None
+
+    def _keep_waiting(self, job: PendingJob, held: list, waiting: tuple[str, ...]) -> None:
+        """A preemptor whose victims are still stopping: its devices stay held, it preempts nobody new."""
+        self.holds.keep(job.job_id, held, waiting)
+        self.stats["holds_kept"] += 1
+        req = job.request
+        flavor = self.cluster.dev_flavor[held[0][0]]
+        node = self.book.account(job.tenant, flavor)
+        if node is not None:  # as when it preempted: jobs behind it cannot spend its quota meanwhile
+            self.book.charge(node=node, flavor=flavor, millis=req.millis * job.gang_min)
+        self._wait(
+            job,
+            PendingReason.WAITING_FOR_PREEMPTION,
+            f"waiting for {len(waiting)} preempted job(s) to stop; {len({d for d, _ in held})} {flavor} "
+            "device(s) are held for it meanwhile",
+        )
 
     def _commit_place(self, job: PendingJob, flavor: str, admission: Admission, log: list[Take]) -> None:
         req = job.request
@@ -317,8 +348,9 @@ class _Cycle:
 
     # -- reservations ----------------------------------------------------------------------------------------
 
-    def _own_reservation(self, job: PendingJob) -> bool:
-        """An inference service scaling up goes onto its own reservation first (no new quota: it is charged)."""
+    def _own_reservation(self, job: PendingJob, waiting: tuple[str, ...] = ()) -> bool:
+        """An inference service scaling up goes onto its own reservation first (no new quota: it is charged).
+        Borrowers in the way are preempted once; while they stop (``waiting``) the service waits for them."""
         if job.job_id not in self.reservations.slots:
             return False
         for flavor in job.request.flavors:
@@ -332,7 +364,7 @@ class _Cycle:
                 # Reclaiming a reservation needs no preemption policy: the borrowers ran there on loan.
                 taken = self.preemptor.taken if self.preemptor else set()
                 known = self.preemptor.victims if self.preemptor else {}
-                for victim in [b for b in blockers if b not in taken]:
+                for victim in [b for b in blockers if b not in taken and b not in waiting]:
                     taken.add(victim)
                     tenant = known[victim].tenant if victim in known else ""
                     self.preemptions.append(
@@ -345,6 +377,8 @@ class _Cycle:
                             message=f"inference service {job.job_id} scales up into its reserved capacity",
                         )
                     )
+                slots = self.reservations.slots[job.job_id]
+                self.holds.add(job.job_id, (s.d for s in slots if set(s.borrowers) & set(blockers)), blockers)
                 self._wait(
                     job,
                     PendingReason.WAITING_FOR_PREEMPTION,
@@ -481,6 +515,7 @@ class _Cycle:
         self.preemptor.commit(choice)
         for d in choice.devices:
             self.cluster.hold(d, job.job_id)
+        self.holds.add(job.job_id, choice.devices, (v.job_id for v, _ in choice.victims))
         # The preemptor's quota is taken now so that jobs behind it cannot spend it while victims stop.
         self.book.charge(node=node, flavor=flavor, millis=req.millis * count)
         for victim, reason in choice.victims:

@@ -121,6 +121,7 @@ class Preemptor:
         placer: Placer,
         book: QuotaBook,
         min_runtime_s: float,
+        stopping: frozenset[str] = frozenset(),
     ) -> None:
         self.now = snapshot.now
         self.c = cluster
@@ -137,8 +138,9 @@ class Preemptor:
         self._account: dict[str, str | None] = {}
         self.borrowers: dict[str, list[Victim]] = {}
         self.by_account: dict[str, dict[str | None, list[Victim]]] = {}
+        self.stopping = stopping  # already preempted and stopping (``holds.py``): not a victim again
         for v in self.victims.values():
-            if not v.preemptible or self.now - v.started_at < min_runtime_s:
+            if not v.preemptible or self.now - v.started_at < min_runtime_s or v.job_id in stopping:
                 continue
             if v.borrowed_millis > 0:
                 self.borrowers.setdefault(v.flavor, []).append(v)
@@ -159,6 +161,8 @@ class Preemptor:
     def rule(self, v: Victim, job: PendingJob, flavor: str, accounted_to: str, borrowing: bool) -> PreemptReason | None:
         """Why ``v`` may be preempted for ``job`` (None: it may not)."""
         if not v.preemptible or v.flavor != flavor or v.job_id in self.taken or v.job_id in job.preempted_by:
+            return None
+        if v.job_id in self.stopping:
             return None
         if v.job_id == job.job_id or self.now - v.started_at < self.min_runtime_s:
             return None

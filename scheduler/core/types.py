@@ -156,6 +156,24 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class Hold:
+    """Device ``device_uuid`` is kept for preemptor ``job_id`` while ``victims`` stop, and until it starts.
+
+    A plan that preempts returns the devices its preemptor will get as holds (``Plan.holds``); the caller
+    stores them and passes them back (``Snapshot.holds``) every cycle until the plan stops returning them.
+    While held, no other job may be placed on the device, backfilled onto it or reserve it. The preemptor
+    waits (``WAITING_FOR_PREEMPTION``) and searches for no new victims while any of ``victims`` still has an
+    allocation; once they have all stopped it is placed (on the held devices or anywhere that fits), or — if
+    it still does not fit, say its node failed — the hold is dropped and it is scheduled afresh.
+    """
+
+    job_id: str  # the preemptor
+    device_uuid: str
+    victims: tuple[str, ...] = ()  # jobs stopping to free capacity for it (sorted)
+    since: float = 0.0  # when the preemption that made the hold was planned
+
+
+@dataclass(frozen=True, slots=True)
 class Tenant:
     name: str
     parent: str | None = None
@@ -243,6 +261,7 @@ class Snapshot:
     usage: Mapping[str, Mapping[str, float]] = field(default_factory=dict, hash=False)
     pending: tuple[PendingJob, ...] = ()
     reservations: tuple[Reservation, ...] = ()
+    holds: tuple[Hold, ...] = ()  # what the last plan returned as ``Plan.holds``
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,4 +332,6 @@ class Plan:
     places: tuple[Place, ...] = ()
     preemptions: tuple[Preempt, ...] = ()
     explanations: tuple[Explain, ...] = ()
+    # Every hold to keep until the next cycle (new ones and those still waited for); store and pass back.
+    holds: tuple[Hold, ...] = ()
     stats: Mapping[str, float] = field(default_factory=dict, hash=False)

@@ -69,7 +69,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-hold",
         action="store_true",
-        help="do not plan a preemptor first once its victims stopped (replay the Django loop as it is today)",
+        help="forget the engine's holds between cycles (ablation: freed capacity is held for one cycle only)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -6,7 +6,9 @@ repairs, and scheduling cycles. A cycle is triggered by any event that changes w
 most one per ``SimConfig.cycle_interval_s`` simulated seconds like the real Celery loop; every event up to the
 cycle's time is applied first, so a burst of arrivals is scheduled in one cycle. Each cycle builds a core
 ``Snapshot`` from state kept incrementally (node tuple rebuilt only on failure/repair, allocations per job,
-pending jobs in a dict) and applies the ``Plan``: places start jobs, preemptions stop victims after their grace.
+pending jobs in a dict) and applies the ``Plan``: places start jobs, preemptions stop victims after their grace,
+and the plan's holds (``Plan.holds``: devices kept for a preemptor while its victims stop) go into the next
+snapshot, exactly as the Django side stores and passes them back.
 
 Work accounting: a job needs ``duration_s`` of work. A restart (any start after the first) first spends
 ``restart_cost_s`` loading its checkpoint; a stopped job keeps the work up to its last checkpoint (every
@@ -32,6 +34,7 @@ from scheduler.core import decay_usage, plan
 from scheduler.core.types import (
     MILLIS_PER_DEVICE,
     Allocation,
+    Hold,
     Node,
     PendingJob,
     Place,
@@ -61,8 +64,8 @@ class SimConfig:
     bin_s: float = 3600.0  # width of the allocation-over-time series
     horizon_s: float | None = None  # stop at this simulated time (None: when nothing more can happen)
     guarantee_tolerance_s: float | None = None  # None: grace + min runtime before preemption + 2 cycles
-    # A preemptor whose victims stopped is planned first in the next cycle, before anyone else can take the
-    # freed capacity (the engine's hold lasts one cycle only). False: replay exactly what the Django loop does.
+    # Pass the engine's holds (``Plan.holds``) back into the next snapshot, as the Django side does. False
+    # forgets them between cycles (an ablation: it shows the preemption loop a one-cycle hold allows).
     hold_for_preemptor: bool = True
 
 
@@ -81,7 +84,6 @@ class Ev(IntEnum):
 class St(IntEnum):
     FUTURE = 0
     QUEUED = 1
-    HELD = 2  # a preemptor waiting for its victims to stop (kept out of the queue meanwhile)
     RUNNING = 3
     STOPPING = 4  # preempted, in its grace period
     DONE = 5
@@ -174,8 +176,7 @@ class Simulator:
         self.tick_at: float | None = None
         self.last_cycle = -math.inf
         self.pending: dict[str, _Run] = {}
-        self.held_by: dict[str, set[str]] = {}  # preemptor → victims it waits for
-        self.waiters: dict[str, set[str]] = defaultdict(set)  # victim → preemptors waiting for it
+        self.holds: tuple[Hold, ...] = ()  # the last plan's holds, for the next snapshot
         self.node_jobs: dict[str, set[str]] = defaultdict(set)
         self.flavor_of: dict[str, str] = {}  # running (or stopping) job → the flavor it was placed on
         self.allocated = 0  # millis held now
@@ -189,7 +190,6 @@ class Simulator:
         self.lost_gpu_s = 0.0
         self.cycles = 0
         self.plan_calls = 0
-        self.released: list[str] = []  # preemptors whose victims all stopped since the last cycle
         self.skipped_cycles = 0  # cycles not run because no pending job could possibly fit (see _cannot_place)
         self.capacity = workload.capacity_millis
         self.node_millis = {n.name: len(n.devices) * MILLIS_PER_DEVICE for n in workload.nodes}
@@ -260,7 +260,7 @@ class Simulator:
                 self._repair(self.w.nodes[idx].name, t)
         end = self.now
         for run in self.runs:  # jobs still waiting at the end never started again: close their books
-            if run.state in (St.QUEUED, St.HELD):
+            if run.state == St.QUEUED:
                 run.record.queued_s += end - run.queued_at
                 self._unflag(run, end)
         window = max((r.job.submit_s for r in self.runs), default=0.0)
@@ -386,7 +386,7 @@ class Simulator:
         self._push(run.productive_from + run.remaining_s, Ev.FINISH, self.index[j.job_id], run.epoch)
 
     def _release(self, run: _Run) -> None:
-        """Free the job's devices and wake preemptors that waited for it."""
+        """Free the job's devices."""
         j = run.job
         for a in run.allocs:
             self.node_jobs[a.node].discard(j.job_id)
@@ -397,18 +397,6 @@ class Simulator:
             self.tenant_flavor_held[j.tenant][flavor] -= run.millis_held
         run.allocs = ()
         run.millis_held = 0
-        for waiter in sorted(self.waiters.pop(j.job_id, ())):
-            victims = self.held_by.get(waiter)
-            if victims is None:
-                continue
-            victims.discard(j.job_id)
-            if not victims:
-                del self.held_by[waiter]
-                w = self.by_id[waiter]
-                if w.state == St.HELD:
-                    w.state = St.QUEUED
-                    self.pending[waiter] = w
-                    self.released.append(waiter)
 
     def _finish(self, run: _Run, t: float) -> None:
         self.overhead_gpu_s += run.job.gpus * (run.productive_from - run.started_at)
@@ -453,15 +441,6 @@ class Simulator:
         run.record.preemptions += 1
         self.preemptions += 1
         self._push(t + grace_s, Ev.STOP, self.index[victim_id], run.epoch)
-        preemptor = self.by_id.get(victim_of)
-        if preemptor is not None and preemptor.state == St.QUEUED:
-            preemptor.state = St.HELD
-            del self.pending[victim_of]
-            self.held_by.setdefault(victim_of, set()).add(victim_id)
-            self.waiters[victim_id].add(victim_of)
-        elif preemptor is not None and preemptor.state == St.HELD:
-            self.held_by[victim_of].add(victim_id)
-            self.waiters[victim_id].add(victim_of)
 
     # -- failures --------------------------------------------------------------------------------------------
 
@@ -520,14 +499,7 @@ class Simulator:
             self._flag_starved(t)
             return
         self.cycles += 1
-        released = [self.pending[j] for j in self.released if j in self.pending]
-        self.released.clear()
-        placed = False
-        if released and self.c.hold_for_preemptor:
-            # The engine holds freed capacity for a preemptor only within the cycle that preempted; here the
-            # preemptors whose victims have stopped get the first call, as if the hold had lasted.
-            placed = self._plan_and_apply(t, released)
-        placed = self._plan_and_apply(t, list(self.pending.values())) or placed
+        placed = self._plan_and_apply(t, list(self.pending.values()))
         if placed and self.p.preemption and self.tick_at is None:
             # Jobs placed now become preemption candidates after the minimum runtime: look again then.
             self.tick_at = t + self.p.min_runtime_before_preempt_s + 1.0
@@ -545,11 +517,13 @@ class Simulator:
             quotas=self.quotas,
             usage=self.usage,
             pending=tuple(r.pending for r in pending),
+            holds=self.holds,
         )
         began = wallclock.perf_counter()
         result = plan(snapshot, self.p)
         self.plan_wall_s += wallclock.perf_counter() - began
         self.plan_calls += 1
+        self.holds = result.holds if self.c.hold_for_preemptor else ()
         for place in result.places:
             run = self.by_id[place.job_id]
             if run.state == St.QUEUED:
@@ -586,7 +560,7 @@ class Simulator:
 
     def _flag_starved(self, t: float) -> None:
         """A waiting job 'starves' while it would fit in its tenant's unused guarantee."""
-        for run in chain(self.pending.values(), (self.by_id[p] for p in self.held_by)):
+        for run in self.pending.values():
             j = run.job
             within = self.tenant_held[j.tenant] + j.charged_millis <= self.guarantee.get(j.tenant, 0)
             if within and run.starved_since is None:

@@ -325,3 +325,55 @@ def test_higher_priority_job_never_waits_while_lower_priority_preemptible_work_h
     assert all(p.job_id in movable_ids for p in result.preemptions), "preempted something not lower/preemptible"
     if fits_without_them:
         assert result.places or any(p.victim_of == job.job_id for p in result.preemptions)
+
+
+# Preemption on and no minimum runtime, so that about one example in ten preempts and holds something.
+preempting_policies = st.builds(
+    Policy,
+    preemption=st.just(True),
+    borrowing=st.booleans(),
+    fair_share=st.booleans(),
+    backfill=st.booleans(),
+    min_runtime_before_preempt_s=st.just(0.0),
+    require_quota=st.booleans(),
+)
+
+
+@settings(PROPERTY_SETTINGS, max_examples=150)
+@given(snapshots(), preempting_policies)
+def test_devices_held_for_a_preemptor_go_to_no_other_job_in_later_cycles(snapshot, policy):
+    first = plan(snapshot, policy)
+    holder_of = {h.device_uuid: h.job_id for h in first.holds}
+    assert len(holder_of) == len(first.holds), "a device held for two jobs"
+    assert {h.job_id for h in first.holds} <= {j.job_id for j in snapshot.pending}
+    # Next cycle, still stopping (the victims keep their devices), then stopped (they are back in the queue).
+    victims = {p.job_id for p in first.preemptions}
+    placed = {p.job_id for p in first.places}
+    still_pending = tuple(j for j in snapshot.pending if j.job_id not in placed)
+    stopping = replace(
+        snapshot,
+        now=NOW + 30,
+        allocations=tuple(replace(a, preemptible=False) if a.job_id in victims else a for a in snapshot.allocations),
+        pending=still_pending,
+        holds=first.holds,
+    )
+    second = plan(stopping, policy)
+    # Back in the queue ahead of everyone (top priority, earliest), asking for a small fraction of any card.
+    requeued = tuple(
+        PendingJob(v, "team-a", ReplicaRequest(FLAVORS, 100, 1024), priority=1000, submitted_at=-1.0)
+        for v in sorted(victims)
+    )
+    stopped = replace(
+        stopping,
+        now=NOW + 90,
+        allocations=tuple(a for a in snapshot.allocations if a.job_id not in victims),
+        pending=requeued + still_pending,
+        holds=second.holds,
+    )
+    third = plan(stopped, policy)
+    for result in (second, third):
+        for place in result.places:
+            for a in place.assignments:
+                assert holder_of.get(a.device_uuid, place.job_id) == place.job_id, "held device given to another job"
+    # While its victims stop a preemptor picks no new victims.
+    assert not any(p.victim_of in {h.job_id for h in first.holds} for p in second.preemptions)

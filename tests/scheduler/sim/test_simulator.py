@@ -168,6 +168,7 @@ def test_a_preemptor_gets_the_capacity_its_victims_freed_before_they_can_take_it
 
     assert times(held)["c"] == (25, 75)
     assert held.preemptions == 1
-    # Without the hold b re-borrows the freed card each time and c preempts it again once b is 10 s old.
+    # Without the engine's holds fed back, b re-borrows the freed card each time and c preempts it again
+    # once b is 10 s old.
     assert loop.preemptions > 3
     assert times(loop)["c"][0] > 25
