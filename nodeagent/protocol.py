@@ -17,10 +17,12 @@ Conventions:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import types
 import typing
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, Union
@@ -343,31 +345,44 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed in a frame")
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+# Validation is compiled once per type into a checker ``(value, where) -> value``: a 1,000-node fleet sends
+# 8,000 device samples a second, and walking ``typing`` introspection for each value was most of decode's cost.
+_Checker = Callable[[Any, str], Any]
+_FieldPlan = tuple[str, bool, _Checker, bool]  # name, required, checker, is a timestamp
+_PLANS: dict[type, tuple[_FieldPlan, ...]] = {}
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+def _plan(cls: type) -> tuple[_FieldPlan, ...]:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = typing.get_type_hints(cls)
+        plan = _PLANS[cls] = tuple(
+            (
+                spec.name,
+                spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING,
+                _checker(hints[spec.name]),
+                bool(spec.metadata.get("timestamp")),
+            )
+            for spec in dataclasses.fields(cls)
+        )
+    return plan
 
 
 def _build(cls: type, data: dict[str, Any], path: str) -> Any:
-    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
-    for spec in dataclasses.fields(cls):
-        where = f"{path}.{spec.name}"
-        if spec.name not in data:
-            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-                raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} is required")
+    for name, required, check, timestamp in _plan(cls):
+        if name not in data:
+            if required:
+                raise ProtocolError(ErrorCode.INVALID_FIELD, f"{path}.{name} is required")
             continue
-        value = _check(hints[spec.name], data[spec.name], where)
-        if spec.metadata.get("timestamp") and value is not None:
+        where = f"{path}.{name}"
+        value = check(data[name], where)
+        if timestamp and value is not None:
             try:
                 parse_time(value)
             except ProtocolError as exc:
                 raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where}: {exc.detail}") from None
-        kwargs[spec.name] = value
+        kwargs[name] = value
     return cls(**kwargs)
 
 
@@ -377,59 +392,129 @@ def _type_name(hint: Any) -> str:
 
 def _check(hint: Any, value: Any, where: str) -> Any:
     """Return ``value`` converted to ``hint`` (nested dataclasses built), or raise invalid_field."""
+    return _checker(hint)(value, where)
+
+
+@functools.cache
+def _checker(hint: Any) -> _Checker:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
-        options = typing.get_args(hint)
+        return _union_checker(typing.get_args(hint))
+    if origin is Literal:
+        return _literal_checker(typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return _list_checker(_checker(item))
+    if origin is dict:
+        _key, item = typing.get_args(hint)
+        return _dict_checker(_checker(item))
+    if dataclasses.is_dataclass(hint):
+        return _dataclass_checker(hint)
+    if hint is Any:
+        return _check_any
+    scalar = _SCALARS.get(hint)
+    if scalar is None:
+
+        def unsupported(value: Any, where: str) -> Any:
+            _not_null(value, where)
+            raise TypeError(f"protocol field {where} has an unsupported type {_type_name(hint)}")
+
+        return unsupported
+    return scalar
+
+
+def _union_checker(options: tuple[Any, ...]) -> _Checker:
+    nullable = type(None) in options
+    checks = [_checker(option) for option in options if option is not type(None)]
+
+    def check(value: Any, where: str) -> Any:
         if value is None:
-            if type(None) in options:
+            if nullable:
                 return None
             raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must not be null")
         errors = []
-        for option in options:
-            if option is type(None):
-                continue
+        for option_check in checks:
             try:
-                return _check(option, value, where)
+                return option_check(value, where)
             except ProtocolError as exc:
                 errors.append(exc.detail)
         raise ProtocolError(ErrorCode.INVALID_FIELD, errors[0] if len(errors) == 1 else f"{where} has a bad type")
-    if origin is Literal:
-        allowed = typing.get_args(hint)
+
+    return check
+
+
+def _literal_checker(allowed: tuple[Any, ...]) -> _Checker:
+    def check(value: Any, where: str) -> Any:
         if value not in allowed or isinstance(value, bool):
             raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} is {value!r}; expected one of {list(allowed)}")
         return value
-    if origin is list:
+
+    return check
+
+
+def _list_checker(item_check: _Checker) -> _Checker:
+    def check(value: Any, where: str) -> Any:
         if not isinstance(value, list):
             raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be a list, not {type(value).__name__}")
-        (item,) = typing.get_args(hint)
-        return [_check(item, element, f"{where}[{i}]") for i, element in enumerate(value)]
-    if origin is dict:
+        return [item_check(element, f"{where}[{i}]") for i, element in enumerate(value)]
+
+    return check
+
+
+def _dict_checker(item_check: _Checker) -> _Checker:
+    def check(value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be an object, not {type(value).__name__}")
-        _key, item = typing.get_args(hint)
-        return {key: _check(item, element, f"{where}.{key}") for key, element in value.items()}
-    if dataclasses.is_dataclass(hint):
+        return {key: item_check(element, f"{where}.{key}") for key, element in value.items()}
+
+    return check
+
+
+def _dataclass_checker(cls: type) -> _Checker:
+    def check(value: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be an object, not {type(value).__name__}")
-        return _build(hint, value, where)
+        return _build(cls, value, where)
+
+    return check
+
+
+def _not_null(value: Any, where: str) -> None:
     if value is None:
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must not be null")
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be true or false, not {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be an integer, not {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be a number, not {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be a string, not {value!r}")
-        return value
-    if hint is Any:
-        return value
-    raise TypeError(f"protocol field {where} has an unsupported type {_type_name(hint)}")
+
+
+def _check_any(value: Any, where: str) -> Any:
+    _not_null(value, where)
+    return value
+
+
+def _check_bool(value: Any, where: str) -> bool:
+    _not_null(value, where)
+    if not isinstance(value, bool):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be true or false, not {value!r}")
+    return value
+
+
+def _check_int(value: Any, where: str) -> int:
+    _not_null(value, where)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be an integer, not {value!r}")
+    return value
+
+
+def _check_float(value: Any, where: str) -> float:
+    _not_null(value, where)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be a number, not {value!r}")
+    return float(value)
+
+
+def _check_str(value: Any, where: str) -> str:
+    _not_null(value, where)
+    if not isinstance(value, str):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be a string, not {value!r}")
+    return value
+
+
+_SCALARS: dict[Any, _Checker] = {bool: _check_bool, int: _check_int, float: _check_float, str: _check_str}
