@@ -8,6 +8,7 @@ minutes to ``services.telemetry_minutes_write`` once a minute.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -204,6 +205,15 @@ class MemoryLatestStore:
             return {group for group, until in self._watched.items() if until > now}
 
 
+@dataclass
+class _WriteBatch:
+    """Latest values waiting for the next pipeline of one event loop: Redis key → device UUID → JSON."""
+
+    pending: dict[str, dict[str, str]] = field(default_factory=dict)
+    written: asyncio.Future | None = None  # resolves when ``pending`` as it is now has been written
+    writer: asyncio.Task | None = None  # the task writing pipelines while there is something pending
+
+
 class RedisLatestStore:
     """One Redis hash per node: field = device UUID, value = JSON of its latest values and time."""
 
@@ -212,6 +222,7 @@ class RedisLatestStore:
         self.prefix = prefix
         self._sync = None
         self._async: dict[int, object] = {}
+        self._batches: dict[int, _WriteBatch] = {}  # per event loop, like the async clients
 
     def key(self, node_id: int) -> str:
         return f"{self.prefix}:telemetry:latest:{node_id}"
@@ -227,8 +238,6 @@ class RedisLatestStore:
 
     def _async_client(self):
         # redis.asyncio clients are bound to the event loop that created them.
-        import asyncio
-
         import redis.asyncio
 
         loop_id = id(asyncio.get_running_loop())
@@ -241,13 +250,46 @@ class RedisLatestStore:
         return client
 
     async def aput(self, node_id: int, devices: dict[str, dict]) -> None:
+        """Store ``devices``' latest values; returns once they are in Redis.
+
+        Writes are grouped: what the sockets of this event loop put while one pipeline is in flight goes out
+        in the next one. A thousand agents ticking once a second then cost a few round trips a second instead
+        of a thousand, and a lone write still leaves at once.
+        """
         if not devices:
             return
-        key = self.key(node_id)
-        async with self._async_client().pipeline(transaction=False) as pipe:
-            pipe.hset(key, mapping={uuid: json.dumps(values) for uuid, values in devices.items()})
-            pipe.expire(key, LATEST_TTL_S)
-            await pipe.execute()
+        batch = self._batches.get(id(asyncio.get_running_loop()))
+        if batch is None:
+            batch = self._batches[id(asyncio.get_running_loop())] = _WriteBatch()
+        batch.pending.setdefault(self.key(node_id), {}).update(
+            {uuid: json.dumps(values) for uuid, values in devices.items()}
+        )
+        if batch.written is None:
+            batch.written = asyncio.get_running_loop().create_future()
+        written = batch.written
+        if batch.writer is None:
+            batch.writer = asyncio.ensure_future(self._write_batches(batch))
+        # shield: a cancelled caller must not cancel the write that other callers wait for.
+        await asyncio.shield(written)
+
+    async def _write_batches(self, batch: _WriteBatch) -> None:
+        try:
+            while batch.pending:
+                pending, batch.pending = batch.pending, {}
+                written, batch.written = batch.written, None
+                try:
+                    async with self._async_client().pipeline(transaction=False) as pipe:
+                        for key, mapping in pending.items():
+                            pipe.hset(key, mapping=mapping)
+                            pipe.expire(key, LATEST_TTL_S)
+                        await pipe.execute()
+                except Exception as exc:
+                    written.set_exception(exc)
+                    written.exception()  # retrieved here too: every waiter may have been cancelled
+                else:
+                    written.set_result(None)
+        finally:
+            batch.writer = None
 
     def watch_key(self) -> str:
         return f"{self.prefix}:telemetry:watched"

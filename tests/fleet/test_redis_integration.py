@@ -3,6 +3,7 @@ service (sync code) reaching a live socket, and latest values in a Redis hash pe
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -50,3 +51,38 @@ async def test_revoking_in_a_service_closes_the_socket_through_redis(redis_url):
     agent = await connect_agent(credential, "redis-node")
     await db(services.node_credentials_revoke)(actor=None, node=node)
     assert await agent.receive_output(timeout=5) == {"type": "websocket.close", "code": services.CLOSE_UNAUTHORIZED}
+
+
+async def test_latest_values_written_at_once_go_out_together_and_all_land(redis_url):
+    store = RedisLatestStore(redis_url, prefix="test-batching")
+    pipelines = 0
+    write = store._write_batches
+
+    async def counting(batch):
+        nonlocal pipelines
+        pipelines += 1
+        await write(batch)
+
+    store._write_batches = counting
+    node_ids = range(900_000, 900_200)
+    await asyncio.gather(
+        *(store.aput(node_id, {f"GPU-{node_id}-0": {"utilization_pct": node_id % 100}}) for node_id in node_ids)
+    )
+    # Every put returned after its values were in Redis, and 200 puts did not need 200 round trips.
+    latest = store.get_nodes(node_ids)
+    assert all(latest[node_id][f"GPU-{node_id}-0"]["utilization_pct"] == node_id % 100 for node_id in node_ids)
+    assert pipelines < 10
+    redis.Redis.from_url(redis_url).delete(*(store.key(node_id) for node_id in node_ids))
+
+
+async def test_a_cancelled_put_does_not_cancel_the_write_others_wait_for(redis_url):
+    store = RedisLatestStore(redis_url, prefix="test-batching")
+    first = asyncio.ensure_future(store.aput(900_500, {"GPU-a": {"utilization_pct": 1}}))
+    second = asyncio.ensure_future(store.aput(900_501, {"GPU-b": {"utilization_pct": 2}}))
+    await asyncio.sleep(0)
+    first.cancel()
+    await second
+    latest = store.get_nodes([900_500, 900_501])
+    assert latest[900_500]["GPU-a"]["utilization_pct"] == 1
+    assert latest[900_501]["GPU-b"]["utilization_pct"] == 2
+    redis.Redis.from_url(redis_url).delete(store.key(900_500), store.key(900_501))
