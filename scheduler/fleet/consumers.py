@@ -231,7 +231,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def flush_rollups(self, now: datetime | None) -> None:
         finished = self.aggregator.drain(now)
         if finished:
-            await db(services.telemetry_minutes_write)(aggregates=finished, device_ids=self.device_ids)
+            # Agents cross a minute together: their minutes are merged into a few writes per process.
+            await fleet_process().minutes.submit([(finished, self.device_ids)])
 
     async def send_pending_commands(self, command_id: int | None = None) -> None:
         commands = await db(services.commands_pending)(node_id=self.node_id, command_id=command_id)

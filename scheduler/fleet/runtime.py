@@ -1,5 +1,6 @@
-"""Per-process plumbing of the agent sockets: database calls that keep their connection, and the batch that
-turns thousands of heartbeats a minute into one write a second.
+"""Per-process plumbing of the agent sockets: database calls that keep their connection, the batch that
+turns thousands of heartbeats a minute into one write a second, and group writes that merge what many
+sockets write at the same moment.
 
 ``channels.db.database_sync_to_async`` closes the connection around every call (with ``CONN_MAX_AGE=0``
 that is a new connection each time: ~25 ms on SQLite, more on PostgreSQL). The agent sockets call the
@@ -12,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, close_old_connections
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: How often a process writes the heartbeats its agent sockets received.
 HEARTBEAT_FLUSH_S = 1.0
@@ -41,6 +43,48 @@ def db(func: Callable[..., Any]) -> Callable[..., Any]:
     return sync_to_async(call, thread_sensitive=True)
 
 
+class GroupWrite(Generic[T]):
+    """Writes of one event loop that arrive while a write is in flight go out together in the next one.
+
+    ``submit`` returns once its items are written, or raises that write's error. A thousand agent sockets
+    writing in the same second then cost a handful of writes, and a lone write still leaves at once.
+    """
+
+    def __init__(self, write: Callable[[list[T]], Awaitable[object]]) -> None:
+        self._write = write
+        self._pending: list[T] = []
+        self._written: asyncio.Future | None = None  # resolves when ``_pending`` as it is now is written
+        self._writer: asyncio.Task | None = None
+
+    async def submit(self, items: Iterable[T]) -> None:
+        self._pending.extend(items)
+        if self._written is None:
+            self._written = asyncio.get_running_loop().create_future()
+        written = self._written
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._run())
+        # shield: a cancelled caller must not cancel the write that the other callers wait for.
+        await asyncio.shield(written)
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                items, self._pending = self._pending, []
+                written, self._written = self._written, None
+                try:
+                    await self._write(items)
+                except asyncio.CancelledError:
+                    written.cancel()
+                    raise
+                except Exception as exc:
+                    written.set_exception(exc)
+                    written.exception()  # retrieved here too: every waiter may have been cancelled
+                else:
+                    written.set_result(None)
+        finally:
+            self._writer = None
+
+
 class FleetProcess:
     """What the agent sockets of one process share: pending heartbeats and the card → tenant maps."""
 
@@ -50,6 +94,8 @@ class FleetProcess:
         self.tenant_maps: dict[int, dict[int, set[str]]] = {}
         #: Groups some browser watches (any process); telemetry is sent only to these.
         self.watched: set[str] = set()
+        #: Finished telemetry minutes of this process's sockets: (aggregates, device UUID → device id).
+        self.minutes: GroupWrite[tuple[list, dict[str, int]]] = GroupWrite(self._write_minutes)
         self._task: asyncio.Task | None = None
 
     def node_connected(self, node_id: int) -> None:
@@ -82,6 +128,16 @@ class FleetProcess:
         beats, self.beats = self.beats, {}
         if beats:
             await db(services.node_heartbeats_record)(beats=beats)
+
+    @staticmethod
+    async def _write_minutes(batches: list[tuple[list, dict[str, int]]]) -> None:
+        from scheduler.fleet import services
+
+        aggregates, device_ids = [], {}
+        for batch_aggregates, batch_device_ids in batches:
+            aggregates.extend(batch_aggregates)
+            device_ids.update(batch_device_ids)
+        await db(services.telemetry_minutes_write)(aggregates=aggregates, device_ids=device_ids)
 
     async def refresh_tenant_maps(self) -> None:
         from scheduler.fleet import selectors

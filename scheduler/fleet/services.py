@@ -443,15 +443,17 @@ def node_heartbeat(*, node_id: int, now: datetime | None = None) -> bool:
 
 def node_heartbeats_record(*, beats: dict[int, datetime]) -> list[int]:
     """Renew the leases of many nodes at once (the agent sockets of one web process batch their heartbeats
-    and write them about once a second: one UPDATE per distinct time instead of one per heartbeat).
+    and write them about once a second: one UPDATE per distinct second instead of one per heartbeat).
 
     Nodes the lease check had declared lost become ready again. Returns their ids.
     """
     if not beats:
         return []
+    # Whole seconds (rounded down, so a lease never looks fresher than it is): a second's heartbeats from a
+    # thousand nodes become one or two UPDATEs rather than one per node.
     by_time: dict[datetime, list[int]] = {}
     for node_id, moment in beats.items():
-        by_time.setdefault(moment, []).append(node_id)
+        by_time.setdefault(moment.replace(microsecond=0), []).append(node_id)
     for moment, node_ids in by_time.items():
         Node.objects.filter(pk__in=node_ids).update(last_heartbeat_at=moment)
     lost = list(
@@ -616,14 +618,16 @@ def _merge(
 
 
 def telemetry_minutes_write(*, aggregates: Iterable[MinuteAggregate], device_ids: dict[str, int]) -> int:
-    """Store finished minute aggregates: one bulk insert, merging into rows that already exist for the same
-    device and minute (an agent that reconnected within the minute). Returns the number of rows written."""
+    """Store finished minute aggregates: one bulk insert, merging aggregates of the same device and minute
+    (an agent that reconnected within the minute) with each other and with rows that already exist.
+    Returns the number of rows written."""
     by_key: dict[tuple[int, datetime], MinuteAggregate] = {}
     for aggregate in aggregates:
         device_id = device_ids.get(aggregate.uuid)
         if device_id is None or aggregate.samples == 0:
             continue
-        by_key[(device_id, aggregate.minute)] = aggregate
+        key = (device_id, aggregate.minute)
+        by_key[key] = by_key[key].merged(aggregate) if key in by_key else aggregate
     if not by_key:
         return 0
     for _attempt in range(2):

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
+from scheduler.fleet.runtime import GroupWrite
+
 # The fields a browser and /metrics see for a device; the agent's names (nodeagent.protocol) kept as they are.
 LATEST_FIELDS = (
     "utilization_pct",
@@ -77,6 +79,22 @@ class MinuteAggregate:
             self.temperature_max = (
                 temperature if self.temperature_max is None else max(self.temperature_max, temperature)
             )
+
+    def merged(self, other: MinuteAggregate) -> MinuteAggregate:
+        """Both aggregates of the same device and minute as one (e.g. from two connections of one agent)."""
+        temperatures = [value for value in (self.temperature_max, other.temperature_max) if value is not None]
+        return MinuteAggregate(
+            uuid=self.uuid,
+            minute=self.minute,
+            samples=self.samples + other.samples,
+            utilization_sum=self.utilization_sum + other.utilization_sum,
+            utilization_max=max(self.utilization_max, other.utilization_max),
+            memory_sum=self.memory_sum + other.memory_sum,
+            memory_max=max(self.memory_max, other.memory_max),
+            power_sum=self.power_sum + other.power_sum,
+            power_samples=self.power_samples + other.power_samples,
+            temperature_max=max(temperatures) if temperatures else None,
+        )
 
     @property
     def utilization_avg(self) -> float:
@@ -205,15 +223,6 @@ class MemoryLatestStore:
             return {group for group, until in self._watched.items() if until > now}
 
 
-@dataclass
-class _WriteBatch:
-    """Latest values waiting for the next pipeline of one event loop: Redis key → device UUID → JSON."""
-
-    pending: dict[str, dict[str, str]] = field(default_factory=dict)
-    written: asyncio.Future | None = None  # resolves when ``pending`` as it is now has been written
-    writer: asyncio.Task | None = None  # the task writing pipelines while there is something pending
-
-
 class RedisLatestStore:
     """One Redis hash per node: field = device UUID, value = JSON of its latest values and time."""
 
@@ -222,7 +231,7 @@ class RedisLatestStore:
         self.prefix = prefix
         self._sync = None
         self._async: dict[int, object] = {}
-        self._batches: dict[int, _WriteBatch] = {}  # per event loop, like the async clients
+        self._writes: dict[int, GroupWrite[tuple[str, dict[str, str]]]] = {}  # per event loop, like the clients
 
     def key(self, node_id: int) -> str:
         return f"{self.prefix}:telemetry:latest:{node_id}"
@@ -252,44 +261,27 @@ class RedisLatestStore:
     async def aput(self, node_id: int, devices: dict[str, dict]) -> None:
         """Store ``devices``' latest values; returns once they are in Redis.
 
-        Writes are grouped: what the sockets of this event loop put while one pipeline is in flight goes out
-        in the next one. A thousand agents ticking once a second then cost a few round trips a second instead
-        of a thousand, and a lone write still leaves at once.
+        What the sockets of one event loop put while a pipeline is in flight goes out in the next one
+        (``GroupWrite``): a thousand agents ticking once a second cost a few round trips a second, not a
+        thousand.
         """
         if not devices:
             return
-        batch = self._batches.get(id(asyncio.get_running_loop()))
-        if batch is None:
-            batch = self._batches[id(asyncio.get_running_loop())] = _WriteBatch()
-        batch.pending.setdefault(self.key(node_id), {}).update(
-            {uuid: json.dumps(values) for uuid, values in devices.items()}
-        )
-        if batch.written is None:
-            batch.written = asyncio.get_running_loop().create_future()
-        written = batch.written
-        if batch.writer is None:
-            batch.writer = asyncio.ensure_future(self._write_batches(batch))
-        # shield: a cancelled caller must not cancel the write that other callers wait for.
-        await asyncio.shield(written)
+        loop_id = id(asyncio.get_running_loop())
+        writes = self._writes.get(loop_id)
+        if writes is None:
+            writes = self._writes[loop_id] = GroupWrite(self._write_latest)
+        await writes.submit([(self.key(node_id), {uuid: json.dumps(values) for uuid, values in devices.items()})])
 
-    async def _write_batches(self, batch: _WriteBatch) -> None:
-        try:
-            while batch.pending:
-                pending, batch.pending = batch.pending, {}
-                written, batch.written = batch.written, None
-                try:
-                    async with self._async_client().pipeline(transaction=False) as pipe:
-                        for key, mapping in pending.items():
-                            pipe.hset(key, mapping=mapping)
-                            pipe.expire(key, LATEST_TTL_S)
-                        await pipe.execute()
-                except Exception as exc:
-                    written.set_exception(exc)
-                    written.exception()  # retrieved here too: every waiter may have been cancelled
-                else:
-                    written.set_result(None)
-        finally:
-            batch.writer = None
+    async def _write_latest(self, items: list[tuple[str, dict[str, str]]]) -> None:
+        by_key: dict[str, dict[str, str]] = {}
+        for key, mapping in items:
+            by_key.setdefault(key, {}).update(mapping)
+        async with self._async_client().pipeline(transaction=False) as pipe:
+            for key, mapping in by_key.items():
+                pipe.hset(key, mapping=mapping)
+                pipe.expire(key, LATEST_TTL_S)
+            await pipe.execute()
 
     def watch_key(self) -> str:
         return f"{self.prefix}:telemetry:watched"

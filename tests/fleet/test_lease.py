@@ -7,6 +7,8 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 import scheduler.services
 from audit.models import AuditRecord
@@ -126,3 +128,13 @@ def test_batched_heartbeats_renew_every_lease_and_revive_lost_nodes(lease_settin
     assert sorted(revived) == [lost.pk]
     assert {node.last_heartbeat_at for node in Node.objects.filter(pk__in=[lost.pk, other.pk])} == {later}
     assert set(Node.objects.filter(pk__in=[lost.pk, other.pk]).values_list("status", flat=True)) == {"ready"}
+
+
+def test_a_seconds_heartbeats_from_many_nodes_are_one_update_never_fresher_than_sent(lease_settings, requeues):
+    nodes = [register_node(f"gpu-beat-{index}")[0] for index in range(20)]
+    beats = {node.pk: T0 + timedelta(microseconds=1 + 37_000 * index) for index, node in enumerate(nodes)}
+    with CaptureQueriesContext(connection) as queries:
+        services.node_heartbeats_record(beats=beats)
+    updates = [query for query in queries.captured_queries if query["sql"].lstrip().upper().startswith("UPDATE")]
+    assert len(updates) == 1
+    assert set(Node.objects.filter(pk__in=beats).values_list("last_heartbeat_at", flat=True)) == {T0}

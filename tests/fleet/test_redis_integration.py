@@ -56,14 +56,14 @@ async def test_revoking_in_a_service_closes_the_socket_through_redis(redis_url):
 async def test_latest_values_written_at_once_go_out_together_and_all_land(redis_url):
     store = RedisLatestStore(redis_url, prefix="test-batching")
     pipelines = 0
-    write = store._write_batches
+    write = store._write_latest
 
-    async def counting(batch):
+    async def counting(items):
         nonlocal pipelines
         pipelines += 1
-        await write(batch)
+        await write(items)
 
-    store._write_batches = counting
+    store._write_latest = counting
     node_ids = range(900_000, 900_200)
     await asyncio.gather(
         *(store.aput(node_id, {f"GPU-{node_id}-0": {"utilization_pct": node_id % 100}}) for node_id in node_ids)

@@ -60,6 +60,27 @@ def test_a_second_partial_row_for_the_same_minute_is_merged_by_sample_weight():
     assert row.temperature_max_c == 80
 
 
+@pytest.mark.django_db
+def test_two_connections_minutes_written_together_are_merged_not_overwritten():
+    """What two sockets of one node finish in the same moment reaches the database in one group write."""
+    node, _credential = register_node("n1")
+    import dataclasses
+
+    from tests.fleet.conftest import hello
+
+    ids = services.node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("n1", devices=1)))
+    first, second = MinuteAggregator(), MinuteAggregator()
+    for utilization in (10, 20, 30):
+        first.add(uuid="GPU-n1-0", sample=sample(utilization, 100), at=M0)
+    second.add(uuid="GPU-n1-0", sample=sample(90, 500, power=None, temperature=80), at=M0 + timedelta(seconds=30))
+    assert services.telemetry_minutes_write(aggregates=first.drain(None) + second.drain(None), device_ids=ids) == 1
+    row = TelemetryMinute.objects.get()
+    assert row.samples == 4
+    assert row.utilization_avg_pct == pytest.approx(37.5) and row.utilization_max_pct == 90
+    assert row.memory_used_max_mib == 500 and row.temperature_max_c == 80
+    assert row.power_avg_w == pytest.approx(100)
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_the_agent_connection_writes_one_row_per_device_minute_not_one_per_sample(monkeypatch):
     clock = {"now": M0}
