@@ -312,6 +312,11 @@ def workload_status_report(
     if job is None:
         logger.warning("workload.status for unknown job %s from node %s", job_id, node.pk)
         return
+    if not Allocation.objects.filter(job=job, node=node).exists():
+        # Only a node the job ran on may report on it: another node's agent (or a stolen credential) must not
+        # fail, finish or move the checkpoint of a job it never held.
+        logger.warning("workload.status for job %s from node %s, which never held it: ignored", job_id, node.pk)
+        return
     if last_checkpoint_at is not None and (
         job.last_checkpoint_at is None or last_checkpoint_at > job.last_checkpoint_at
     ):
