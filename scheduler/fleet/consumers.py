@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from django.conf import settings
@@ -66,7 +67,24 @@ def _frame_id(raw: str | bytes | None) -> str | None:
     return value if isinstance(value, str) else None
 
 
-class AgentConsumer(AsyncWebsocketConsumer):
+class WithoutConnectionSweep:
+    """Dispatch without channels' per-message ``close_old_connections``.
+
+    channels ≥ 4.2 runs it before every message, as a hop onto the one thread-sensitive worker thread: at
+    1,000 agents that is 1,000 hops a second, each queued behind the other sockets' database work, and with
+    ``CONN_MAX_AGE=0`` it also closes the connection ``runtime.db`` keeps. These consumers reach the database
+    only through ``runtime.db`` (which drops a broken connection itself) or ``database_sync_to_async`` (which
+    closes connections around each call), so the sweep buys them nothing.
+    """
+
+    async def dispatch(self, message: dict) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+
+class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
     """One node agent. Authenticated by ``Authorization: Bearer <node credential>``; the newest connection of a
     node wins. Telemetry is kept in memory per connection (latest values to Redis, minute aggregates flushed
     once a minute) and fanned out as one frame per node per tick."""
@@ -255,7 +273,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=services.CLOSE_REPLACED)
 
 
-class TelemetryConsumer(AsyncJsonWebsocketConsumer):
+class TelemetryConsumer(WithoutConnectionSweep, AsyncJsonWebsocketConsumer):
     """A browser watching live telemetry.
 
     A system admin subscribes to nodes (``{"subscribe": {"node": <id>}}``); a tenant user is joined to the
