@@ -221,11 +221,15 @@ async def test_telemetry_for_devices_not_in_the_hello_is_ignored():
 async def test_telemetry_frames_do_not_each_wait_for_a_database_connection_sweep(monkeypatch):
     """channels would run close_old_connections on the database thread before every frame; at 1,000 agents
     that queue is where the agent-to-browser latency went."""
-    import channels.db
+    import channels.consumer
 
     _node, credential = await db(register_node)("gpu-sweep")
     sweeps = []
-    monkeypatch.setattr(channels.db, "close_old_connections", lambda: sweeps.append(1))
+
+    async def sweep() -> None:
+        sweeps.append(1)
+
+    monkeypatch.setattr(channels.consumer, "aclose_old_connections", sweep)
     socket = await connect_agent(credential, "gpu-sweep", devices=2)
     for utilization in (10.0, 20.0, 30.0):
         await socket.send_to(text_data=protocol.encode(telemetry(["GPU-gpu-sweep-0"], utilization=utilization)))
