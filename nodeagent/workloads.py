@@ -38,6 +38,8 @@ EXIT_CODE_FILE = "exit_code"
 LOG_FILE = "output.log"
 #: Grace between SIGTERM and SIGKILL when a workload exceeds its ``max_runtime_s``.
 MAX_RUNTIME_GRACE_S = 30.0
+#: How often a running workload's checkpoint dir is looked at for a newer checkpoint to report.
+CHECKPOINT_SCAN_S = 5.0
 #: Finished workloads stay in the state file this long, so a repeated start for them is recognised.
 FINISHED_RETENTION_S = 24 * 3600.0
 LOG_TAIL_LINES = 40
@@ -89,6 +91,8 @@ class WorkloadRecord:
     kill_after: float | None = None
     finished_at: float | None = None
     message: str = ""
+    #: The newest checkpoint time already reported to the portal (``checkpointed`` status).
+    reported_checkpoint_at: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -161,6 +165,7 @@ class WorkloadRunner:
         base_env: Mapping[str, str] | None = None,
         device_indices: Mapping[str, int] | None = None,
         max_runtime_grace_s: float = MAX_RUNTIME_GRACE_S,
+        checkpoint_scan_s: float = CHECKPOINT_SCAN_S,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -168,6 +173,8 @@ class WorkloadRunner:
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.device_indices = dict(device_indices or {})
         self.max_runtime_grace_s = max_runtime_grace_s
+        self.checkpoint_scan_s = checkpoint_scan_s
+        self._next_checkpoint_scan: dict[tuple[int, int], float] = {}
         self.records: dict[tuple[int, int], WorkloadRecord] = {}
         self._popen: dict[tuple[int, int], subprocess.Popen] = {}
         #: Status frames not yet delivered to the portal; the agent pops them after a successful send.
@@ -283,6 +290,9 @@ class WorkloadRunner:
         resolved = (path if path.is_absolute() else job_dir / path).resolve()
         if not _inside(resolved, self.work_dir):
             raise WorkloadRejected(f"{name} {str(requested)!r} is outside the agent's work dir {self.work_dir}")
+        # Not another job's directory (another tenant's output.log) nor the agent's own files (state.json).
+        if not _inside(resolved, job_dir.resolve()):
+            raise WorkloadRejected(f"{name} {str(requested)!r} is outside the job's directory {job_dir}")
         return resolved
 
     def stop(self, stop: protocol.WorkloadStop) -> None:
@@ -337,7 +347,30 @@ class WorkloadRunner:
                 record.kill_after = None
                 record.message = (record.message + "; " if record.message else "") + "killed after the grace period"
                 self._save()
+            self._report_checkpoint(record, now)
         self._forget_old(now)
+
+    def _report_checkpoint(self, record: WorkloadRecord, now: float) -> None:
+        """Queue a ``checkpointed`` status when the workload wrote a newer checkpoint than last reported.
+
+        Without it the portal learns of checkpoints only when the workload starts or ends, so the job of a node
+        that dies without a goodbye would be requeued with no checkpoint pointer.
+        """
+        if not record.checkpoint_dir or record.state != "running" or record.term_sent_at is not None:
+            return
+        if now < self._next_checkpoint_scan.get(record.key, float("-inf")):
+            return
+        self._next_checkpoint_scan[record.key] = now + self.checkpoint_scan_s
+        newest = self.last_checkpoint_at(record)
+        if newest is None or newest == record.reported_checkpoint_at:
+            return
+        record.reported_checkpoint_at = newest
+        self._save()
+        self.outbox.append(
+            protocol.WorkloadStatus(
+                job_id=record.job_id, replica=record.replica, state="checkpointed", last_checkpoint_at=newest
+            )
+        )
 
     def _alive(self, record: WorkloadRecord) -> bool:
         process = self._popen.get(record.key)
@@ -373,6 +406,7 @@ class WorkloadRunner:
         record.exit_code = exit_code
         record.finished_at = self.clock()
         record.kill_after = None
+        self._next_checkpoint_scan.pop(record.key, None)
         self._save()
         log.info("workloads: job %s replica %s %s (exit code %s)", record.job_id, record.replica, state, exit_code)
         self._report(record)

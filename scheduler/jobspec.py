@@ -25,6 +25,7 @@ how to fix it; unknown fields are refused so a typo never goes unnoticed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from portal.api import DomainError
@@ -287,6 +288,8 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None) -> Jo
         data.get("node_selector"), "node_selector", max_items=MAX_NODE_SELECTOR, max_key=128, max_value=256
     )
     working_dir = _str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH)
+    if working_dir.startswith("/") or ".." in PurePosixPath(working_dir).parts or "\x00" in working_dir:
+        raise _fail("working_dir", "must be a relative path inside the job's directory, without '..', e.g. src/train.")
     checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)
     max_runtime_s = _int(data, "max_runtime_s", "max_runtime_s", low=1, high=MAX_RUNTIME_S)
     runtime_estimate_s = _int(data, "runtime_estimate_s", "runtime_estimate_s", low=1, high=MAX_RUNTIME_S)
