@@ -438,6 +438,12 @@ class Agent:
         settings.heartbeat_interval_s = max(0.5, config.heartbeat_interval_s)
         settings.process_interval_s = max(settings.telemetry_interval_s, config.process_sample_interval_s)
         self.sampler.process_interval_s = settings.process_interval_s
+        # The config usually arrives right after the first heartbeat, which scheduled the next one with the
+        # agent's own (longer) default: without this a portal that asks for 1 s heartbeats with a 5 s lease
+        # hears nothing for 10 s and declares every freshly connected node lost.
+        now = self.clock()
+        self._next_heartbeat_at = min(self._next_heartbeat_at, now + settings.heartbeat_interval_s)
+        self._next_telemetry_at = min(self._next_telemetry_at, now + settings.telemetry_interval_s)
         log.info(
             "agent: telemetry every %.1f s, heartbeat every %.1f s",
             settings.telemetry_interval_s,

@@ -26,6 +26,7 @@ from scheduler.models import (
     ACTIVE_JOB_STATES,
     FINAL_JOB_STATES,
     PENDING_JOB_STATES,
+    AgentCommand,
     Allocation,
     Job,
     JobEvent,
@@ -323,6 +324,21 @@ def workload_status_report(
         job.last_checkpoint_at = last_checkpoint_at
         job.save(update_fields=["last_checkpoint_at", "updated_at"])
     replica_allocations = Allocation.objects.active().filter(job=job, replica=replica, node=node)
+    if not replica_allocations.exists():
+        # A run this node holds no devices for any more: the job was requeued (the node was declared lost, or a
+        # stop timed out) while this copy went on. Its report must not finish, fail or move the job, whose
+        # current run is elsewhere; a copy still running is told to stop, so the job never runs twice.
+        if state in ("starting", "running") and not (
+            AgentCommand.objects.unacked().filter(node=node, job=job, command_type="workload.stop").exists()
+        ):
+            logger.warning(
+                "node %s still runs job %s replica %s, which it no longer holds: stopping it",
+                node.name,
+                job_id,
+                replica,
+            )
+            outbox.workload_stop_create(job=job, replica=replica, node_id=node.pk, reason="not_allocated")
+        return
     details = {"replica": replica, "node": node.name, "exit_code": exit_code}
     if log_tail:
         details["log_tail"] = log_tail[-2000:]
@@ -375,15 +391,17 @@ def workload_status_report(
 def node_jobs_requeue(*, node: Node, reason: str = "node_lost") -> int:
     """Every job with an active allocation on ``node`` loses all its allocations and goes back to the queue.
 
-    Replicas on other nodes are told to stop (a gang cannot go on without its lost members). Returns the
-    number of jobs requeued.
+    Replicas on other nodes are told to stop (a gang cannot go on without its lost members), and so are the
+    lost node's own: a node declared lost may only be cut off (or too slow to heartbeat), and the stop waits in
+    the outbox until its agent is heard from again, so the old copy never runs beside the requeued one.
+    Returns the number of jobs requeued.
     """
     job_ids = sorted(set(Allocation.objects.active().filter(node=node).values_list("job_id", flat=True)))
     count = 0
     for job_id in job_ids:
         job = _lock_job(job_id)
-        others = Allocation.objects.active().filter(job=job).exclude(node=node)
-        for replica, node_id in others.values_list("replica", "node_id").distinct():
+        replicas = Allocation.objects.active().filter(job=job)
+        for replica, node_id in replicas.values_list("replica", "node_id").distinct().order_by("replica", "node_id"):
             outbox.workload_stop_create(job=job, replica=replica, node_id=node_id, reason=reason)
         _end_allocations(Allocation.objects.filter(job=job))
         if job.state in ACTIVE_JOB_STATES:
