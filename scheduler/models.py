@@ -190,6 +190,9 @@ class Job(models.Model):
     # Ids of jobs that preempted this one: it never preempts them back (no preemption loops).
     preempted_by = models.JSONField(default=list, blank=True)
     preemption_count = models.PositiveIntegerField(default=0)
+    # Inference: replicas told to stop on scale-down; when their stop is confirmed their capacity becomes
+    # the service's reservation instead of failing the job.
+    scaling_down_replicas = models.JSONField(default=list, blank=True)
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
 
     submitted_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -269,6 +272,11 @@ class Allocation(models.Model):
     memory_mib = models.PositiveIntegerField(default=0)
     # Part of ``millis`` above the tenant's guarantee: reclaimable by the lender.
     borrowed_millis = models.PositiveIntegerField(default=0)
+    # Runs on this inference service's idle reservation (on loan: reclaimed when the service scales up). Its
+    # capacity is inside the reservation's, so it is not counted again on the device.
+    reservation_of = models.ForeignKey(
+        "Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="borrowed_allocations"
+    )
     started_at = models.DateTimeField()
     ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
@@ -304,6 +312,60 @@ class Allocation(models.Model):
     @property
     def active(self) -> bool:
         return self.ended_at is None
+
+
+class InferenceReservation(models.Model):
+    """Capacity an inference service keeps on one device for a replica it may scale up to (``max_replicas``)
+    but does not run now (``scheduler.core.types.Reservation``).
+
+    Made by a cycle when it places the service (``Place.reserved``) and when a replica stops on scale-down;
+    consumed when the service scales up onto it; deleted when the service leaves the active states or its
+    ``max_replicas`` no longer covers it. Ordinary jobs cannot use it; preemptible training and batch may
+    run on it (``Allocation.reservation_of``) until the service takes it back.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="reservations")
+    replica = models.PositiveSmallIntegerField()
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="reservations")
+    flavor = models.ForeignKey(ResourceFlavor, on_delete=models.PROTECT, related_name="reservations")
+    device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="reservations")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="reservations")
+    millis = models.PositiveIntegerField()
+    memory_mib = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job_id", "replica", "device_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "replica", "device"], name="reservation_one_per_replica_device"),
+            models.CheckConstraint(
+                condition=models.Q(millis__gte=MIN_FRACTION_MILLIS, millis__lte=MILLIS_PER_DEVICE),
+                name="reservation_millis_in_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}/{self.replica} reserves {self.millis} millis on {self.device_id}"
+
+
+class CapacityHold(models.Model):
+    """A device kept for a preemptor while its victims stop, until it starts (``scheduler.core.types.Hold``).
+
+    Each cycle replaces the whole set with its plan's ``holds`` and reads it back into the next snapshot, so
+    the capacity a preemption frees goes to the preemptor and to no job ahead of it.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="capacity_holds")
+    device = models.ForeignKey(Device, on_delete=models.CASCADE, related_name="capacity_holds")
+    victim_ids = models.JSONField(default=list, blank=True)  # job ids still stopping for it
+    since = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job_id", "device_id"]
+        constraints = [models.UniqueConstraint(fields=["device"], name="capacity_hold_one_per_device")]
+
+    def __str__(self) -> str:
+        return f"device {self.device_id} held for job {self.job_id}"
 
 
 class AgentCommandQuerySet(models.QuerySet):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -18,9 +19,12 @@ from django.utils import timezone
 from scheduler.core import types as core
 from scheduler.models import (
     Allocation,
+    CapacityHold,
     Device,
     DeviceHealth,
+    InferenceReservation,
     Job,
+    JobKind,
     JobState,
     Node,
     NodeStatus,
@@ -129,10 +133,44 @@ def _allocations() -> tuple[core.Allocation, ...]:
                 started_at=started,
                 last_checkpoint_at=_epoch(job.last_checkpoint_at),
                 kind=core.JobKind(job.kind),
+                reservation_of=str(row.reservation_of_id) if row.reservation_of_id else None,
                 expected_end_at=expected_end,
             )
         )
     return tuple(result)
+
+
+def _reservations() -> tuple[core.Reservation, ...]:
+    """Inference reservations. Read *after* the allocations: a replica that stops on scale-down turns its
+    allocation into a reservation in one transaction, so reading in this order can only see both (too
+    little free capacity for a cycle), never neither (a device that looks free but is reserved)."""
+    rows = InferenceReservation.objects.select_related("tenant", "flavor", "device", "node").order_by(
+        "job_id", "replica", "device_id"
+    )
+    return tuple(
+        core.Reservation(
+            job_id=str(row.job_id),
+            tenant=row.tenant.slug,
+            node=row.node.name,
+            device_uuid=row.device.uuid,
+            flavor=row.flavor.name,
+            millis=row.millis,
+            memory_mib=row.memory_mib,
+        )
+        for row in rows
+    )
+
+
+def _holds() -> tuple[core.Hold, ...]:
+    return tuple(
+        core.Hold(
+            job_id=str(row.job_id),
+            device_uuid=row.device.uuid,
+            victims=tuple(sorted(str(v) for v in row.victim_ids or ())),
+            since=row.since.timestamp(),
+        )
+        for row in CapacityHold.objects.select_related("device").order_by("job_id", "device_id")
+    )
 
 
 def _tenants() -> tuple[core.Tenant, ...]:
@@ -246,13 +284,41 @@ def pending_job(job: Job) -> core.PendingJob:
     )
 
 
-def _pending() -> tuple[core.PendingJob, ...]:
+def _pending(allocations: tuple[core.Allocation, ...]) -> tuple[core.PendingJob, ...]:
     jobs = (
         Job.objects.filter(state__in=[JobState.QUEUED, JobState.PENDING_APPROVAL])
         .select_related("tenant")
         .order_by("submitted_at", "id")
     )
-    return tuple(pending_job(job) for job in jobs)
+    return tuple(pending_job(job) for job in jobs) + _scale_ups(allocations)
+
+
+def _scale_ups(allocations: tuple[core.Allocation, ...]) -> tuple[core.PendingJob, ...]:
+    """Running inference services that want more replicas than run: their missing replicas, as pending work
+    under the service's own id (so they go onto its reservation first), each replica on its own."""
+    replicas: dict[str, set[int]] = defaultdict(set)
+    for allocation in allocations:
+        replicas[allocation.job_id].add(allocation.replica)
+    services = (
+        Job.objects.filter(kind=JobKind.INFERENCE, state__in=[JobState.ADMITTED, JobState.RUNNING])
+        .select_related("tenant")
+        .order_by("submitted_at", "id")
+    )
+    out = []
+    for job in services:
+        running = replicas.get(str(job.pk), set())
+        missing = job.replicas - len(running)
+        if missing <= 0 or not running:
+            continue
+        out.append(
+            replace(
+                pending_job(job),
+                replicas=missing,
+                min_replicas=1,
+                first_replica=max(running) + 1,
+            )
+        )
+    return tuple(out)
 
 
 def build_snapshot(*, now: datetime | None = None, previous_usage: dict | None = None) -> core.Snapshot:
@@ -263,6 +329,7 @@ def build_snapshot(*, now: datetime | None = None, previous_usage: dict | None =
     time-decayed average; without it the usage is the millis held now.
     """
     allocations = _allocations()
+    reservations = _reservations()
     now_s = (now or timezone.now()).timestamp()
     usage = decayed_usage(
         held_millis(allocations),
@@ -277,7 +344,9 @@ def build_snapshot(*, now: datetime | None = None, previous_usage: dict | None =
         tenants=_tenants(),
         quotas=_quotas(),
         usage=usage,
-        pending=_pending(),
+        pending=_pending(allocations),
+        reservations=reservations,
+        holds=_holds(),
     )
 
 

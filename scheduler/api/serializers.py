@@ -183,3 +183,13 @@ class JobDetailSerializer(JobSerializer):
 
 class JobCancelSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=300, required=False, default="", allow_blank=True)
+
+
+class JobScaleSerializer(serializers.Serializer):
+    replicas = serializers.IntegerField(min_value=1, help_text="replicas the inference service wants now")
+
+
+class JobLoadSerializer(serializers.Serializer):
+    load = serializers.FloatField(
+        min_value=0.0, help_text="average load per running replica: busy time / capacity of one replica (1.0 = full)"
+    )

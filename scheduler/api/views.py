@@ -56,6 +56,26 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         services.job_cancel(job=job, actor=request.user, reason=data.validated_data["reason"], request=request)
         return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
 
+    @extend_schema(request=s.JobScaleSerializer, responses={200: s.JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def scale(self, request: Request, pk: str) -> Response:
+        """Inference: set the replicas wanted now (within min_replicas..max_replicas)."""
+        job = self.get_object()
+        data = s.JobScaleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.job_scale(job=job, replicas=data.validated_data["replicas"], actor=request.user, request=request)
+        return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
+
+    @extend_schema(request=s.JobLoadSerializer, responses={200: s.JobDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def load(self, request: Request, pk: str) -> Response:
+        """Inference: report the load per replica; the service scales to keep it near the target."""
+        job = self.get_object()
+        data = s.JobLoadSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.inference_load_report(job=job, load=data.validated_data["load"], actor=request.user, request=request)
+        return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
+
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Nodes and their state. System admins cordon, drain and uncordon them."""

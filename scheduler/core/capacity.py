@@ -124,11 +124,12 @@ class Cluster:
         self.max_group = {flavor: (top[0], top[1], top[2]) for flavor, top in maxima.items()}
 
         # Existing allocations and reservations take capacity before the indices are built.
+        reserved = {(res.job_id, res.device_uuid) for res in snapshot.reservations}
         for alloc in snapshot.allocations:
             d = self.dev_id.get(alloc.device_uuid)
-            if d is None or alloc.reservation_of is not None:
+            if d is None or (alloc.reservation_of, alloc.device_uuid) in reserved:
                 # Unknown device (node gone): nothing to free. On a reservation: the reservation already
-                # counts that capacity (below).
+                # counts that capacity (below); on one that is gone, the allocation counts for itself.
                 continue
             self._consume(d, alloc.millis, alloc.memory_mib)
         for res in snapshot.reservations:
