@@ -4,7 +4,7 @@ import importlib
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from portal import health, views
 
@@ -31,7 +31,7 @@ urlpatterns = [
     path("api/v1/", views.api_root, name="api-root"),
     *_api_includes(),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
     path("accounts/", include("tenants.urls")),
     path("i18n/", include("django.conf.urls.i18n")),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from django.urls import NoReverseMatch, reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
@@ -35,6 +37,7 @@ API_ROOT_LINKS: dict[str, str] = {
 }
 
 
+@extend_schema(summary="Map of the v1 API", responses=OpenApiTypes.OBJECT)
 @api_view(["GET"])
 @permission_classes([IsAuthenticated])
 def api_root(request: Request) -> Response:
