@@ -324,16 +324,18 @@ def _holds_replace(holds: tuple[core.Hold, ...], *, now: datetime) -> None:
         return
     jobs = set(Job.objects.filter(pk__in={_job_id(h.job_id) for h in holds}).values_list("pk", flat=True))
     devices = dict(Device.objects.filter(uuid__in={h.device_uuid for h in holds}).values_list("uuid", "pk"))
-    CapacityHold.objects.bulk_create(
-        CapacityHold(
+    rows: dict[int, CapacityHold] = {}
+    for hold in holds:
+        device = devices.get(hold.device_uuid)
+        if _job_id(hold.job_id) not in jobs or device is None or device in rows:
+            continue  # a job or device gone meanwhile; one preemptor per device (the engine keeps that too)
+        rows[device] = CapacityHold(
             job_id=_job_id(hold.job_id),
-            device_id=devices[hold.device_uuid],
+            device_id=device,
             victim_ids=[int(v) for v in hold.victims if _job_id(v) is not None],
             since=datetime.fromtimestamp(hold.since, tz=UTC) if hold.since else now,
         )
-        for hold in holds
-        if _job_id(hold.job_id) in jobs and hold.device_uuid in devices
-    )
+    CapacityHold.objects.bulk_create(rows.values())
 
 
 def _preempt(preempt: core.Preempt, *, outcome: PersistOutcome) -> None:

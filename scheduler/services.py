@@ -30,6 +30,7 @@ from scheduler.models import (
     PENDING_JOB_STATES,
     AgentCommand,
     Allocation,
+    Device,
     InferenceReservation,
     Job,
     JobEvent,
@@ -703,7 +704,9 @@ def inference_load_report(*, job: Job, load: float, actor: Any | None, request: 
 def _scale_down_replica_stopped(*, job: Job, replica: int, node: Node) -> None:
     """A replica stopped for a scale-down: its allocations end and, while the service holds fewer than
     ``max_replicas`` replicas' worth (running + reserved), their capacity becomes its reservation."""
-    rows = list(Allocation.objects.active().filter(job=job, replica=replica, node=node).select_related("device"))
+    rows = list(Allocation.objects.active().filter(job=job, replica=replica, node=node))
+    # Lock the devices as a cycle's persist step does, so a place written meanwhile sees the reservation.
+    list(Device.objects.select_for_update().filter(pk__in=sorted({row.device_id for row in rows})).order_by("pk"))
     now = timezone.now()
     _end_allocations(Allocation.objects.filter(pk__in=[row.pk for row in rows]), now=now)
     if not Allocation.objects.active().filter(job=job, replica=replica).exists():

@@ -76,8 +76,10 @@ class Holds:
     def add(self, job_id: str, devices: Iterable[int], victims: Iterable[str]) -> None:
         """New holds for a preemption planned now (the caller has already taken the devices out of the pool)."""
         names = tuple(sorted(set(victims)))
+        taken = {h.device_uuid for h in self.out if h.job_id != job_id}
         for d in sorted(set(devices)):
-            self.out.append(Hold(job_id, self.c.dev_uuid[d], names, self.now))
+            if self.c.dev_uuid[d] not in taken:  # one preemptor per device (a shared card: the first)
+                self.out.append(Hold(job_id, self.c.dev_uuid[d], names, self.now))
 
     def result(self) -> tuple[Hold, ...]:
         """Holds for the next snapshot: those made or kept this cycle, and those of jobs not looked at."""
