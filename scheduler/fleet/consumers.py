@@ -132,7 +132,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         await self.channel_layer.group_discard(services.agent_group(self.node_id), self.channel_name)
         if self.hello_done:
             fleet_process().node_disconnected(self.node_id)
-        await self.flush_rollups(None)
+        await self.flush_rollups(None, wait=True)
         if not self.replaced:
             await db(services.node_disconnected)(node_id=self.node_id, now=self.clock())
 
@@ -246,11 +246,16 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                     {"type": "telemetry.batch", "node": self.node_id, "batch": {**batch, "devices": own}},
                 )
 
-    async def flush_rollups(self, now: datetime | None) -> None:
+    async def flush_rollups(self, now: datetime | None, *, wait: bool = False) -> None:
+        """Hand the finished minutes (all of them when ``now`` is None) to the process's group write; only a
+        closing socket waits for it."""
         finished = self.aggregator.drain(now)
-        if finished:
-            # Agents cross a minute together: their minutes are merged into a few writes per process.
+        if not finished:
+            return
+        if wait:
             await fleet_process().minutes.submit([(finished, self.device_ids)])
+        else:
+            fleet_process().write_minutes_soon(finished, self.device_ids)
 
     async def send_pending_commands(self, command_id: int | None = None) -> None:
         commands = await db(services.commands_pending)(node_id=self.node_id, command_id=command_id)

@@ -96,6 +96,7 @@ class FleetProcess:
         self.watched: set[str] = set()
         #: Finished telemetry minutes of this process's sockets: (aggregates, device UUID → device id).
         self.minutes: GroupWrite[tuple[list, dict[str, int]]] = GroupWrite(self._write_minutes)
+        self._background: set[asyncio.Task] = set()
         self._task: asyncio.Task | None = None
 
     def node_connected(self, node_id: int) -> None:
@@ -128,6 +129,24 @@ class FleetProcess:
         beats, self.beats = self.beats, {}
         if beats:
             await db(services.node_heartbeats_record)(beats=beats)
+
+    def write_minutes_soon(self, aggregates: list, device_ids: dict[str, int]) -> None:
+        """Write finished minutes without holding up the socket: a thousand agents cross the minute within
+        the same second, and their telemetry must not queue behind that write. A failure is logged; the
+        minutes are lost as they would be had the write failed in the socket."""
+        task = asyncio.ensure_future(self.minutes.submit([(aggregates, device_ids)]))
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("writing telemetry minutes failed", exc_info=task.exception())
+
+    async def settled(self) -> None:
+        """Wait for the writes started by ``write_minutes_soon`` (tests; a closing socket)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     @staticmethod
     async def _write_minutes(batches: list[tuple[list, dict[str, int]]]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 from django.utils.text import slugify
@@ -618,9 +618,9 @@ def _merge(
 
 
 def telemetry_minutes_write(*, aggregates: Iterable[MinuteAggregate], device_ids: dict[str, int]) -> int:
-    """Store finished minute aggregates: one bulk insert, merging aggregates of the same device and minute
-    (an agent that reconnected within the minute) with each other and with rows that already exist.
-    Returns the number of rows written."""
+    """Store finished minute aggregates, merging aggregates of the same device and minute (an agent that
+    reconnected within the minute) with each other and with rows that already exist. Returns the number of
+    (device, minute) rows written."""
     by_key: dict[tuple[int, datetime], MinuteAggregate] = {}
     for aggregate in aggregates:
         device_id = device_ids.get(aggregate.uuid)
@@ -630,67 +630,84 @@ def telemetry_minutes_write(*, aggregates: Iterable[MinuteAggregate], device_ids
         by_key[key] = by_key[key].merged(aggregate) if key in by_key else aggregate
     if not by_key:
         return 0
-    for _attempt in range(2):
-        try:
-            with transaction.atomic():
-                return _write_minutes(by_key)
-        except IntegrityError:
-            continue  # another connection inserted the same minute concurrently: merge on the retry
-    return 0
-
-
-def _write_minutes(by_key: dict[tuple[int, datetime], MinuteAggregate]) -> int:
-    minutes = {minute for _device, minute in by_key}
-    existing = {
-        (row.device_id, row.minute): row
-        for row in TelemetryMinute.objects.select_for_update().filter(
-            device_id__in={device for device, _minute in by_key}, minute__in=minutes
+    rows = [
+        (
+            device_id,
+            _MINUTE_FIELD.get_db_prep_value(minute, connection),
+            agg.samples,
+            agg.utilization_avg,
+            agg.utilization_max,
+            agg.memory_avg,
+            agg.memory_max,
+            agg.power_avg,
+            agg.temperature_max,
         )
+        for (device_id, minute), agg in by_key.items()
+    ]
+    sql = _minute_upsert_sql()
+    per_statement = min(1000, (connection.features.max_query_params or 65535) // len(_MINUTE_COLUMNS))
+    with transaction.atomic(), connection.cursor() as cursor:
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start : start + per_statement]
+            values = ", ".join(["(" + ", ".join(["%s"] * len(_MINUTE_COLUMNS)) + ")"] * len(chunk))
+            cursor.execute(sql.format(values=values), [value for row in chunk for value in row])
+    return len(rows)
+
+
+_MINUTE_COLUMNS = (
+    "device_id",
+    "minute",
+    "samples",
+    "utilization_avg_pct",
+    "utilization_max_pct",
+    "memory_used_avg_mib",
+    "memory_used_max_mib",
+    "power_avg_w",
+    "temperature_max_c",
+)
+_MINUTE_FIELD = TelemetryMinute._meta.get_field("minute")
+
+
+def _minute_upsert_sql() -> str:
+    """One INSERT … ON CONFLICT for many minute rows, merging into an existing row as ``_merge`` does
+    (sample-weighted averages, larger maxima). It replaces a SELECT FOR UPDATE + bulk insert + bulk update
+    that cost a second of the agent process's time each minute at 1,000 nodes. PostgreSQL and SQLite."""
+    quote = connection.ops.quote_name
+    table = quote(TelemetryMinute._meta.db_table)
+
+    def old(column: str) -> str:
+        return f"{table}.{quote(column)}"
+
+    def new(column: str) -> str:
+        return f"excluded.{quote(column)}"
+
+    total = f"({old('samples')} + {new('samples')})"
+
+    def weighted(column: str) -> str:
+        return f"({old(column)} * {old('samples')} + {new(column)} * {new('samples')}) / {total}"
+
+    def larger(column: str) -> str:
+        bigger = f"{old(column)} IS NULL OR {new(column)} > {old(column)}"
+        return f"CASE WHEN {bigger} THEN {new(column)} ELSE {old(column)} END"
+
+    power = "power_avg_w"
+    updates = {
+        "samples": total,
+        "utilization_avg_pct": weighted("utilization_avg_pct"),
+        "utilization_max_pct": larger("utilization_max_pct"),
+        "memory_used_avg_mib": weighted("memory_used_avg_mib"),
+        "memory_used_max_mib": larger("memory_used_max_mib"),
+        power: f"CASE WHEN {new(power)} IS NULL THEN {old(power)} WHEN {old(power)} IS NULL THEN {new(power)} "
+        f"ELSE {weighted(power)} END",
+        "temperature_max_c": larger("temperature_max_c"),
     }
-    new_rows, changed = [], []
-    for key, agg in by_key.items():
-        row = existing.get(key)
-        if row is None:
-            new_rows.append(
-                TelemetryMinute(
-                    device_id=key[0],
-                    minute=key[1],
-                    samples=agg.samples,
-                    utilization_avg_pct=agg.utilization_avg,
-                    utilization_max_pct=agg.utilization_max,
-                    memory_used_avg_mib=agg.memory_avg,
-                    memory_used_max_mib=agg.memory_max,
-                    power_avg_w=agg.power_avg,
-                    temperature_max_c=agg.temperature_max,
-                )
-            )
-        else:
-            _merge(
-                row,
-                samples=agg.samples,
-                util_avg=agg.utilization_avg,
-                util_max=agg.utilization_max,
-                mem_avg=agg.memory_avg,
-                mem_max=agg.memory_max,
-                power_avg=agg.power_avg,
-                temp_max=agg.temperature_max,
-            )
-            changed.append(row)
-    TelemetryMinute.objects.bulk_create(new_rows)
-    if changed:
-        TelemetryMinute.objects.bulk_update(
-            changed,
-            [
-                "samples",
-                "utilization_avg_pct",
-                "utilization_max_pct",
-                "memory_used_avg_mib",
-                "memory_used_max_mib",
-                "power_avg_w",
-                "temperature_max_c",
-            ],
-        )
-    return len(new_rows) + len(changed)
+    columns = ", ".join(quote(column) for column in _MINUTE_COLUMNS)
+    assignments = ", ".join(f"{quote(column)} = {expression}" for column, expression in updates.items())
+    # {values} is filled per statement; literal braces cannot occur in the generated SQL above.
+    return (
+        f"INSERT INTO {table} ({columns}) VALUES {{values}} "
+        f"ON CONFLICT ({quote('device_id')}, {quote('minute')}) DO UPDATE SET {assignments}"
+    )
 
 
 @transaction.atomic

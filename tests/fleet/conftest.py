@@ -12,6 +12,7 @@ from django.test import Client
 
 from nodeagent import protocol
 from scheduler.fleet import services
+from scheduler.fleet.runtime import fleet_process
 
 
 @pytest.fixture(autouse=True)
@@ -95,6 +96,7 @@ async def settle(socket: WebsocketCommunicator) -> None:
     while True:
         frame = json.loads(await socket.receive_from(timeout=10))
         if frame.get("type") == "error" and frame.get("ref_id") == "settle":
+            await fleet_process().settled()  # and the minutes it handed to the process are written
             return
 
 

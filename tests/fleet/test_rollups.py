@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -106,6 +108,38 @@ async def test_the_agent_connection_writes_one_row_per_device_minute_not_one_per
     # Closing the socket flushes the minute in progress.
     await socket.disconnect()
     assert await db(TelemetryMinute.objects.filter(minute=M0 + timedelta(minutes=1)).count)() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_telemetry_does_not_wait_for_the_minute_write(monkeypatch):
+    """A thousand agents cross the minute together; their next frames must not queue behind that write."""
+    clock = {"now": M0}
+    monkeypatch.setattr(AgentConsumer, "clock", staticmethod(lambda: clock["now"]))
+    release = threading.Event()
+    write = services.telemetry_minutes_write
+
+    def slow_write(**kwargs):
+        release.wait(timeout=10)
+        return write(**kwargs)
+
+    monkeypatch.setattr(services, "telemetry_minutes_write", slow_write)
+    _node, credential = await db(register_node)("n1")
+    socket = await connect_agent(credential, "n1", devices=1)
+    uuids = ["GPU-n1-0"]
+    await socket.send_to(text_data=protocol.encode(telemetry(uuids, sent_at=protocol.format_time(M0))))
+    clock["now"] = M0 + timedelta(minutes=1, seconds=1)
+    for utilization in (40.0, 50.0):
+        sent_at = protocol.format_time(clock["now"])
+        await socket.send_to(text_data=protocol.encode(telemetry(uuids, utilization=utilization, sent_at=sent_at)))
+    # The socket answers a frame after those while the minute write is still blocked.
+    await socket.send_to(text_data='{"v": 1, "type": "nope", "id": "probe"}')
+    frame = json.loads(await socket.receive_from(timeout=5))
+    assert frame["type"] == "error" and frame["ref_id"] == "probe"
+    assert not release.is_set()
+    release.set()
+    await settle(socket)
+    assert await db(TelemetryMinute.objects.filter(minute=M0).count)() == 1
+    await socket.disconnect()
 
 
 @pytest.mark.django_db
