@@ -7,6 +7,7 @@ Job states move only through :func:`job_transition`, which checks the transition
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -515,16 +516,23 @@ def request_cycle() -> bool:
 
     Returns whether this call queued the cycle. Call it after the change is committed (``on_commit``).
     """
-    if not cache.add(CYCLE_REQUEST_KEY, 1, timeout=CYCLE_DEBOUNCE_S):
+    # Redis (cache and broker) being down must not fail the caller: its change is committed already (a 500
+    # here made clients retry a submit that had worked: a duplicated job), and beat runs a cycle every few
+    # seconds anyway once Redis is back.
+    try:
+        if not cache.add(CYCLE_REQUEST_KEY, 1, timeout=CYCLE_DEBOUNCE_S):
+            return False
+    except Exception:
+        logger.warning("could not ask for a scheduling cycle: the cache is unreachable", exc_info=True)
         return False
     from scheduler.tasks import run_cycle as run_cycle_task
 
     try:
         run_cycle_task.apply_async(countdown=CYCLE_DEBOUNCE_S)
     except Exception:
-        # The broker being down must not fail the user's request; beat runs a cycle every few seconds anyway.
         logger.warning("could not queue a scheduling cycle", exc_info=True)
-        cache.delete(CYCLE_REQUEST_KEY)
+        with contextlib.suppress(Exception):
+            cache.delete(CYCLE_REQUEST_KEY)
         return False
     return True
 

@@ -400,7 +400,7 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         for proc in reversed(self._spawned):
-            proc.kill(signal.SIGTERM, wait_s=10)
+            proc.kill(signal.SIGTERM, wait_s=3)
         for proxy in self.proxies:
             proxy.close()
 

@@ -1,0 +1,141 @@
+"""An agent loses its connection to the portal (its network link is cut by a proxy; the agent and its
+workloads keep running) and comes back.
+
+The issue asks for 30 s with the defaults (heartbeat 5 s, lease 3 missed heartbeats = 15 s, requeue grace
+120 s). Scaled by 1/3 to keep the suite short: lease 5 s (heartbeat 1 s x 5 misses), grace 40 s, outage 10 s —
+the outage is still twice the lease (the node goes not_ready) and a quarter of the grace (its job is not
+requeued), as with the real figures. The second test cuts the link for longer than a 3 s grace period.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import datetime
+
+import pytest
+from django.db.models import Sum
+
+from scheduler.fleet.models import TelemetryMinute
+from scheduler.models import AgentCommand, Device, Job, JobEvent, JobState, Node, NodeStatus
+from tests.resilience.cluster import Cluster, wait_until, workload_processes
+from tests.resilience.invariants import check_invariants
+from tests.resilience.test_node_lost import node_of
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+OUTAGE_S = 10.0
+
+
+def wait_state(cluster: Cluster, job_id: int, state: str, timeout_s: float = 60) -> None:
+    wait_until(
+        lambda: Job.objects.get(pk=job_id).state == state,
+        timeout_s=timeout_s,
+        what=f"job {job_id} {state}",
+        describe=cluster.describe,
+    )
+
+
+def node_status(name: str) -> str:
+    return Node.objects.get(name=name).status
+
+
+def test_an_agent_cut_off_for_less_than_the_grace_period_keeps_its_job_and_delivers_its_buffered_telemetry(
+    make_cluster,
+):
+    cluster = make_cluster(settings={"GPUPOOL_NODE_LOST_GRACE_S": "40"}).start(agents=2, via_proxy=True)
+    job_id = cluster.submit("steady", steps=56, step_s=0.5)
+    wait_state(cluster, job_id, JobState.RUNNING)
+    name = node_of(job_id)
+    agent = cluster.agents[name]
+
+    cut_at = time.time()
+    agent.proxy.cut()
+    wait_until(lambda: node_status(name) == NodeStatus.NOT_READY, timeout_s=30, what=f"{name} not_ready")
+    # The portal stops placing work there while it cannot reach the node.
+    other_id = cluster.submit("during-outage", steps=4, step_s=0.5)
+    wait_state(cluster, other_id, JobState.RUNNING)
+    assert node_of(other_id) != name
+    # The rest of the outage: this is the fault itself, not a wait for something to happen.
+    time.sleep(max(0.0, cut_at + OUTAGE_S - time.time()))
+    restored_at = time.time()
+    agent.proxy.restore()
+    wait_until(
+        lambda: node_status(name) == NodeStatus.READY,
+        timeout_s=45,
+        what=f"{name} ready again",
+        describe=cluster.describe,
+    )
+    assert Job.objects.get(pk=job_id).state == JobState.RUNNING
+
+    # What the agent measured while cut off crossed the wire after the reconnect, marked as buffered.
+    buffered = [frame for frame in agent.proxy.frames_of("telemetry") if frame.data.get("buffered")]
+    sampled = [datetime.fromisoformat(frame.data["sampled_at"]).timestamp() for frame in buffered]
+    assert len(buffered) >= OUTAGE_S / 2, f"{len(buffered)} buffered frames for a {OUTAGE_S:.0f} s outage"
+    assert all(cut_at - 1 <= moment <= restored_at + 1 for moment in sampled), (cut_at, restored_at, sampled)
+    assert all(frame.at >= restored_at for frame in buffered)
+    assert agent.proxy.connections >= 2 and agent.proxy.refused >= 1
+
+    wait_state(cluster, job_id, JobState.SUCCEEDED, timeout_s=90)
+    wait_state(cluster, other_id, JobState.SUCCEEDED)
+    # The job kept running through the outage: started once, never lost, one start command ever sent.
+    assert [mark["event"] for mark in cluster.marks_of(job_id)] == ["start", "done"]
+    assert not JobEvent.objects.filter(job_id=job_id, to_state=JobState.NODE_LOST).exists()
+    assert AgentCommand.objects.filter(job_id=job_id, command_type="workload.start").count() == 1
+    check_invariants(cluster)
+
+    # Every telemetry frame the portal received — live or buffered — is in the minute rollups once. The agent
+    # stops cleanly so its socket's last minutes are written; up to 3 frames may have been in flight at the cut.
+    forwarded = len(agent.proxy.frames_of("telemetry"))
+    agent.proc.kill(signal.SIGTERM)
+    uuid = Device.objects.filter(node__name=name).order_by("index").values_list("uuid", flat=True)[0]
+
+    def recorded() -> int:
+        return TelemetryMinute.objects.filter(device__uuid=uuid).aggregate(n=Sum("samples"))["n"] or 0
+
+    wait_until(lambda: recorded() >= forwarded - 3, timeout_s=30, what=f"{forwarded} telemetry samples recorded")
+    assert recorded() <= forwarded, (recorded(), forwarded)
+    print(
+        f"outage {restored_at - cut_at:.1f} s: {len(buffered)} buffered frames delivered after the reconnect; "
+        f"{recorded()} of {forwarded} frames in the rollups"
+    )
+
+
+def test_an_agent_cut_off_past_the_grace_period_has_its_job_moved_and_its_stale_copy_stopped(make_cluster):
+    """Grace 3 s: the cut-off node's job is requeued and runs elsewhere while the old copy, out of reach, goes
+    on (the portal cannot stop what it cannot reach). When the link comes back the old copy is stopped and its
+    reports change nothing: the job finishes once, on the new node."""
+    cluster = make_cluster(settings={"GPUPOOL_NODE_LOST_GRACE_S": "3"}).start(agents=2, via_proxy=True)
+    job_id = cluster.submit("moved", steps=60, step_s=0.5)
+    wait_state(cluster, job_id, JobState.RUNNING)
+    name = node_of(job_id)
+    agent = cluster.agents[name]
+    agent.proxy.cut()
+    wait_until(
+        lambda: Job.objects.get(pk=job_id).state == JobState.RUNNING and node_of(job_id) not in (None, name),
+        timeout_s=60,
+        what=f"job {job_id} running again on another node",
+        describe=cluster.describe,
+    )
+    assert len(cluster.starts_of(job_id)) == 2
+    stale_groups = {p.pgid for p in workload_processes(cluster.run_id) if p.job_id == job_id}
+    assert len(stale_groups) == 2, "the cut-off node's copy should still run while out of reach"
+
+    reconnected_at = time.time()
+    agent.proxy.restore()
+    wait_until(lambda: node_status(name) == NodeStatus.READY, timeout_s=45, what=f"{name} back")
+    wait_until(
+        lambda: len({p.pgid for p in workload_processes(cluster.run_id) if p.job_id == job_id}) == 1,
+        timeout_s=30,
+        what="the stale copy to be stopped",
+        describe=cluster.describe,
+    )
+    stopped_after = time.time() - reconnected_at
+    assert Job.objects.get(pk=job_id).state == JobState.RUNNING
+    check_invariants(cluster)
+    wait_state(cluster, job_id, JobState.SUCCEEDED, timeout_s=90)
+    assert [mark["event"] for mark in cluster.marks_of(job_id)].count("done") == 1
+    stops = AgentCommand.objects.filter(job_id=job_id, command_type="workload.stop", node__name=name)
+    assert stops.exists() and all(stop.acked_at is not None for stop in stops)
+    check_invariants(cluster)
+    print(f"stale copy stopped {stopped_after:.1f} s after the link came back")
