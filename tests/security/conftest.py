@@ -38,3 +38,21 @@ def private_telemetry_prefix(settings, monkeypatch) -> None:
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-security-{uuid.uuid4().hex[:10]}"
     monkeypatch.setattr(services, "_request_cycle", lambda: None)
     monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+
+
+def fast_user(username: str | None = None, *, platform_role: str = ""):
+    """A user with the shared test password (hashed once per run: Argon2 per user costs seconds on 2 cores)."""
+    from tenants.models import PlatformRole
+    from tests.factories import UserFactory
+
+    fields = {"platform_role": platform_role or PlatformRole.NONE}
+    return UserFactory(username=username, **fields) if username else UserFactory(**fields)
+
+
+def fast_member(tenant, *, role: str = "member", username: str | None = None):
+    """A member of ``tenant`` (through the service, so the membership is audited as in production)."""
+    from tenants.services import membership_create
+
+    user = fast_user(username)
+    membership_create(actor=None, user=user, tenant=tenant, role=role)
+    return user

@@ -21,8 +21,11 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from scheduler.models import Job, JobState, Node, NodeStatus
 from scheduler.services import job_submit
 from tenants.models import MembershipRole, PlatformRole
-from tests.frontend.factories import PASSWORD, make_flavor, make_member, make_node, make_tenant, make_user
+from tests.factories import TEST_PASSWORD as PASSWORD
+from tests.frontend.factories import make_flavor, make_node, make_tenant
 from tests.security.conftest import assert_unchanged, state_fingerprint
+from tests.security.conftest import fast_member as make_member
+from tests.security.conftest import fast_user as make_user
 
 pytestmark = pytest.mark.django_db
 

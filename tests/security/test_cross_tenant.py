@@ -25,7 +25,8 @@ from scheduler.models import Device, Job
 from scheduler.services import job_submit, run_cycle
 from tenants.models import ApiToken, Membership, MembershipRole, NotificationDelivery, Quota, TokenScope
 from tenants.services import api_token_create, quota_change_request_create, quota_set
-from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant
+from tests.frontend.factories import make_flavor, make_node, make_tenant
+from tests.security.conftest import fast_member as make_member
 from tests.security.conftest import state_fingerprint
 
 pytestmark = pytest.mark.django_db
