@@ -20,7 +20,7 @@ from scheduler.fleet.models import TelemetryMinute
 from scheduler.models import AgentCommand, Device, Job, JobEvent, JobState, Node, NodeStatus
 from tests.resilience.cluster import Cluster, wait_until, workload_processes
 from tests.resilience.invariants import check_invariants
-from tests.resilience.test_node_lost import node_of
+from tests.resilience.scenarios import node_of
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
