@@ -6,7 +6,11 @@ server (Redis channel layer) → 20 browser subscribers. Loopback only; bounded 
 
 Prints per size: telemetry frames/s ingested (sent by agents and accepted, with the server's catch-up lag
 at the end), agent-to-browser latency p50/p99, frames delivered/coalesced/dropped for watched nodes, and the
-CPU each process used (server, agents, Redis) so you can see where the time goes.
+CPU each process used over the measured window (servers, agents, Redis) and the servers' CPU per frame, so
+you can see where the time goes.
+
+``--servers N`` runs N daphne processes (web replicas, as production runs them behind a load balancer); the
+agents and the browsers are spread over them round robin, and frames cross between them through Redis.
 
 ``--watch one`` (default): each subscriber watches one node (a node's detail page). ``--watch all``: the 20
 subscribers together watch every node, N/20 each; their latency then includes the ≤1 message/s throttle.
@@ -235,21 +239,25 @@ async def subscriber(url: str, origin: str, cookie: str, node_ids: list[int], st
 # --- one size ----------------------------------------------------------------------------------------------------
 
 
-def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
+def run_size(args, env, size: int, server_pids: list[int], ports: list[int]) -> dict:
     fleet, cookie = create_fleet(size)
-    ws_agent = f"ws://127.0.0.1:{port}/ws/agent/"
-    ws_browser = f"ws://127.0.0.1:{port}/ws/telemetry/"
-    origin = f"http://127.0.0.1:{port}"
-    processes = max(1, min(args.agent_processes, size // 50 or 1))
+    processes = max(len(ports), min(args.agent_processes, size // 50 or 1))
     chunks = [fleet[index::processes] for index in range(processes)]
     queue: multiprocessing.Queue = multiprocessing.Queue()
     start = multiprocessing.Value("d", 0.0)
     children = [
         multiprocessing.Process(
             target=agent_process,
-            args=(ws_agent, chunk, start, args.seconds, args.ramp / processes, queue),
+            args=(
+                f"ws://127.0.0.1:{ports[index % len(ports)]}/ws/agent/",
+                chunk,
+                start,
+                args.seconds,
+                args.ramp / processes,
+                queue,
+            ),
         )
-        for chunk in chunks
+        for index, chunk in enumerate(chunks)
     ]
     node_ids = [node_id for node_id, _name, _credential in fleet]
     if args.watch == "one":
@@ -272,36 +280,41 @@ def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
             ready, progress_at = now_ready, time.monotonic()
     hello_s = time.monotonic() - hello_started
 
+    def cpu_now() -> dict[str, float]:
+        return {
+            "server": sum(cpu_seconds(pid) for pid in server_pids),
+            "agents": sum(cpu_seconds(child.pid) for child in children),
+            "redis": cpu_seconds(args.redis_pid) if args.redis_pid else 0.0,
+        }
+
+    window: dict[str, dict[str, float]] = {}
+
     async def browsers() -> list[dict]:
         all_stats = []
         tasks = []
-        for nodes in watch:
+        for index, nodes in enumerate(watch):
             stats = {"messages": 0, "coalesced": 0, "latencies": []}
             all_stats.append(stats)
-            tasks.append(subscriber(ws_browser, origin, cookie, nodes, start, args.seconds, stats))
+            port = ports[index % len(ports)]
+            url, origin = f"ws://127.0.0.1:{port}/ws/telemetry/", f"http://127.0.0.1:{port}"
+            tasks.append(subscriber(url, origin, cookie, nodes, start, args.seconds, stats))
 
         async def go() -> None:
             await asyncio.sleep(2.0)  # subscribers connected and subscribed
             start.value = time.time() + 0.5
+            # CPU over the measured window only (after the 2 s warm-up, before the drain).
+            await asyncio.sleep(start.value + 2.0 - time.time())
+            window["from"] = cpu_now()
+            await asyncio.sleep(start.value + args.seconds - time.time())
+            window["to"] = cpu_now()
 
         await asyncio.gather(go(), *tasks)
         return all_stats
 
-    cpu_before = {"server": cpu_seconds(server_pid), "redis": cpu_seconds(args.redis_pid) if args.redis_pid else 0.0}
-    wall_before = time.monotonic()
     subscriber_stats = asyncio.run(browsers())
     agent_stats = [queue.get(timeout=120) for _child in children]
     for child in children:
         child.join(timeout=30)
-    wall = time.monotonic() - wall_before
-    # Agent processes are gone; their CPU is in our children's accounting (it includes their hello phase).
-    agent_cpu = sum(os.times()[2:4])
-    cpu = {
-        "server": cpu_seconds(server_pid) - cpu_before["server"],
-        "redis": (cpu_seconds(args.redis_pid) - cpu_before["redis"]) if args.redis_pid else 0.0,
-        "agents": agent_cpu - args.agent_cpu_so_far,
-    }
-    args.agent_cpu_so_far = agent_cpu
 
     measured_s = args.seconds - 2.0
     sent = sum(stats["sent"] for stats in agent_stats)
@@ -312,6 +325,7 @@ def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
     expected = watched * measured_s  # each watched node sends 1/s
     lag = server_lag(fleet, start.value + args.seconds)
     ready = Node.objects.filter(pk__in=node_ids, status="ready").count()
+    cpu = {name: window["to"][name] - window["from"][name] for name in window["to"]}
     return {
         "nodes": size,
         "ingested_per_s": sent / measured_s,
@@ -329,7 +343,8 @@ def run_size(args, env, size: int, server_pid: int, port: int) -> dict:
         "hello_s": hello_s,
         "lag_s": lag,
         "ready": ready,
-        "cpu_pct": {name: 100 * value / wall for name, value in cpu.items()},
+        "cpu_pct": {name: 100 * value / measured_s for name, value in cpu.items()},
+        "server_ms_per_frame": 1000 * cpu["server"] / sent if sent else float("nan"),
     }
 
 
@@ -358,6 +373,7 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=20)
     parser.add_argument("--watch", choices=["one", "all"], default="one")
     parser.add_argument("--agent-processes", type=int, default=2)
+    parser.add_argument("--servers", type=int, default=1, help="daphne processes (web replicas)")
     parser.add_argument("--ramp", type=float, default=100.0, help="agents connecting per second at the start")
     parser.add_argument("--redis-url", default=os.environ.get("GPUPOOL_REDIS_URL", "redis://127.0.0.1:6379/14"))
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
@@ -388,52 +404,57 @@ def main() -> None:
         args.redis_pid = int(redis.Redis.from_url(args.redis_url).info("server")["process_id"])
     except Exception:
         args.redis_pid = 0
-    args.agent_cpu_so_far = sum(os.times()[2:4])
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            *(["-m", "cProfile", "-o", args.profile] if args.profile else []),
-            "-m",
-            "daphne",
-            "-v",
-            "0",
-            "--websocket_connect_timeout",
-            "60",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "portal.asgi:application",
-        ],
-        cwd=ROOT,
-        env=full_env,
-    )
+    ports = [free_port() for _server in range(args.servers)]
+    servers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                *(["-m", "cProfile", "-o", f"{args.profile}.{index}"] if args.profile else []),
+                "-m",
+                "daphne",
+                "-v",
+                "0",
+                "--websocket_connect_timeout",
+                "60",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "portal.asgi:application",
+            ],
+            cwd=ROOT,
+            env=full_env,
+        )
+        for index, port in enumerate(ports)
+    ]
     try:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
+        for port in ports:
+            while time.monotonic() < deadline:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    time.sleep(0.2)
         print(
-            f"daphne on 127.0.0.1:{port}, {args.subscribers} subscribers watching {args.watch}, "
-            f"{CARDS} cards/node at 1 Hz, {args.seconds:.0f} s per size"
+            f"daphne on 127.0.0.1:{','.join(map(str, ports))}, {args.subscribers} subscribers watching "
+            f"{args.watch}, {CARDS} cards/node at 1 Hz, {args.seconds:.0f} s per size, {os.cpu_count()} CPUs"
         )
         header = (
             f"{'nodes':>6} {'ingest/s':>9} {'target':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-            f"{'deliv':>6} {'coal':>5} {'drop':>5} {'lag s':>6} {'late':>5} {'cpu server/agents/redis %':>26}"
+            f"{'deliv':>6} {'coal':>5} {'drop':>5} {'lag s':>6} {'late':>5} {'cpu server/agents/redis %':>26} "
+            f"{'server ms/frame':>15}"
         )
         print(header)
         for size in sizes:
-            result = run_size(args, env, size, server.pid, port)
+            result = run_size(args, env, size, [server.pid for server in servers], ports)
             cpu = result["cpu_pct"]
             print(
                 f"{result['nodes']:>6} {result['ingested_per_s']:>9.0f} {result['target_per_s']:>7} "
                 f"{result['p50_ms']:>8.1f} {result['p99_ms']:>8.1f} {result['max_ms']:>8.1f} {result['delivered']:>6} "
                 f"{result['coalesced']:>5} {result['dropped']:>5} {result['lag_s']:>6.2f} {result['late_ticks']:>5} "
-                f"{cpu['server']:>10.0f}/{cpu['agents']:>3.0f}/{cpu['redis']:>3.0f}",
+                f"{cpu['server']:>10.0f}/{cpu['agents']:>3.0f}/{cpu['redis']:>3.0f} "
+                f"{result['server_ms_per_frame']:>15.2f}",
                 flush=True,
             )
             print(f"       hello storm: {result['hello_s']:.1f} s until all {size} nodes were ready")
@@ -442,11 +463,13 @@ def main() -> None:
             if result["agent_errors"]:
                 print(f"       {result['agent_errors']} agents failed: {result['agent_error']}")
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 if __name__ == "__main__":
