@@ -5,11 +5,12 @@ from __future__ import annotations
 import django_filters
 
 from audit.models import AuditRecord, Outcome
+from portal.filters import UtcIsoDateTimeFilter
 
 
 class AuditRecordFilterSet(django_filters.FilterSet):
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     actor = django_filters.CharFilter(field_name="actor_username")
     actor_id = django_filters.NumberFilter(field_name="actor_id")
     tenant = django_filters.NumberFilter(field_name="tenant_id")

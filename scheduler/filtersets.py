@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
+from portal.filters import UtcIsoDateTimeFilter
 from scheduler.models import Device, DeviceHealth, Job, JobKind, JobState, Node, NodeStatus, PriorityClass
 
 
@@ -14,8 +15,8 @@ class JobFilterSet(django_filters.FilterSet):
     tenant = django_filters.CharFilter(field_name="tenant__slug")
     submitter = django_filters.CharFilter(field_name="submitter__username")
     name = django_filters.CharFilter(lookup_expr="icontains")
-    submitted_after = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
-    submitted_before = django_filters.IsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
+    submitted_after = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
+    submitted_before = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
 
     class Meta:
         model = Job

@@ -142,3 +142,17 @@ def test_node_names_and_labels_from_agents_are_rendered_escaped(world, client):
         assert XSS not in page.content.decode(), f"{url} renders the node name unescaped"
     response = api(world["system"]).get(f"/api/v1/nodes/{node.pk}/")
     assert response.json()["name"] == XSS and response["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.parametrize("moment", ["2000-01-01T00:00:00+16:00", "2000-01-01T00:00:00-23:59", "0001-01-01T00:00+01:00"])
+def test_date_filters_with_extreme_offsets_are_answered_not_500(world, moment):
+    """Found by tests/security/test_api_fuzz.py: PostgreSQL refuses offsets past ±15:59 (was a 500)."""
+    auditor = make_user("inj-auditor", platform_role=PlatformRole.AUDITOR)
+    for client, path, name in (
+        (api(world["member"]), "/api/v1/jobs/", "submitted_after"),
+        (api(auditor, scope=TokenScope.READ), "/api/v1/audit/records/", "created_after"),
+    ):
+        response = client.get(path, {name: moment})
+        assert response.status_code in (200, 400), (path, moment, response.status_code)
+        if response.status_code == 400:
+            assert response.json()["code"] == "invalid" and name in response.json()["detail"]

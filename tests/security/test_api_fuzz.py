@@ -1,0 +1,174 @@
+"""Schemathesis over the *whole* OpenAPI schema, against a live server, as a platform admin and as a signed-in
+tenant user (member and tenant admin, write-scoped tokens).
+
+tests/tenants/test_api_fuzz.py fuzzes the tenants endpoints (tenants, memberships, users, tokens, quotas,
+approvals, notifications, flavor prices, usage, me) with platform-admin tokens. It does not cover jobs, nodes,
+devices, flavors, agents, audit and the API root, nor any operation with a tenant user's token: this file does
+both, so together every operation is fuzzed with a platform token and every operation with a tenant user's.
+
+Half of the generated ``{id}`` values are replaced by ids of real objects (the caller's own, or another
+tenant's), so the requests get past "not found" into the views' logic. Each answer must be below 500 and keep
+the ``{"code", "detail"}`` error shape. Bounded: a few examples per operation, derandomized.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from scheduler.services import job_submit  # noqa: E402
+from tenants.models import MembershipRole, TokenScope  # noqa: E402
+from tenants.services import api_token_create, quota_change_request_create, quota_set  # noqa: E402
+from tests.factories import (  # noqa: E402
+    ApiTokenFactory,
+    AuditorFactory,
+    SecurityAdminFactory,
+    SystemAdminFactory,
+    bearer,
+)
+from tests.frontend.factories import make_flavor, make_node, make_tenant  # noqa: E402
+from tests.security.conftest import fast_member  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+#: The operations tests/tenants/test_api_fuzz.py already fuzzes with platform tokens.
+TENANTS_PATHS = re.compile(
+    r"^/api/v1/(tenants|memberships|users|tokens|me|quotas|approvals|notifications|flavor-prices|usage)/"
+)
+EXAMPLES = 4
+
+
+@pytest.fixture
+def world() -> dict:
+    """Two tenants with objects of every kind; ids per resource, the first tenant's first."""
+    flavor = make_flavor()
+    node = make_node("fuzz-node", devices=2, flavor=flavor)
+    ids: dict[str, list[int]] = {"nodes": [node.pk], "devices": list(node.devices.values_list("pk", flat=True))}
+    ids["flavors"] = [flavor.pk]
+    ids["agents"] = [node.pk]
+    users: dict[str, object] = {}
+    for slug in ("fuzz-a", "fuzz-b"):
+        tenant = make_tenant(slug)
+        admin = fast_member(tenant, role=MembershipRole.TENANT_ADMIN, username=f"{slug}-admin")
+        member = fast_member(tenant, username=f"{slug}-member")
+        quota = quota_set(actor=None, tenant=tenant, flavor=flavor, values={"guaranteed_millis": 1000})
+        approval = quota_change_request_create(
+            actor=admin, tenant=tenant, flavor=flavor, values={"guaranteed_millis": 2000, "limit_millis": 2000}
+        )
+        spec = {"name": "fuzz", "tenant": slug, "resources": {"flavors": [flavor.name], "gpus": 1}, "command": ["x"]}
+        job = job_submit(actor=member, spec=spec)
+        token, _secret = api_token_create(actor=member, name="fuzz", scope=TokenScope.WRITE)
+        users[f"{slug}-member"], users[f"{slug}-admin"] = member, admin
+        for resource, object_id in (
+            ("tenants", tenant.pk),
+            ("memberships", member.memberships.get().pk),
+            ("users", member.pk),
+            ("tokens", token.pk),
+            ("quotas", quota.pk),
+            ("approvals", approval.pk),
+            ("jobs", job.pk),
+        ):
+            ids.setdefault(resource, []).append(object_id)
+    from audit.models import AuditRecord
+    from tenants.models import NotificationDelivery
+
+    ids["audit"] = list(AuditRecord.objects.order_by("pk").values_list("pk", flat=True)[:2])
+    ids["notifications"] = list(NotificationDelivery.objects.values_list("pk", flat=True)[:2]) or [1]
+    return {"ids": ids, "users": users}
+
+
+def platform_headers(path: str) -> dict[str, str]:
+    """A fresh token of the platform role that owns the path (a fuzzed revoke must not end the run)."""
+    if path.startswith("/api/v1/audit/"):
+        user, scope = AuditorFactory(username="fuzz-auditor"), TokenScope.READ
+    elif path.startswith(("/api/v1/users", "/api/v1/memberships")):
+        user, scope = SecurityAdminFactory(username="fuzz-security"), TokenScope.ADMIN
+    else:
+        user, scope = SystemAdminFactory(username="fuzz-system"), TokenScope.ADMIN
+    return bearer(ApiTokenFactory(user=user, scope=scope))
+
+
+def _resource(path: str) -> str:
+    return path.removeprefix("/api/v1/").split("/")[0]
+
+
+def _error_shape(response) -> None:
+    if response.status_code >= 400 and response.headers.get("Content-Type", [""])[0].startswith("application/json"):
+        body = response.json()
+        assert isinstance(body, dict) and {"code", "detail"} <= set(body), f"error without code/detail: {body}"
+
+
+def fuzz(operations, headers_for, ids: dict[str, list[int]]) -> tuple[list[str], Counter]:
+    failures: list[str] = []
+    statuses: Counter = Counter()
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        def check(case) -> None:
+            digest = zlib.crc32(f"{case.query!r}{case.body!r}{case.path_parameters!r}".encode())
+            if "id" in (case.path_parameters or {}) and digest % 2 == 0:
+                choices = ids[_resource(case.path)]
+                case.path_parameters["id"] = choices[(digest // 2) % len(choices)]
+            response = case.call(headers=headers_for(case.path))
+            statuses[response.status_code] += 1
+            if response.status_code == 401 and case.path != "/api/v1/agents/register/":
+                statuses["401 outside registration"] += 1
+            assert response.status_code < 500, (
+                f"{case.method} {case.formatted_path} query={case.query!r} body={case.body!r}: "
+                f"{response.status_code} {response.text[:300]}"
+            )
+            _error_shape(response)
+
+        try:
+            check()
+        except AssertionError as exc:
+            failures.append(f"{operation.label}: {exc}")
+    return failures, statuses
+
+
+@pytest.fixture
+def schema(live_server):
+    return schemathesis.openapi.from_url(f"{live_server.url}/api/schema/?format=json")
+
+
+def _operations(schema) -> list:
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+def test_every_operation_outside_the_tenants_fuzz_survives_a_platform_admin(schema, world):
+    everything = _operations(schema)
+    operations = [op for op in everything if not TENANTS_PATHS.match(op.path)]
+    covered = {op.label for op in operations} | {op.label for op in everything if TENANTS_PATHS.match(op.path)}
+    assert covered == {op.label for op in everything} and len(everything) >= 60
+    assert {op.path.split("/")[3] for op in operations} >= {"jobs", "nodes", "devices", "flavors", "agents", "audit"}
+    failures, statuses = fuzz(operations, platform_headers, world["ids"])
+    assert not failures, "\n".join(failures)
+    print(f"platform: {sum(statuses.values())} requests over {len(operations)} operations, {dict(statuses)}")
+    assert statuses["401 outside registration"] == 0, dict(statuses)
+    assert sum(count for code, count in statuses.items() if isinstance(code, int) and code < 400) >= len(operations)
+
+
+@pytest.mark.parametrize("who", ["fuzz-a-member", "fuzz-a-admin"])
+def test_every_operation_survives_a_tenant_users_token(schema, world, who):
+    operations = _operations(schema)
+    assert len(operations) >= 60
+    user = world["users"][who]
+
+    def headers(_path: str) -> dict[str, str]:
+        # A fresh token per call: a fuzzed DELETE /tokens/{id}/ may revoke the one in use.
+        return bearer(ApiTokenFactory(user=user, scope=TokenScope.WRITE))
+
+    failures, statuses = fuzz(operations, headers, world["ids"])
+    assert not failures, "\n".join(failures)
+    print(f"{who}: {sum(statuses.values())} requests over {len(operations)} operations, {dict(statuses)}")
+    # Past authentication into the views: some answers succeed, refusals are 403/404, never 401.
+    # (Only agent registration answers 401: its fuzzed bootstrap tokens are invalid.)
+    assert statuses["401 outside registration"] == 0, dict(statuses)
+    assert sum(count for code, count in statuses.items() if isinstance(code, int) and code < 400) >= 20
