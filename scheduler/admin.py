@@ -1,6 +1,16 @@
 from django.contrib import admin
 
-from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, Node, ResourceFlavor
+from scheduler.models import (
+    AgentCommand,
+    Allocation,
+    CapacityHold,
+    Device,
+    InferenceReservation,
+    Job,
+    JobEvent,
+    Node,
+    ResourceFlavor,
+)
 
 
 @admin.register(ResourceFlavor)
@@ -46,6 +56,16 @@ class JobEventAdmin(ReadOnlyAdmin):
 @admin.register(Allocation)
 class AllocationAdmin(ReadOnlyAdmin):
     list_display = ("job", "replica", "device", "millis", "memory_mib", "borrowed_millis", "started_at", "ended_at")
+
+
+@admin.register(InferenceReservation)
+class InferenceReservationAdmin(ReadOnlyAdmin):
+    list_display = ("job", "replica", "device", "millis", "memory_mib", "created_at")
+
+
+@admin.register(CapacityHold)
+class CapacityHoldAdmin(ReadOnlyAdmin):
+    list_display = ("job", "device", "victim_ids", "since")
 
 
 @admin.register(AgentCommand)

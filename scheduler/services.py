@@ -595,6 +595,27 @@ def jobs_awaiting_stop_sweep(*, older_than_s: float = 300.0) -> int:
             _end_allocations(Allocation.objects.filter(job=locked))
             _requeue(locked, reason="stop_timeout", message="The node did not confirm the stop in time; requeued.")
             count += 1
+    return count + _scale_down_stop_sweep(cutoff=cutoff)
+
+
+def _scale_down_stop_sweep(*, cutoff: datetime) -> int:
+    """Replicas stopped for a scale-down whose stop was never confirmed: treated as stopped after the timeout,
+    as preempted jobs are, so the service's capacity does not stay in limbo."""
+    stale = Job.objects.filter(
+        kind=JobKind.INFERENCE, state__in=[S.ADMITTED, S.RUNNING], updated_at__lt=cutoff
+    ).exclude(scaling_down_replicas=[])
+    count = 0
+    for pk in stale.values_list("pk", flat=True):
+        with transaction.atomic():
+            job = _lock_job(pk)
+            for replica in list(job.scaling_down_replicas):
+                nodes = Allocation.objects.active().filter(job=job, replica=replica).values_list("node_id", flat=True)
+                for node in Node.objects.filter(pk__in=set(nodes)).order_by("pk"):
+                    _scale_down_replica_stopped(job=job, replica=replica, node=node)
+            if job.scaling_down_replicas:  # replicas whose allocations had already ended
+                job.scaling_down_replicas = []
+                job.save(update_fields=["scaling_down_replicas", "updated_at"])
+            count += 1
     return count
 
 

@@ -119,6 +119,18 @@ def test_scaling_down_stops_the_highest_replica_and_its_card_becomes_the_reserva
     assert (reservation.replica, reservation.device) == (1, freed)
 
 
+def test_a_scale_down_stop_the_agent_never_confirms_is_taken_as_done_after_the_timeout(member, service):
+    services.job_scale(job=service, replicas=2, actor=member)
+    assert services.run_cycle().placed == [service.pk]
+    services.job_scale(job=service, replicas=1, actor=member)
+    assert services.jobs_awaiting_stop_sweep(older_than_s=3600) == 0  # not yet
+    assert services.jobs_awaiting_stop_sweep(older_than_s=0) == 1
+    service.refresh_from_db()
+    assert service.scaling_down_replicas == [] and service.state == JobState.RUNNING
+    assert list(Allocation.objects.active().filter(job=service).values_list("replica", flat=True)) == [0]
+    assert InferenceReservation.objects.get().replica == 1
+
+
 def test_a_cancelled_service_releases_its_reservation_and_borrowers_keep_running(member, service):
     training = services.job_submit(actor=member, spec=TRAINING)
     assert services.run_cycle().placed == [training.pk]
