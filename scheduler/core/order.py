@@ -52,9 +52,12 @@ class FairShare:
         self._paths: dict[str, tuple[str, ...]] = {}
         self.held: dict[str, dict[str, float]] = {}  # millis held now (and placed this cycle), rolled up
         self.decayed: dict[str, dict[str, float]] = {}  # the caller's decayed usage, rolled up
+        self.charged: dict[str, dict[str, float]] = {}  # max of the two: what the share counts
         for tenant, per_flavor in sorted(snapshot.usage.items()):
             for flavor, millis in sorted(per_flavor.items()):
                 self._roll_up(self.decayed, tenant, flavor, float(millis))
+        for name, per_flavor in self.decayed.items():
+            self.charged[name] = dict(per_flavor)
         for alloc in snapshot.allocations:
             self.add(alloc.tenant, alloc.flavor, min(alloc.millis, MILLIS_PER_DEVICE))
 
@@ -72,14 +75,10 @@ class FairShare:
         return cached
 
     def _node_share(self, name: str) -> float:
-        held = self.held.get(name) or {}
-        decayed = self.decayed.get(name) or {}
-        if not held and not decayed:
+        per_flavor = self.charged.get(name)
+        if not per_flavor:
             return 0.0
-        dominant = max(
-            max(held.get(flavor, 0.0), decayed.get(flavor, 0.0)) / self.capacity.get(flavor, MILLIS_PER_DEVICE)
-            for flavor in (held.keys() | decayed.keys())
-        )
+        dominant = max(millis / self.capacity.get(flavor, MILLIS_PER_DEVICE) for flavor, millis in per_flavor.items())
         return dominant / self.weight.get(name, 1.0)
 
     def share(self, tenant: str) -> tuple[float, ...]:
@@ -87,7 +86,12 @@ class FairShare:
 
     def add(self, tenant: str, flavor: str, millis: float) -> None:
         """``tenant`` holds ``millis`` more of ``flavor`` (a running allocation, or a job placed this cycle)."""
-        self._roll_up(self.held, tenant, flavor, millis)
+        for name in self.path(tenant):
+            bucket = self.held.setdefault(name, {})
+            held = bucket.get(flavor, 0.0) + millis
+            bucket[flavor] = held
+            decayed = self.decayed.get(name, {}).get(flavor, 0.0)
+            self.charged.setdefault(name, {})[flavor] = held if held > decayed else decayed
 
     def _roll_up(self, table: dict[str, dict[str, float]], tenant: str, flavor: str, millis: float) -> None:
         for name in self.path(tenant):
