@@ -123,7 +123,7 @@ def run(*, database_url: str, redis_url: str, root: Path, settings: dict[str, st
                 cluster.add_agent(name)
             cluster.wait_nodes_ready(names, timeout_s=120)
             started = time.monotonic()
-            outcome = lose_node_and_recover(cluster, name=f"round-{number}")
+            outcome = lose_node_and_recover(cluster, name=f"round-{number}", lease_s=lease_s, grace_s=grace_s)
             results.append(outcome)
             print(
                 f"round {number + 1}: not_ready {outcome['not_ready_s']:6.1f} s"

@@ -20,9 +20,12 @@ def node_of(job_id: int) -> str | None:
     return names.pop() if len(names) == 1 else None
 
 
-def lose_node_and_recover(cluster: Cluster, *, name: str, steps: int = 40, step_s: float = 0.25) -> dict:
+def lose_node_and_recover(
+    cluster: Cluster, *, name: str, steps: int = 40, step_s: float = 0.25, lease_s: float = 5, grace_s: float = 3
+) -> dict:
     """Run a checkpointing job, kill its node once the portal knows of a checkpoint, and wait until the job
-    runs again on another node. Returns the timings (seconds after the kill) and what the runs saw."""
+    runs again on another node (``lease_s`` and ``grace_s`` only size the waits). Returns the timings (seconds
+    after the kill) and what the runs saw."""
     job_id = cluster.submit(name, steps=steps, step_s=step_s)
     wait_until(
         lambda: Job.objects.get(pk=job_id).state == JobState.RUNNING,
@@ -46,14 +49,14 @@ def lose_node_and_recover(cluster: Cluster, *, name: str, steps: int = 40, step_
 
     wait_until(
         lambda: Node.objects.get(name=first_node).status == NodeStatus.NOT_READY,
-        timeout_s=30,
+        timeout_s=lease_s + 25,
         what=f"{first_node} not_ready",
         describe=cluster.describe,
     )
     not_ready_at = timezone.now()
     wait_until(
         lambda: Job.objects.get(pk=job_id).state == JobState.RUNNING and node_of(job_id) not in (None, first_node),
-        timeout_s=60,
+        timeout_s=lease_s + grace_s + 55,
         what=f"job {job_id} running again on another node",
         describe=cluster.describe,
     )

@@ -71,9 +71,11 @@ def test_an_agent_cut_off_for_less_than_the_grace_period_keeps_its_job_and_deliv
     # What the agent measured while cut off crossed the wire after the reconnect, marked as buffered.
     buffered = [frame for frame in agent.proxy.frames_of("telemetry") if frame.data.get("buffered")]
     sampled = [datetime.fromisoformat(frame.data["sampled_at"]).timestamp() for frame in buffered]
-    assert len(buffered) >= OUTAGE_S / 2, f"{len(buffered)} buffered frames for a {OUTAGE_S:.0f} s outage"
-    assert all(cut_at - 1 <= moment <= restored_at + 1 for moment in sampled), (cut_at, restored_at, sampled)
+    # (Frames taken between the restore and the reconnect, which waits for the backoff, are buffered too.)
     assert all(frame.at >= restored_at for frame in buffered)
+    assert all(cut_at - 1 <= moment <= frame.at for moment, frame in zip(sampled, buffered, strict=True)), sampled
+    during = [moment for moment in sampled if cut_at <= moment <= restored_at]
+    assert len(during) >= OUTAGE_S / 2, f"{len(during)} buffered frames from a {OUTAGE_S:.0f} s outage"
     assert agent.proxy.connections >= 2 and agent.proxy.refused >= 1
 
     wait_state(cluster, job_id, JobState.SUCCEEDED, timeout_s=90)
@@ -86,8 +88,8 @@ def test_an_agent_cut_off_for_less_than_the_grace_period_keeps_its_job_and_deliv
 
     # Every telemetry frame the portal received — live or buffered — is in the minute rollups once. The agent
     # stops cleanly so its socket's last minutes are written; up to 3 frames may have been in flight at the cut.
+    agent.proc.kill(signal.SIGTERM)  # returns once the agent has exited: nothing more crosses the proxy
     forwarded = len(agent.proxy.frames_of("telemetry"))
-    agent.proc.kill(signal.SIGTERM)
     uuid = Device.objects.filter(node__name=name).order_by("index").values_list("uuid", flat=True)[0]
 
     def recorded() -> int:
@@ -117,7 +119,7 @@ def test_an_agent_cut_off_past_the_grace_period_has_its_job_moved_and_its_stale_
         what=f"job {job_id} running again on another node",
         describe=cluster.describe,
     )
-    assert len(cluster.starts_of(job_id)) == 2
+    wait_until(lambda: len(cluster.starts_of(job_id)) == 2, timeout_s=30, what="the new run to start")
     stale_groups = {p.pgid for p in workload_processes(cluster.run_id) if p.job_id == job_id}
     assert len(stale_groups) == 2, "the cut-off node's copy should still run while out of reach"
 
