@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -489,6 +490,13 @@ def main() -> int:
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
     args = parser.parse_args()
     data_dir = tempfile.mkdtemp(prefix="gpupool-load-")
+    try:
+        return measure(args, data_dir)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, data_dir: str) -> int:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
