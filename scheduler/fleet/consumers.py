@@ -211,8 +211,9 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             devices[sample.uuid] = {**values, "at": at_text}
         # A batch buffered while disconnected is history: rollups only, never shown as live.
         if devices and not message.buffered:
-            await latest_store().aput(self.node_id, devices)
+            # Watchers first; the latest values (snapshots, /metrics) are written behind the socket's back.
             await self.fan_out(devices, sent_at=message.sent_at)
+            fleet_process().in_background(latest_store().aput(self.node_id, devices), what="latest telemetry")
         if self.aggregator.has_finished(now):
             await self.flush_rollups(now)
 

@@ -97,6 +97,7 @@ class FleetProcess:
         #: Finished telemetry minutes of this process's sockets: (aggregates, device UUID → device id).
         self.minutes: GroupWrite[tuple[list, dict[str, int]]] = GroupWrite(self._write_minutes)
         self._background: set[asyncio.Task] = set()
+        self._failure_logged_at: dict[str, float] = {}
         self._task: asyncio.Task | None = None
 
     def node_connected(self, node_id: int) -> None:
@@ -130,21 +131,33 @@ class FleetProcess:
         if beats:
             await db(services.node_heartbeats_record)(beats=beats)
 
-    def write_minutes_soon(self, aggregates: list, device_ids: dict[str, int]) -> None:
-        """Write finished minutes without holding up the socket: a thousand agents cross the minute within
-        the same second, and their telemetry must not queue behind that write. A failure is logged; the
-        minutes are lost as they would be had the write failed in the socket."""
-        task = asyncio.ensure_future(self.minutes.submit([(aggregates, device_ids)]))
-        self._background.add(task)
-        task.add_done_callback(self._background_done)
+    def in_background(self, write: Awaitable[object], *, what: str) -> None:
+        """Run ``write`` without holding up the socket that asked for it.
 
-    def _background_done(self, task: asyncio.Task) -> None:
+        An agent socket handles its frames one after another, so every round trip it awaits delays the
+        frames behind it; under load a Redis pipeline or a database write waits for a busy event loop and
+        thread, and the agent-to-browser latency grew to seconds that way. A failure is logged (at most once
+        per ``what`` and second), and what it carried is lost, as it would have been in the socket.
+        """
+        task = asyncio.ensure_future(write)
+        self._background.add(task)
+        task.add_done_callback(functools.partial(self._background_done, what=what))
+
+    def _background_done(self, task: asyncio.Task, *, what: str) -> None:
         self._background.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("writing telemetry minutes failed", exc_info=task.exception())
+        if task.cancelled() or task.exception() is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if now - self._failure_logged_at.get(what, float("-inf")) >= 1.0:
+            self._failure_logged_at[what] = now
+            logger.error("writing %s failed", what, exc_info=task.exception())
+
+    def write_minutes_soon(self, aggregates: list, device_ids: dict[str, int]) -> None:
+        """Write finished minutes in the background: a thousand agents cross the minute together."""
+        self.in_background(self.minutes.submit([(aggregates, device_ids)]), what="telemetry minutes")
 
     async def settled(self) -> None:
-        """Wait for the writes started by ``write_minutes_soon`` (tests; a closing socket)."""
+        """Wait for the writes started in the background (tests; a closing socket)."""
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 

@@ -17,7 +17,7 @@ from nodeagent import protocol
 from scheduler.fleet import services
 from scheduler.fleet.telemetry import RedisLatestStore, latest_store
 from tests.factories import SystemAdminFactory
-from tests.fleet.conftest import browser_socket, connect_agent, register_node, telemetry
+from tests.fleet.conftest import browser_socket, connect_agent, register_node, settle, telemetry
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]
 db = database_sync_to_async
@@ -38,6 +38,7 @@ async def test_agent_telemetry_reaches_a_browser_through_redis_and_is_kept_in_a_
     await agent.send_to(text_data=protocol.encode(telemetry([f"GPU-redis-node-{i}" for i in range(8)], utilization=77)))
     frame = json.loads(await browser.receive_from(timeout=5))
     assert len(frame["nodes"][0]["devices"]) == 8
+    await settle(agent)  # the latest values are written behind the socket's back
     raw = redis.Redis.from_url(settings.REDIS_URL).hgetall(store.key(node.pk))
     assert len(raw) == 8
     assert json.loads(raw[b"GPU-redis-node-3"])["utilization_pct"] == 77
