@@ -50,8 +50,10 @@ class GroupWrite(Generic[T]):
     writing in the same second then cost a handful of writes, and a lone write still leaves at once.
     """
 
-    def __init__(self, write: Callable[[list[T]], Awaitable[object]]) -> None:
+    def __init__(self, write: Callable[[list[T]], Awaitable[object]], *, linger_s: float = 0.0) -> None:
         self._write = write
+        #: Wait this long before each write so that more items join it (for writes nobody waits for).
+        self._linger_s = linger_s
         self._pending: list[T] = []
         self._written: asyncio.Future | None = None  # resolves when ``_pending`` as it is now is written
         self._writer: asyncio.Task | None = None
@@ -69,6 +71,8 @@ class GroupWrite(Generic[T]):
     async def _run(self) -> None:
         try:
             while self._pending:
+                if self._linger_s:
+                    await asyncio.sleep(self._linger_s)
                 items, self._pending = self._pending, []
                 written, self._written = self._written, None
                 try:
