@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 from celery import Celery
@@ -13,6 +14,35 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 app = Celery("gpupool")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+logger = logging.getLogger(__name__)
+
+
+def _keep_workers_alive_when_redis_goes_away() -> None:
+    """Celery 5.7 collects a lost broker connection before closing it; the close then restores the worker's
+    unacknowledged messages (an ``acks_late`` task in hand, a countdown task waiting) through the collected
+    connection, fails with AttributeError and takes the whole worker down ("Unrecoverable error"). Found by
+    tests/resilience: a Redis restart killed every worker that had a task in hand, and nothing was scheduled
+    any more. With the connection gone there is nothing to restore through: leave those messages to Redis'
+    visibility timeout (our tasks are idempotent and periodic) and let the worker reconnect."""
+    try:
+        from kombu.transport import redis as kombu_redis
+    except ImportError:  # pragma: no cover - redis extra not installed
+        return
+    original = kombu_redis.QoS.restore_unacked
+    if getattr(original, "gpupool_guard", False):
+        return
+
+    def restore_unacked(self, client=None):
+        if client is None and getattr(self.channel.connection, "client", None) is None:
+            logger.warning("broker connection lost with %d unacknowledged message(s) in hand", len(self._delivered))
+            return None
+        return original(self, client)
+
+    restore_unacked.gpupool_guard = True
+    kombu_redis.QoS.restore_unacked = restore_unacked
+
+
+_keep_workers_alive_when_redis_goes_away()
 
 # How often beat checks node leases and starts a scheduling cycle (seconds). Short heartbeats and grace periods
 # (tests, benchmarks/recovery.py) need a lease check at least as often as a heartbeat.

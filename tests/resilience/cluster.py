@@ -360,14 +360,6 @@ class Cluster:
         self.agents[name] = agent
         return agent
 
-    def restart_agent(self, agent: Agent) -> Agent:
-        """Run the same node's agent again (same credential and work dir, so it re-adopts its workloads)."""
-        agent.proc.kill(signal.SIGTERM)
-        proc = Proc(name=agent.proc.name, argv=agent.proc.argv, log_path=agent.proc.log_path, env=agent.proc.env)
-        agent.proc = proc.start()
-        self._spawned.append(proc)
-        return agent
-
     def kill_node(self, agent: Agent) -> list[int]:
         """The node disappears: SIGKILL its agent and every workload it started, no goodbye. Returns the
         workload pids killed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -17,10 +18,9 @@ from tests.resilience.cluster import Cluster, database_url, free_port, wait_unti
 
 @pytest.fixture
 def make_cluster(transactional_db, postgres, redis_url) -> Iterator[Callable[..., Cluster]]:
-    """``make_cluster(settings={...}, redis_url=...)`` → a Cluster on the test database; stopped afterwards.
-
-    Its files live in a short temporary directory (kept on failure only in its logs' tails, printed by
-    ``Cluster.describe``)."""
+    """``make_cluster(settings={...}, redis=...)`` → a Cluster on the test database, stopped afterwards (every
+    process it started, workloads included). Its files live in a temporary directory removed afterwards unless
+    ``GPUPOOL_FAULTS_KEEP`` is set; a failed wait prints the log tails (``Cluster.describe``)."""
     clusters: list[Cluster] = []
     root = Path(tempfile.mkdtemp(prefix="gpupool-faults-"))
 
@@ -39,7 +39,10 @@ def make_cluster(transactional_db, postgres, redis_url) -> Iterator[Callable[...
     finally:
         for cluster in clusters:
             cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get("GPUPOOL_FAULTS_KEEP"):  # keep the processes' logs to read after a failure
+            print(f"cluster files kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 class RedisServer:
