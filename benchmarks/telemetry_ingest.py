@@ -233,6 +233,7 @@ async def subscriber(url: str, origin: str, cookie: str, node_ids: list[int], st
                 if sent.timestamp() < measure_from:
                     continue
                 stats["latencies"].append((received - sent).total_seconds())
+                stats["sent_at"].append(sent.timestamp())
                 stats["coalesced"] += entry.get("coalesced", 0)
 
 
@@ -293,7 +294,7 @@ def run_size(args, env, size: int, server_pids: list[int], ports: list[int]) -> 
         all_stats = []
         tasks = []
         for index, nodes in enumerate(watch):
-            stats = {"messages": 0, "coalesced": 0, "latencies": []}
+            stats = {"messages": 0, "coalesced": 0, "latencies": [], "sent_at": []}
             all_stats.append(stats)
             port = ports[index % len(ports)]
             url, origin = f"ws://127.0.0.1:{port}/ws/telemetry/", f"http://127.0.0.1:{port}"
@@ -319,6 +320,13 @@ def run_size(args, env, size: int, server_pids: list[int], ports: list[int]) -> 
     measured_s = args.seconds - 2.0
     sent = sum(stats["sent"] for stats in agent_stats)
     latencies = sorted(latency for stats in subscriber_stats for latency in stats["latencies"])
+    # When the slow deliveries were sent (seconds into the run): one burst or a steady tail.
+    worst_by_second: dict[int, float] = {}
+    for stats in subscriber_stats:
+        for latency, sent_at in zip(stats["latencies"], stats["sent_at"], strict=True):
+            second = int(sent_at - start.value)
+            worst_by_second[second] = max(worst_by_second.get(second, 0.0), latency)
+    worst = sorted(worst_by_second.items(), key=lambda item: -item[1])[:3]
     watched = sum(len(nodes) for nodes in watch)
     delivered = len(latencies)
     coalesced = sum(stats["coalesced"] for stats in subscriber_stats)
@@ -345,6 +353,7 @@ def run_size(args, env, size: int, server_pids: list[int], ports: list[int]) -> 
         "ready": ready,
         "cpu_pct": {name: 100 * value / measured_s for name, value in cpu.items()},
         "server_ms_per_frame": 1000 * cpu["server"] / sent if sent else float("nan"),
+        "worst_seconds": worst,
     }
 
 
@@ -458,6 +467,8 @@ def main() -> None:
                 flush=True,
             )
             print(f"       hello storm: {result['hello_s']:.1f} s until all {size} nodes were ready")
+            worst = ", ".join(f"+{second} s: {1000 * latency:.0f} ms" for second, latency in result["worst_seconds"])
+            print(f"       slowest seconds (sent at, max latency): {worst}")
             if result["ready"] < size:
                 print(f"       only {result['ready']} of {size} nodes were ready (hello) at the end")
             if result["agent_errors"]:

@@ -137,7 +137,18 @@ if REDIS_URL:
                 "capacity": env_int("GPUPOOL_CHANNELS_CAPACITY", 1000),
                 "expiry": 30,
             },
-        }
+        },
+        # Live telemetry to browsers: Redis pub/sub, pushed to each web process by one reader. The default
+        # layer hands a process one message per BZPOPMIN under a process-wide lock; with a busy event loop
+        # that capped fan-out at a few dozen messages a second per process, and viewers fell seconds behind.
+        # Telemetry is latest-wins, so pub/sub's "no one listening, nothing kept" is what it needs.
+        "telemetry": {
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": env_str("GPUPOOL_CHANNELS_PREFIX", "gpupool") + ":telemetry",
+            },
+        },
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 else:
@@ -145,7 +156,10 @@ else:
     CELERY_RESULT_BACKEND = "cache+memory://"
     # The memory transport polls; the default 1 s makes every in-process round trip slow.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.05}
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer"},
+        "telemetry": {"BACKEND": "channels.layers.InMemoryChannelLayer"},
+    }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_TASK_ALWAYS_EAGER = env_bool("GPUPOOL_CELERY_EAGER", default=False)

@@ -16,6 +16,7 @@ from datetime import datetime
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
@@ -34,6 +35,10 @@ from scheduler.fleet.telemetry import (
 logger = logging.getLogger(__name__)
 
 CLOSE_FORBIDDEN = 4403
+
+
+#: The channel layer alias of live telemetry (Redis pub/sub; see CHANNEL_LAYERS in portal/settings.py).
+TELEMETRY_LAYER = "telemetry"
 
 
 def node_group(node_id: int) -> str:
@@ -234,15 +239,16 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         a frame with only that tenant's devices."""
         # Only to groups someone watches: a group send costs Redis round trips even when the group is empty.
         fleet = fleet_process()
+        layer = get_channel_layer(TELEMETRY_LAYER)
         batch = {"node": self.node_id, "name": self.node_name, "sent_at": sent_at, "devices": devices}
         if node_group(self.node_id) in fleet.watched:
-            await self.channel_layer.group_send(
+            await layer.group_send(
                 node_group(self.node_id), {"type": "telemetry.batch", "node": self.node_id, "batch": batch}
             )
         for tenant_id, uuids in fleet.tenant_maps.get(self.node_id, {}).items():
             own = {uuid: values for uuid, values in devices.items() if uuid in uuids}
             if own and tenant_group(tenant_id) in fleet.watched:
-                await self.channel_layer.group_send(
+                await layer.group_send(
                     tenant_group(tenant_id),
                     {"type": "telemetry.batch", "node": self.node_id, "batch": {**batch, "devices": own}},
                 )
@@ -288,6 +294,7 @@ class TelemetryConsumer(WithoutConnectionSweep, AsyncJsonWebsocketConsumer):
     connecting or subscribing carries the latest known values (a snapshot), so a reconnecting viewer resyncs.
     """
 
+    channel_layer_alias = TELEMETRY_LAYER
     throttle_interval_s = 1.0
     monotonic: Callable[[], float] = staticmethod(time.monotonic)
 

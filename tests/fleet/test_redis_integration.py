@@ -11,10 +11,12 @@ import redis
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 from nodeagent import protocol
 from scheduler.fleet import services
+from scheduler.fleet.consumers import TELEMETRY_LAYER
 from scheduler.fleet.telemetry import RedisLatestStore, latest_store
 from tests.factories import SystemAdminFactory
 from tests.fleet.conftest import browser_socket, connect_agent, register_node, settle, telemetry
@@ -25,6 +27,7 @@ db = database_sync_to_async
 
 async def test_agent_telemetry_reaches_a_browser_through_redis_and_is_kept_in_a_hash(redis_url):
     assert isinstance(get_channel_layer(), RedisChannelLayer)
+    assert isinstance(get_channel_layer(TELEMETRY_LAYER), RedisPubSubChannelLayer)
     store = latest_store()
     assert isinstance(store, RedisLatestStore)
     admin = await db(SystemAdminFactory)()
@@ -87,3 +90,22 @@ async def test_a_cancelled_put_does_not_cancel_the_write_others_wait_for(redis_u
     assert latest[900_500]["GPU-a"]["utilization_pct"] == 1
     assert latest[900_501]["GPU-b"]["utilization_pct"] == 2
     redis.Redis.from_url(redis_url).delete(store.key(900_500), store.key(900_501))
+
+
+async def test_a_frame_published_by_another_web_process_reaches_the_browser(redis_url):
+    """Agents and browsers sit on different web replicas; the telemetry layer carries frames between them."""
+    admin = await db(SystemAdminFactory)()
+    node, _credential = await db(register_node)("remote-node")
+    browser = await browser_socket(admin)
+    await browser.connect()
+    assert json.loads(await browser.receive_from())["type"] == "welcome"
+    await browser.send_json_to({"subscribe": {"node": node.pk}})
+    assert json.loads(await browser.receive_from())["type"] == "subscribed"
+    config = settings.CHANNEL_LAYERS[TELEMETRY_LAYER]["CONFIG"]
+    other_process = RedisPubSubChannelLayer(hosts=config["hosts"], prefix=config["prefix"])
+    batch = {"node": node.pk, "name": "remote-node", "sent_at": "2026-12-03T08:00:00+00:00", "devices": {"GPU-r": {}}}
+    await other_process.group_send(f"node.{node.pk}", {"type": "telemetry.batch", "node": node.pk, "batch": batch})
+    frame = json.loads(await browser.receive_from(timeout=5))
+    assert frame["type"] == "telemetry" and frame["nodes"][0]["devices"] == {"GPU-r": {}}
+    await other_process.flush()
+    await browser.disconnect()

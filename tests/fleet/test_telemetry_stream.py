@@ -272,7 +272,9 @@ async def test_a_browser_socket_from_another_origin_is_refused():
 async def test_nodes_nobody_watches_cost_no_group_send(monkeypatch):
     from channels.layers import get_channel_layer
 
-    layer = get_channel_layer()
+    from scheduler.fleet.consumers import TELEMETRY_LAYER
+
+    layer = get_channel_layer(TELEMETRY_LAYER)
     sent_to: list[str] = []
     original = layer.group_send
 
