@@ -8,8 +8,9 @@ Settings: heartbeat 1 s, lease 5 s, requeue grace 24 s.
 from __future__ import annotations
 
 import pytest
+from django.utils import timezone
 
-from scheduler.models import AgentCommand, Job, JobEvent, JobState
+from scheduler.models import AgentCommand, Job, JobEvent, JobState, Node
 from tests.resilience.cluster import wait_until
 from tests.resilience.invariants import check_invariants
 
@@ -31,7 +32,15 @@ def test_restarting_redis_loses_no_job_and_runs_none_twice(make_cluster, private
     status, during = cluster.api("/api/v1/jobs/", cluster.job_spec("during", steps=4, step_s=0.5))
     assert status == 201, (status, during)
     private_redis.start()
+    restarted_at = timezone.now()
     after = cluster.submit("after", steps=4, step_s=0.5)
+    # Every agent is heard from again (the portal closed their sockets when Redis went; they reconnect).
+    wait_until(
+        lambda: not Node.objects.filter(last_heartbeat_at__lt=restarted_at).exists(),
+        timeout_s=30,
+        what="every node's heartbeat after the restart",
+        describe=cluster.describe,
+    )
 
     jobs = [before, during["id"], after]
     wait_until(
