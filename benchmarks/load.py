@@ -45,7 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-CARDS = 8
+from benchmarks._agents import CARDS, free_port, hello_frame, telemetry_frame  # noqa: E402
+
 FLAVOR = "load-sim-80g"
 REQUEST_TIMEOUT_S = 30.0
 
@@ -269,53 +270,6 @@ async def api_client(
         await connection.close()
 
 
-def _hello(name: str) -> str:
-    devices = [
-        {
-            "index": card,
-            "uuid": f"GPU-{name}-{card}",
-            "vendor": "simulated",
-            "model": "Simulated H100 80GB",
-            "memory_mib": 81559,
-            "numa_node": card // 4,
-        }
-        for card in range(CARDS)
-    ]
-    return json.dumps(
-        {
-            "v": 1,
-            "type": "hello",
-            "id": uuid.uuid4().hex,
-            "node_name": name,
-            "agent_version": "load",
-            "hostname": name,
-            "cpu_cores": 64,
-            "memory_mib": 512000,
-            "devices": devices,
-        }
-    )
-
-
-def _telemetry(name: str, rng: random.Random) -> str:
-    samples = [
-        {
-            "uuid": f"GPU-{name}-{card}",
-            "utilization_pct": round(rng.uniform(0, 100), 1),
-            "memory_used_mib": rng.randint(0, 81559),
-            "memory_total_mib": 81559,
-            "power_w": round(rng.uniform(60, 700), 1),
-            "temperature_c": round(rng.uniform(30, 85), 1),
-            "sm_clock_mhz": 1980,
-            "ecc_errors": 0,
-            "xid_errors": 0,
-            "processes": [],
-        }
-        for card in range(CARDS)
-    ]
-    sent_at = datetime.now(UTC).isoformat()
-    return json.dumps({"v": 1, "type": "telemetry", "id": uuid.uuid4().hex, "sent_at": sent_at, "samples": samples})
-
-
 async def agent(
     ws_base: str, name: str, credential: str, ready: asyncio.Event, done: asyncio.Event, stats: Stats
 ) -> None:
@@ -327,7 +281,7 @@ async def agent(
             f"{ws_base}/ws/agent/", additional_headers={"Authorization": f"Bearer {credential}"}, open_timeout=60
         ) as ws:
             await ws.recv()  # config
-            await ws.send(_hello(name))
+            await ws.send(hello_frame(name, agent_version="load"))
             ready.set()
 
             async def drain() -> None:
@@ -342,7 +296,7 @@ async def agent(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done.wait(), timeout=max(0.0, next_tick - time.monotonic()))
                     break
-                await ws.send(_telemetry(name, rng))
+                await ws.send(telemetry_frame(name, rng))
                 stats.agent_frames += 1
                 if stats.agent_frames % 5 == 0:
                     beat += 1
@@ -440,12 +394,6 @@ def summary(stats: Stats) -> list[str]:
 
 
 # --- the server ----------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_daphne(env: dict[str, str]) -> tuple[subprocess.Popen, str]:

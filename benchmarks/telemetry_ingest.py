@@ -37,15 +37,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-CARDS = 8
+
+from benchmarks._agents import CARDS, free_port, hello_frame, telemetry_frame  # noqa: E402
+
 HEARTBEAT_S = 5.0
 DRAIN_S = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -96,53 +92,6 @@ def create_fleet(count: int) -> tuple[list[tuple[int, str, str]], str]:
 # --- simulated agents (child processes) ---------------------------------------------------------------------
 
 
-def _hello(name: str, index: int) -> str:
-    devices = [
-        {
-            "index": card,
-            "uuid": f"GPU-{name}-{card}",
-            "vendor": "simulated",
-            "model": "Simulated H100 80GB",
-            "memory_mib": 81559,
-            "numa_node": card // 4,
-        }
-        for card in range(CARDS)
-    ]
-    return json.dumps(
-        {
-            "v": 1,
-            "type": "hello",
-            "id": uuid.uuid4().hex,
-            "node_name": name,
-            "agent_version": "bench",
-            "hostname": name,
-            "cpu_cores": 64,
-            "memory_mib": 512000,
-            "devices": devices,
-        }
-    )
-
-
-def _telemetry(name: str, rng: random.Random) -> str:
-    samples = [
-        {
-            "uuid": f"GPU-{name}-{card}",
-            "utilization_pct": round(rng.uniform(0, 100), 1),
-            "memory_used_mib": rng.randint(0, 81559),
-            "memory_total_mib": 81559,
-            "power_w": round(rng.uniform(60, 700), 1),
-            "temperature_c": round(rng.uniform(30, 85), 1),
-            "sm_clock_mhz": 1980,
-            "ecc_errors": 0,
-            "xid_errors": 0,
-            "processes": [],
-        }
-        for card in range(CARDS)
-    ]
-    sent_at = datetime.now(UTC).isoformat()
-    return json.dumps({"v": 1, "type": "telemetry", "id": uuid.uuid4().hex, "sent_at": sent_at, "samples": samples})
-
-
 async def _agent(
     url: str, name: str, credential: str, start, seconds: float, warmup_s: float, stats: dict, delay_s: float
 ) -> None:
@@ -154,7 +103,7 @@ async def _agent(
         url, additional_headers={"Authorization": f"Bearer {credential}"}, max_queue=None, open_timeout=120
     ) as ws:
         await ws.recv()  # config
-        await ws.send(_hello(name, 0))
+        await ws.send(hello_frame(name, agent_version="bench"))
 
         async def drain() -> None:
             async for _frame in ws:
@@ -171,7 +120,7 @@ async def _agent(
         seq = 0
         while next_tick < stop_at:
             await asyncio.sleep(max(0.0, next_tick - time.time()))
-            await ws.send(_telemetry(name, rng))
+            await ws.send(telemetry_frame(name, rng))
             if next_tick >= start_at + warmup_s:
                 stats["sent"] += 1
             if next_tick >= next_heartbeat:

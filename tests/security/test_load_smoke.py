@@ -17,6 +17,7 @@ import pytest
 from django.conf import settings
 
 from benchmarks import load
+from benchmarks._agents import hello_frame
 from nodeagent import protocol
 from scheduler.models import Device, Node
 from tests.conftest import skip_or_fail
@@ -83,7 +84,7 @@ def test_an_oversized_agent_frame_is_refused_by_the_real_server(daphne):
         headers = {"Authorization": f"Bearer {credential}"}
         async with websockets.connect(ws_url, additional_headers=headers) as ws:
             assert json.loads(await ws.recv())["type"] == "config"
-            hello = json.loads(load._hello(name))
+            hello = json.loads(hello_frame(name, agent_version="load"))
             hello["devices"] = [{**hello["devices"][0], "model": "x" * (protocol.MAX_FRAME_BYTES + 1)}]
             await ws.send(json.dumps(hello))
             # daphne (autobahn) fails the connection: no answer, the socket is dropped (or closed with 1009).
