@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -25,6 +25,7 @@ from scheduler.fleet import selectors, services
 from scheduler.fleet.runtime import db, fleet_process
 from scheduler.fleet.telemetry import (
     LATEST_FIELDS,
+    ROLLUP_SPREAD_S,
     WATCH_TTL_S,
     MinuteAggregator,
     Throttle,
@@ -124,6 +125,8 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             return
         self.node_id = node_id
         self.node_name = credential.node.name
+        # Nodes write their finished minute at different seconds past it, not a thousand at :00.
+        self.rollup_delay = timedelta(seconds=node_id % ROLLUP_SPREAD_S)
         await self.send_message(
             protocol.Config(
                 telemetry_interval_s=float(settings.GPUPOOL_TELEMETRY_INTERVAL_S),
@@ -199,8 +202,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
         # Written with the other sockets' heartbeats about once a second (runtime.FleetProcess).
         fleet_process().beat(self.node_id, self.clock())
-        if self.aggregator.has_finished(self.clock()):
-            await self.flush_rollups(self.clock())
+        await self.flush_finished_minutes(self.clock())
 
     async def on_telemetry(self, message: protocol.Telemetry) -> None:
         now = self.clock()
@@ -219,8 +221,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             # Watchers first; the latest values (snapshots, /metrics) are written behind the socket's back.
             await self.fan_out(devices, sent_at=message.sent_at)
             fleet_process().in_background(latest_store().aput(self.node_id, devices), what="latest telemetry")
-        if self.aggregator.has_finished(now):
-            await self.flush_rollups(now)
+        await self.flush_finished_minutes(now)
 
     async def on_workload_status(self, message: protocol.WorkloadStatus) -> None:
         await db(services.workload_status_forward)(node_id=self.node_id, status=dataclasses.asdict(message))
@@ -252,6 +253,11 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                     tenant_group(tenant_id),
                     {"type": "telemetry.batch", "node": self.node_id, "batch": {**batch, "devices": own}},
                 )
+
+    async def flush_finished_minutes(self, now: datetime) -> None:
+        """Hand over the minutes that ended at least this node's ``rollup_delay`` ago."""
+        if self.aggregator.has_finished(now - self.rollup_delay):
+            await self.flush_rollups(now - self.rollup_delay)
 
     async def flush_rollups(self, now: datetime | None, *, wait: bool = False) -> None:
         """Hand the finished minutes (all of them when ``now`` is None) to the process's group write; only a

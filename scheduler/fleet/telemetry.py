@@ -35,6 +35,9 @@ LATEST_FIELDS = (
 WATCH_TTL_S = 30.0
 # Latest values older than this vanish from Redis, so a dead node's last numbers do not linger in /metrics.
 LATEST_TTL_S = 300
+# A node writes its finished minute (node id mod this) seconds after the minute ends, so that a fleet's
+# minute rollups are spread over half a minute instead of all landing at :00.
+ROLLUP_SPREAD_S = 30
 # Latest values wait this long to share a Redis pipeline with other nodes' (the sockets do not wait for it).
 LATEST_LINGER_S = 0.1
 

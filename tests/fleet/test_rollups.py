@@ -13,7 +13,7 @@ from nodeagent import protocol
 from scheduler.fleet import services, tasks
 from scheduler.fleet.consumers import AgentConsumer
 from scheduler.fleet.models import TelemetryHour, TelemetryMinute
-from scheduler.fleet.telemetry import MinuteAggregator
+from scheduler.fleet.telemetry import ROLLUP_SPREAD_S, MinuteAggregator
 from scheduler.models import Device
 from tests.fleet.conftest import connect_agent, register_node, settle, telemetry
 
@@ -95,8 +95,9 @@ async def test_the_agent_connection_writes_one_row_per_device_minute_not_one_per
         await socket.send_to(text_data=protocol.encode(telemetry(uuids, utilization=utilization, sent_at=sent_at)))
     await settle(socket)
     assert await db(TelemetryMinute.objects.count)() == 0  # still in memory: the minute is not over
-    # The next minute begins: the first one is written (a buffered batch is stored too, though not shown live).
-    clock["now"] = M0 + timedelta(minutes=1, seconds=1)
+    # The next minute is well under way: the first one is written (a buffered batch is stored too, though not
+    # shown live).
+    clock["now"] = M0 + timedelta(minutes=1, seconds=ROLLUP_SPREAD_S)
     later = protocol.format_time(M0 + timedelta(minutes=1, seconds=1))
     await socket.send_to(text_data=protocol.encode(telemetry(uuids, utilization=99.0, sent_at=later, buffered=True)))
     await settle(socket)
@@ -127,7 +128,7 @@ async def test_telemetry_does_not_wait_for_the_minute_write(monkeypatch):
     socket = await connect_agent(credential, "n1", devices=1)
     uuids = ["GPU-n1-0"]
     await socket.send_to(text_data=protocol.encode(telemetry(uuids, sent_at=protocol.format_time(M0))))
-    clock["now"] = M0 + timedelta(minutes=1, seconds=1)
+    clock["now"] = M0 + timedelta(minutes=1, seconds=ROLLUP_SPREAD_S)
     for utilization in (40.0, 50.0):
         sent_at = protocol.format_time(clock["now"])
         await socket.send_to(text_data=protocol.encode(telemetry(uuids, utilization=utilization, sent_at=sent_at)))
@@ -137,6 +138,26 @@ async def test_telemetry_does_not_wait_for_the_minute_write(monkeypatch):
     assert frame["type"] == "error" and frame["ref_id"] == "probe"
     assert not release.is_set()
     release.set()
+    await settle(socket)
+    assert await db(TelemetryMinute.objects.filter(minute=M0).count)() == 1
+    await socket.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_nodes_write_their_finished_minute_at_different_seconds(monkeypatch):
+    """Spread over half a minute: a thousand nodes must not all write at :00."""
+    clock = {"now": M0}
+    monkeypatch.setattr(AgentConsumer, "clock", staticmethod(lambda: clock["now"]))
+    node, credential = await db(register_node)("n1")
+    delay_s = node.pk % ROLLUP_SPREAD_S
+    socket = await connect_agent(credential, "n1", devices=1)
+    await socket.send_to(text_data=protocol.encode(telemetry(["GPU-n1-0"], sent_at=protocol.format_time(M0))))
+    clock["now"] = M0 + timedelta(minutes=1, seconds=delay_s) - timedelta(milliseconds=1)
+    await socket.send_to(text_data=protocol.encode(telemetry(["GPU-n1-0"], sent_at=protocol.format_time(clock["now"]))))
+    await settle(socket)
+    assert await db(TelemetryMinute.objects.filter(minute=M0).count)() == 0
+    clock["now"] = M0 + timedelta(minutes=1, seconds=delay_s)
+    await socket.send_to(text_data=protocol.encode(telemetry(["GPU-n1-0"], sent_at=protocol.format_time(clock["now"]))))
     await settle(socket)
     assert await db(TelemetryMinute.objects.filter(minute=M0).count)() == 1
     await socket.disconnect()
