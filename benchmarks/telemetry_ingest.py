@@ -93,8 +93,9 @@ def create_fleet(count: int) -> tuple[list[tuple[int, str, str]], str]:
 
 
 async def _agent(
-    url: str, name: str, credential: str, start, seconds: float, warmup_s: float, stats: dict, delay_s: float
+    url: str, name: str, credential: str, clock, seconds: float, warmup_s: float, stats: dict, delay_s: float
 ) -> None:
+    start, finished = clock
     import websockets
 
     rng = random.Random(name)
@@ -130,18 +131,22 @@ async def _agent(
             next_tick += 1.0
             if time.time() > next_tick + 1.0:
                 stats["late"] += 1  # could not keep 1 Hz: the sender (or the server's backpressure) is behind
+        # Stay connected until the browsers have drained: a thousand sockets closing at once is a storm of its
+        # own (like the hello storm), not the steady state measured.
+        while finished.value == 0:
+            await asyncio.sleep(0.2)
         drainer.cancel()
 
 
 def agent_process(
-    url: str, agents: list[tuple[int, str, str]], start, seconds: float, warmup_s: float, ramp_per_s: float, out
+    url: str, agents: list[tuple[int, str, str]], clock, seconds: float, warmup_s: float, ramp_per_s: float, out
 ):
     async def main() -> None:
         stats = {"sent": 0, "late": 0, "errors": 0}
 
         async def guarded(agent, delay_s):
             try:
-                await _agent(url, agent[1], agent[2], start, seconds, warmup_s, stats, delay_s)
+                await _agent(url, agent[1], agent[2], clock, seconds, warmup_s, stats, delay_s)
             except Exception as exc:  # counted, shown in the summary
                 stats["errors"] += 1
                 stats.setdefault("error", repr(exc))
@@ -201,13 +206,14 @@ def run_size(args, env, size: int, server_pids: list[int], ports: list[int]) -> 
     chunks = [fleet[index::processes] for index in range(processes)]
     queue: multiprocessing.Queue = multiprocessing.Queue()
     start = multiprocessing.Value("d", 0.0)
+    finished = multiprocessing.Value("d", 0.0)
     children = [
         multiprocessing.Process(
             target=agent_process,
             args=(
                 f"ws://127.0.0.1:{ports[index % len(ports)]}/ws/agent/",
                 chunk,
-                start,
+                (start, finished),
                 args.seconds,
                 args.warmup,
                 args.ramp / processes,
@@ -272,6 +278,7 @@ def run_size(args, env, size: int, server_pids: list[int], ports: list[int]) -> 
         return all_stats
 
     subscriber_stats = asyncio.run(browsers())
+    finished.value = 1.0
     agent_stats = [queue.get(timeout=120) for _child in children]
     for child in children:
         child.join(timeout=30)
