@@ -66,6 +66,11 @@ def _job_id(text: str) -> int | None:
         return None
 
 
+def _memory_taken(device: Device, assignment: core.Assignment) -> int:
+    """A whole card takes all its memory; a fraction takes what it asked for."""
+    return device.memory_mib if assignment.millis >= MILLIS_PER_DEVICE else assignment.memory_mib
+
+
 def _check_shape(job: Job, place: core.Place, running: set[int]) -> dict[int, list[core.Assignment]]:
     by_replica: dict[int, list[core.Assignment]] = defaultdict(list)
     for assignment in place.assignments:
@@ -174,8 +179,7 @@ def _place(place: core.Place, *, batch: _PlaceBatch, now: datetime, outcome: Per
                 raise PlaceRejected(f"node {device.node.name} is {device.node.status}")
             if device.health != DeviceHealth.HEALTHY or device.flavor_id != flavor.pk:
                 raise PlaceRejected(f"device {device.uuid} is {device.health} / not {flavor.name}")
-            # A whole card takes all its memory; a fraction takes what it asked for.
-            memory = device.memory_mib if assignment.millis >= MILLIS_PER_DEVICE else assignment.memory_mib
+            memory = _memory_taken(device, assignment)
             service = _job_id(assignment.reservation_of) if assignment.reservation_of else None
             if service is None:
                 adding[device.pk][0] += assignment.millis
@@ -287,7 +291,7 @@ def _reserve(place: core.Place, *, job: Job, batch: _PlaceBatch) -> None:
             device = batch.devices.get(assignment.device_uuid)
             if device is None:
                 break
-            memory = device.memory_mib if assignment.millis >= MILLIS_PER_DEVICE else assignment.memory_mib
+            memory = _memory_taken(device, assignment)
             adding[device.pk][0] += assignment.millis
             adding[device.pk][1] += memory
             rows.append(
