@@ -14,6 +14,7 @@ from scheduler import selectors, services
 from scheduler.access import is_system_admin
 from scheduler.api import serializers as s
 from scheduler.filtersets import DeviceFilterSet, JobFilterSet, NodeFilterSet
+from scheduler.models import Job
 
 try:  # the tenants app's permission class once it exists; a local equivalent until then
     from tenants.permissions import IsSystemAdmin
@@ -54,7 +55,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         data = s.JobCancelSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.job_cancel(job=job, actor=request.user, reason=data.validated_data["reason"], request=request)
-        return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
+        return _job_detail(request, job)
 
     @extend_schema(request=s.JobScaleSerializer, responses={200: s.JobDetailSerializer})
     @action(detail=True, methods=["post"])
@@ -64,7 +65,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         data = s.JobScaleSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.job_scale(job=job, replicas=data.validated_data["replicas"], actor=request.user, request=request)
-        return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
+        return _job_detail(request, job)
 
     @extend_schema(request=s.JobLoadSerializer, responses={200: s.JobDetailSerializer})
     @action(detail=True, methods=["post"])
@@ -74,7 +75,12 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         data = s.JobLoadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.inference_load_report(job=job, load=data.validated_data["load"], actor=request.user, request=request)
-        return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
+        return _job_detail(request, job)
+
+
+def _job_detail(request: Request, job: Job) -> Response:
+    """The job as its caller now sees it, after an action changed it."""
+    return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
