@@ -4,9 +4,9 @@ Call it inside the service's transaction: the record (and its hash-chain link) c
 or neither does. If the record cannot be written, the exception propagates and the caller's transaction fails —
 nothing changes unaudited — and an alert is raised (PCI DSS 10.7.2).
 
-Appends to the chain are serialised by one transaction-scoped lock (PostgreSQL ``pg_advisory_xact_lock``;
-SQLite's write transactions are serial already). One lock for every stream cannot deadlock however many
-streams a transaction touches, in whatever order.
+Records are queued in the transaction and linked into their per-stream hash chains just before COMMIT
+(``portal.db.precommit``): the chain-head rows are the last locks a transaction takes, in stream order, and
+are held only for the commit. There is no global audit lock; see docs/locking.md for the project's lock order.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -43,12 +44,11 @@ from audit.models import (
 )
 from audit.signing import get_signer
 from portal.api import ConflictError, DomainError
+from portal.db import precommit
 
 logger = logging.getLogger(__name__)
 alert_logger = logging.getLogger("audit.alert")
 
-# pg_advisory_xact_lock key for chain appends: the first 8 bytes of SHA-256("gpupool-audit-chain") as int64.
-CHAIN_LOCK_KEY = 0x2A7D_61C0_5E93_4B11
 SHREDDED = "[shredded]"
 SEAL_BROKEN = "[seal broken]"
 _PLATFORM_ROLES = {"system_admin", "security_admin", "auditor"}
@@ -141,35 +141,6 @@ def _raw_key(data_key: DataKey) -> bytes:
     return raw
 
 
-def _active_data_key(tenant_id: int | None, cipher: str) -> tuple[DataKey, bytes]:
-    # Raw SQL on the hot path: every audited request runs this; the ORM's query compilation cost more than the
-    # query itself.
-    table = DataKey._meta.db_table
-    tenant_clause = "tenant_id IS NULL" if tenant_id is None else "tenant_id = %s"
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT key_id, master_key_id, wrapped_key FROM {table} WHERE {tenant_clause} AND cipher = %s "
-            "AND destroyed_at IS NULL ORDER BY created_at DESC LIMIT 1",
-            ([] if tenant_id is None else [tenant_id]) + [cipher],
-        )
-        found = cursor.fetchone()
-    data_key = None
-    if found is not None:
-        data_key = DataKey(
-            key_id=found[0], tenant_id=tenant_id, cipher=cipher, master_key_id=found[1], wrapped_key=bytes(found[2])
-        )
-    if data_key is None:
-        key_id = uuid.uuid4().hex
-        raw = crypto.new_data_key(cipher)
-        master_id, wrapped = crypto.wrap_data_key(key_id=key_id, tenant_id=tenant_id, cipher=cipher, data_key=raw)
-        data_key = DataKey.objects.create(
-            key_id=key_id, tenant_id=tenant_id, cipher=cipher, master_key_id=master_id, wrapped_key=wrapped
-        )
-        _key_cache[key_id] = (master_id, wrapped, raw)
-        return data_key, raw
-    return data_key, _raw_key(data_key)
-
-
 def open_details(record: AuditRecord, data_key: DataKey | None) -> dict | str:
     """The record's details, ``"[shredded]"`` when its key was destroyed, ``"[seal broken]"`` if tampered."""
     if data_key is None:
@@ -217,51 +188,204 @@ def details_for(records: Iterable[AuditRecord]) -> dict[int, dict | str]:
 
 
 # --- appending --------------------------------------------------------------------------------------------
+#
+# ``audit_record`` validates the event, encodes its details and queues one pending record per stream on the
+# connection; ``_link_and_insert`` runs just before COMMIT (portal/db/precommit.py). It locks the chain-head
+# rows of every stream the transaction wrote to — FOR UPDATE, in stream order, as the transaction's last locks —
+# seals each record under its tenant's data key, links it to its stream's head, bulk-inserts the records and
+# moves the heads. The heads stay locked only until the COMMIT that follows at once, so appends to one stream are
+# serialised for about a commit's duration and appends to different streams not at all.
+
+PRE_COMMIT_KEY = "audit.records"
 
 
-def _lock_chain() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [CHAIN_LOCK_KEY])
+@dataclass
+class _Pending:
+    """A record waiting for its transaction's COMMIT: everything but its place in the chain."""
+
+    record: AuditRecord
+    tenant_id: int | None
+    cipher: str
+    plaintext: bytes
 
 
-def _head(stream: str) -> ChainHead:
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT seq, hash, checkpoint_seq FROM {ChainHead._meta.db_table} WHERE stream = %s", [stream])
-        found = cursor.fetchone()
-    if found is None:
-        # Safe under the chain lock: nobody else creates this row meanwhile.
-        return ChainHead.objects.create(stream=stream, seq=0, hash=chain.GENESIS_HASH)
-    return ChainHead(stream=stream, seq=found[0], hash=found[1], checkpoint_seq=found[2])
+# (tenant_id, cipher) → the tenant's newest live data key, as last seen. Re-checked at every flush (in the same
+# statement that locks the chain heads), so a destroyed key is never used again.
+_tenant_keys: dict[tuple[int | None, str], DataKey] = {}
 
 
-def _append(
-    *, stream: str, fields: dict[str, Any], cipher: str, data_key: DataKey, raw_key: bytes, plaintext: bytes
-) -> AuditRecord:
-    head = _head(stream)
-    nonce = os.urandom(crypto.NONCE_BYTES)
-    record = AuditRecord(
-        stream=stream,
-        seq=head.seq + 1,
-        cipher=cipher,
-        key_id=data_key.key_id,
-        nonce=base64.b64encode(nonce).decode("ascii"),
-        prev_hash=head.hash,
-        **fields,
+def _lock_heads(
+    streams: list[str], cached_key_ids: list[str], *, check_deferred: bool
+) -> tuple[dict[str, ChainHead], set[str]]:
+    """Lock the heads of ``streams`` (creating the missing ones) in stream order, and say which of
+    ``cached_key_ids`` are still live — one round trip when every head exists.
+
+    ``check_deferred`` first fires the transaction's deferred constraint checks (PostgreSQL checks foreign keys
+    at COMMIT, taking FOR KEY SHARE locks on the rows they reference): done before the heads are locked, the
+    heads really are the transaction's last locks."""
+    table = ChainHead._meta.db_table
+    postgres = connection.vendor == "postgresql"
+    lock = " FOR UPDATE OF h" if postgres else ""
+    in_streams = ", ".join(["%s"] * len(streams))
+    live = "''"
+    if cached_key_ids:
+        live = (
+            f"(SELECT COALESCE(string_agg(key_id, ','), '') FROM {DataKey._meta.db_table} "
+            f"WHERE key_id IN ({', '.join(['%s'] * len(cached_key_ids))}) AND destroyed_at IS NULL)"
+            if postgres
+            else f"(SELECT COALESCE(group_concat(key_id, ','), '') FROM {DataKey._meta.db_table} "
+            f"WHERE key_id IN ({', '.join(['%s'] * len(cached_key_ids))}) AND destroyed_at IS NULL)"
+        )
+    query = (
+        f"SELECT h.stream, h.seq, h.hash, h.checkpoint_seq, {live} FROM {table} h "
+        f"WHERE h.stream IN ({in_streams}) ORDER BY h.stream{lock}"
     )
-    header = record_header(record)
-    ciphertext = crypto.seal(cipher, raw_key, nonce, plaintext, chain.canonical_json(header))
-    record.ciphertext = ciphertext
-    record.hash = chain.record_hash(head.hash, header, ciphertext)
-    record.save(force_insert=True)
+    params = [*cached_key_ids, *streams]
+    with connection.cursor() as cursor:
+        if check_deferred and postgres:
+            # One round trip: psycopg sends both statements; the SELECT's rows are the second result.
+            cursor.execute("SET CONSTRAINTS ALL IMMEDIATE; " + query, params)
+            cursor.cursor.nextset()
+        else:
+            cursor.execute(query, params)
+        rows = cursor.fetchall()
+        if len(rows) < len(streams):
+            now = connection.ops.adapt_datetimefield_value(timezone.now())
+            cursor.execute(
+                f"INSERT INTO {table} (stream, seq, hash, checkpoint_seq, updated_at) VALUES "
+                + ", ".join(["(%s, 0, %s, 0, %s)"] * len(streams))
+                + " ON CONFLICT (stream) DO NOTHING",
+                [value for stream in streams for value in (stream, chain.GENESIS_HASH, now)],
+            )
+            cursor.execute(query, params)
+            rows = cursor.fetchall()
+    heads = {row[0]: ChainHead(stream=row[0], seq=row[1], hash=row[2], checkpoint_seq=row[3]) for row in rows}
+    live_ids = set(rows[0][4].split(",")) - {""} if rows else set()
+    return heads, live_ids
+
+
+def _live_keys(tenant_ids: set[int | None], cipher: str) -> dict[int | None, tuple[DataKey, bytes]]:
+    """The newest live data key of each tenant (creating one where there is none), with its raw bytes."""
+    table = DataKey._meta.db_table
+    known = [t for t in tenant_ids if t is not None]
+    clauses = []
+    params: list[Any] = []
+    if None in tenant_ids:
+        clauses.append("tenant_id IS NULL")
+    if known:
+        clauses.append(f"tenant_id IN ({', '.join(['%s'] * len(known))})")
+        params.extend(known)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {ChainHead._meta.db_table} SET seq = %s, hash = %s, updated_at = %s WHERE stream = %s",
-            [record.seq, record.hash, connection.ops.adapt_datetimefield_value(timezone.now()), stream],
+            f"SELECT key_id, tenant_id, master_key_id, wrapped_key FROM {table} WHERE ({' OR '.join(clauses)}) "
+            "AND cipher = %s AND destroyed_at IS NULL ORDER BY created_at DESC",
+            [*params, cipher],
         )
-    if record.seq - head.checkpoint_seq >= conf.checkpoint_every_records():
-        transaction.on_commit(lambda: checkpoint_create(stream=stream))
-    return record
+        found = cursor.fetchall()
+    keys: dict[int | None, tuple[DataKey, bytes]] = {}
+    for key_id, tenant_id, master_key_id, wrapped in found:
+        if tenant_id in keys:
+            continue
+        data_key = DataKey(
+            key_id=key_id, tenant_id=tenant_id, cipher=cipher, master_key_id=master_key_id, wrapped_key=bytes(wrapped)
+        )
+        keys[tenant_id] = (data_key, _raw_key(data_key))
+    for tenant_id in tenant_ids - keys.keys():
+        key_id = uuid.uuid4().hex
+        raw = crypto.new_data_key(cipher)
+        master_id, wrapped = crypto.wrap_data_key(key_id=key_id, tenant_id=tenant_id, cipher=cipher, data_key=raw)
+        data_key = DataKey.objects.create(
+            key_id=key_id, tenant_id=tenant_id, cipher=cipher, master_key_id=master_id, wrapped_key=wrapped
+        )
+        _key_cache[key_id] = (master_id, wrapped, raw)
+        keys[tenant_id] = (data_key, raw)
+    for tenant_id, (data_key, _raw) in keys.items():
+        _tenant_keys[(tenant_id, cipher)] = data_key
+    return keys
+
+
+def _keys_for(payloads: list[_Pending], live_ids: set[str]) -> dict[tuple[int | None, str], tuple[DataKey, bytes]]:
+    """Each payload's data key: the cached one where the head query found it live, else looked up."""
+    keys: dict[tuple[int | None, str], tuple[DataKey, bytes]] = {}
+    missing: dict[str, set[int | None]] = {}
+    for wanted in {(p.tenant_id, p.cipher) for p in payloads}:
+        cached = _tenant_keys.get(wanted)
+        if cached is not None and cached.key_id in live_ids:
+            try:
+                keys[wanted] = (cached, _raw_key(cached))
+                continue
+            except crypto.KeyUnavailable:
+                pass
+        _tenant_keys.pop(wanted, None)
+        missing.setdefault(wanted[1], set()).add(wanted[0])
+    for cipher, tenant_ids in missing.items():
+        keys.update({(tenant_id, cipher): value for tenant_id, value in _live_keys(tenant_ids, cipher).items()})
+    return keys
+
+
+def _link_and_insert(db: Any, payloads: list[_Pending], after_commit: Any) -> None:
+    """The pre-commit handler: seal, chain and insert every pending record of the transaction."""
+    try:
+        cached_ids = sorted(
+            {k.key_id for k in (_tenant_keys.get((p.tenant_id, p.cipher)) for p in payloads) if k is not None}
+        )
+        heads, live_ids = _lock_heads(
+            sorted({p.record.stream for p in payloads}), cached_ids, check_deferred=db.in_pre_commit
+        )
+        keys = _keys_for(payloads, live_ids)
+        for pending in payloads:
+            record, head = pending.record, heads[pending.record.stream]
+            data_key, raw_key = keys[(pending.tenant_id, pending.cipher)]
+            nonce = os.urandom(crypto.NONCE_BYTES)
+            record.seq = head.seq + 1
+            record.key_id = data_key.key_id
+            record.nonce = base64.b64encode(nonce).decode("ascii")
+            record.prev_hash = head.hash
+            header = record_header(record)
+            record.ciphertext = crypto.seal(
+                pending.cipher, raw_key, nonce, pending.plaintext, chain.canonical_json(header)
+            )
+            record.hash = chain.record_hash(head.hash, header, record.ciphertext)
+            head.seq, head.hash = record.seq, record.hash
+        records = [p.record for p in payloads]
+        AuditRecord.objects.bulk_create(records, batch_size=2000)
+        _move_heads(list(heads.values()))
+    except Exception as exc:
+        raise_alert(
+            event="audit.write_failed",
+            message=f"could not write {len(payloads)} audit record(s): {exc!r}; the change they audit is rolled back",
+            details={"actions": sorted({p.record.action for p in payloads})},
+        )
+        raise
+    for head in heads.values():
+        if head.seq - head.checkpoint_seq >= conf.checkpoint_every_records():
+            after_commit(lambda stream=head.stream: checkpoint_create(stream=stream))
+    if conf.siem_url():
+        from audit.siem import forward_on_commit
+
+        forward_on_commit(records, after_commit=after_commit)
+
+
+def _move_heads(heads: list[ChainHead]) -> None:
+    table = ChainHead._meta.db_table
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {table} AS h SET seq = v.seq, hash = v.hash, updated_at = %s FROM (VALUES "
+                + ", ".join(["(%s, %s::bigint, %s)"] * len(heads))
+                + ") AS v(stream, seq, hash) WHERE h.stream = v.stream",
+                [now, *[value for head in heads for value in (head.stream, head.seq, head.hash)]],
+            )
+        else:
+            for head in heads:
+                cursor.execute(
+                    f"UPDATE {table} SET seq = %s, hash = %s, updated_at = %s WHERE stream = %s",
+                    [head.seq, head.hash, now, head.stream],
+                )
+
+
+precommit.register(PRE_COMMIT_KEY, _link_and_insert)
 
 
 def _tenant_id(tenant: Any) -> int | None:
@@ -295,12 +419,17 @@ def audit_record(
     ``details`` holds before/after values (sealed, readable only by auditors). ``request`` — a DRF Request,
     Django HttpRequest or ASGI scope — supplies IP, user agent and request id; without it, the origin of the
     request being served (set by ``audit.context.RequestIdMiddleware``) is used. ``actor`` None means the
-    system itself. Returns the record in the tenant's stream (or the platform stream when there is no tenant).
-    Raises (and alerts) if the record cannot be written, so the caller's transaction fails with it.
+    system itself.
+
+    Call it inside the transaction of the change it records. The record is written in that transaction and
+    linked into its stream's hash chain just before the COMMIT (its ``seq``, ``hash`` and ``pk`` are filled in
+    then, on the returned object); if that fails, the whole transaction rolls back and the error propagates.
+    Returns the record of the tenant's stream (or of the platform stream when there is no tenant).
+    Raises (and alerts) at once when the event is unknown or its details cannot be encoded.
     """
     try:
         with transaction.atomic(savepoint=False):
-            return _audit_record(
+            pending = _pending_records(
                 action=action,
                 actor=actor,
                 tenant=tenant,
@@ -309,6 +438,9 @@ def audit_record(
                 details=details,
                 request=request,
             )
+            for item in pending:
+                connection.defer_to_commit(PRE_COMMIT_KEY, item)
+            return pending[0].record
     except Exception as exc:
         raise_alert(
             event="audit.write_failed",
@@ -318,9 +450,9 @@ def audit_record(
         raise
 
 
-def _audit_record(
+def _pending_records(
     *, action: str, actor: Any, tenant: Any, target: str, outcome: str, details: dict | None, request: Any
-) -> AuditRecord:
+) -> list[_Pending]:
     events.lookup(action)
     origin: Origin = request_origin(request) if request is not None else (current_origin() or Origin())
     actor_id = getattr(actor, "pk", None) if actor is not None else None
@@ -342,19 +474,17 @@ def _audit_record(
     }
     cipher = conf.cipher()
     plaintext = _json_encoder.encode({"details": details or {}}).encode("utf-8")
-    _lock_chain()
     # Details about a tenant are sealed under the tenant's key in every stream, so shredding the tenant's keys
     # makes them unreadable everywhere.
-    data_key, raw_key = _active_data_key(tenant_id, cipher)
-    written = [
-        _append(stream=stream, fields=fields, cipher=cipher, data_key=data_key, raw_key=raw_key, plaintext=plaintext)
+    return [
+        _Pending(
+            record=AuditRecord(stream=stream, cipher=cipher, **fields),
+            tenant_id=tenant_id,
+            cipher=cipher,
+            plaintext=plaintext,
+        )
         for stream in _streams(tenant_id, actor_role)
     ]
-    if conf.siem_url():
-        from audit.siem import forward_on_commit
-
-        forward_on_commit(written)
-    return written[0]
 
 
 # --- checkpoints ------------------------------------------------------------------------------------------
@@ -372,8 +502,7 @@ def checkpoint_create(*, stream: str) -> Checkpoint | None:
     to the witness file once committed. None when nothing was appended since the last checkpoint."""
     signer = get_signer()
     with transaction.atomic():
-        _lock_chain()
-        head = ChainHead.objects.filter(stream=stream).first()
+        head = ChainHead.objects.select_for_update().filter(stream=stream).first()
         if head is None or head.seq <= head.checkpoint_seq:
             return None
         from_seq = head.checkpoint_seq + 1
@@ -536,7 +665,8 @@ def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[
     signer = get_signer()
     tombstones: list[Tombstone] = []
     with transaction.atomic():
-        _lock_chain()
+        # Every head, in stream order: no record may be appended to a stream while it is being cut.
+        list(ChainHead.objects.select_for_update().order_by("stream"))
         held = set(LegalHold.objects.filter(released_at__isnull=True).values_list("tenant_id", flat=True))
         for head in ChainHead.objects.order_by("stream"):
             stream_tenant = None if head.stream == PLATFORM_STREAM else int(head.stream.split(":", 1)[1])

@@ -151,5 +151,7 @@ def forward(records: Iterable[Any]) -> None:
         logger.error("could not forward audit records to the SIEM at %s: %s", url, exc)
 
 
-def forward_on_commit(records: list[Any]) -> None:
-    transaction.on_commit(lambda: forward(records))
+def forward_on_commit(records: list[Any], *, after_commit: Any = None) -> None:
+    """Forward ``records`` once their transaction has committed (``after_commit`` schedules it; by default
+    ``transaction.on_commit``)."""
+    (after_commit or transaction.on_commit)(lambda: forward(records))

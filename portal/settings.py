@@ -97,7 +97,7 @@ if DATABASE_URL:
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
+            "ENGINE": "portal.db.sqlite3",
             "NAME": DATA_DIR / "gpupool.sqlite3",
             # The embedded server runs web, worker and beat threads in one process: wait for the write lock
             # instead of failing with "database is locked", and take it up front for write transactions.
@@ -108,6 +108,13 @@ else:
             },
         }
     }
+# Django's backends with a pre-commit hook (portal/db/precommit.py): the audit trail links its records into
+# their hash chains just before COMMIT, so its chain-head locks are always the last a transaction takes.
+_BACKENDS_WITH_PRE_COMMIT = {
+    "django.db.backends.postgresql": "portal.db.postgresql",
+    "django.db.backends.sqlite3": "portal.db.sqlite3",
+}
+DATABASES["default"]["ENGINE"] = _BACKENDS_WITH_PRE_COMMIT.get(DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"])
 DATABASE_ENGINE = DATABASES["default"]["ENGINE"]
 IS_POSTGRES = "postgresql" in DATABASE_ENGINE
 if not IS_POSTGRES and "TEST" not in DATABASES["default"]:

@@ -14,4 +14,5 @@ def audit_settings(settings, tmp_path):
     settings.GPUPOOL_AUDIT_ALERT_HOOK = ""
     settings.GPUPOOL_AUDIT_SIEM_URL = ""
     services._key_cache.clear()
+    services._tenant_keys.clear()
     return settings

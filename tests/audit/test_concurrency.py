@@ -1,4 +1,4 @@
-"""Concurrent writers never fork a chain: appends are serialised (PostgreSQL advisory lock)."""
+"""Concurrent writers never fork a chain: appends to a stream are serialised by its chain-head row lock."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """A Celery worker is SIGKILLed in the middle of a scheduling cycle, while it holds the cycle lock.
 
-To hit that moment deterministically the test holds the audit chain's append lock: the worker's cycle takes the
-cycle lock, writes the job's allocations, state and event, and then waits for the audit lock to write the
-job's audit record. The test sees that in ``pg_locks`` (the cycle lock granted to the worker's backend, the
-audit lock awaited, the allocation table written), kills the worker there, and lets go.
+To hit that moment deterministically the test holds the tenant's audit chain head (the row a transaction locks
+last, just before its COMMIT, to link its audit records): the worker's cycle takes the cycle lock, writes the
+job's allocations, state and event, and then waits for that row at its commit. The test sees that in
+``pg_locks`` and ``pg_stat_activity`` (the cycle lock granted to the worker's backend, the backend waiting on a
+row lock, the allocation table written), kills the worker there, and lets go.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import psycopg
 import pytest
 from django.db import connection
 
-from audit.services import CHAIN_LOCK_KEY
 from scheduler.locks import CYCLE_LOCK_KEY
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
 from tests.resilience.cluster import wait_until
@@ -56,17 +56,22 @@ def test_a_worker_killed_while_holding_the_cycle_lock_leaves_nothing_half_writte
         dsn["password"] = settings["PASSWORD"]
     with psycopg.connect(**dsn, autocommit=True) as watcher, psycopg.connect(**dsn) as holder:
         look = watcher.cursor()
-        holder.execute("SELECT pg_advisory_xact_lock(%s)", [CHAIN_LOCK_KEY])  # held until holder commits
+        stream = f"tenant:{Job.objects.get(pk=job_id).tenant_id}"
+        # held until holder commits
+        held = holder.execute("SELECT stream FROM audit_chainhead WHERE stream = %s FOR UPDATE", [stream]).fetchall()
+        assert held, f"no chain head for {stream}"
         doomed = cluster.start_worker("doomed")
 
         def cycle_stuck_on_audit() -> int | None:
-            stuck = backends(look, CYCLE_LOCK_KEY, granted=True) & backends(look, CHAIN_LOCK_KEY, granted=False)
+            look.execute("SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            waiting = {row[0] for row in look.fetchall()}
+            stuck = backends(look, CYCLE_LOCK_KEY, granted=True) & waiting
             return next(iter(stuck), None)
 
         backend = wait_until(
             cycle_stuck_on_audit,
             timeout_s=60,
-            what="the worker's cycle holding the cycle lock and waiting for the audit lock",
+            what="the worker's cycle holding the cycle lock and waiting for the audit chain head",
             describe=cluster.describe,
         )
         look.execute(
