@@ -14,16 +14,22 @@ A spec looks like this (only ``name``, ``resources`` and ``command`` are require
       "node_selector": {"zone": "a"},
       "command": ["python", "train.py"],
       "env": {"EPOCHS": "10"},
-      "max_runtime_s": 86400, "checkpoint_dir": "/ckpt/resnet50", "runtime_estimate_s": 7200
+      "max_runtime_s": 86400, "checkpoint_dir": "/ckpt/resnet50", "runtime_estimate_s": 7200,
+      "array": {"count": 100}               # optional: 100 independent copies, GPUPOOL_ARRAY_INDEX=0..99
     }
 
 ``resources`` asks either for whole cards (``"gpus": N`` means N x 1000 millis, exclusive) or for a fraction of
 one card (``"millis": 100..900`` in steps of 100, with ``"memory_mib"``). Every error names the field and says
 how to fix it; unknown fields are refused so a typo never goes unnoticed.
+
+``env`` keys must be POSIX names (``[A-Za-z_][A-Za-z0-9_]*``) and values strings without NUL bytes: the agent
+hands them to ``execve``, which cannot take a ``=`` in a name or a NUL anywhere, and a job that cannot start must
+be refused here rather than fail on its node.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -53,6 +59,10 @@ MAX_RUNTIME_S = 30 * 24 * 3600
 MAX_CPU_CORES = 1024
 MAX_HOST_MEMORY_MIB = 16 * 1024 * 1024
 MAX_NODE_SELECTOR = 16
+#: The most jobs one array submit creates (Slurm's default MaxArraySize is 1001; ours is one request's worth).
+MAX_ARRAY_COUNT = 10_000
+#: An environment variable name as POSIX shells and ``execve`` accept it.
+ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 TOP_LEVEL_FIELDS = {
     "name",
@@ -72,7 +82,9 @@ TOP_LEVEL_FIELDS = {
     "max_runtime_s",
     "checkpoint_dir",
     "runtime_estimate_s",
+    "array",
 }
+ARRAY_FIELDS = {"count"}
 RESOURCE_FIELDS = {"flavors", "flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
 PRIORITY_NAMES = {choice.name.lower(): choice.value for choice in PriorityClass}
 
@@ -105,6 +117,9 @@ class JobSpec:
     checkpoint_dir: str
     runtime_estimate_s: int | None
     normalised: dict[str, Any] = field(default_factory=dict)
+    # ``"array": {"count": N}``: submit N independent copies (None: one job). Not part of ``normalised``,
+    # which is the spec of each job.
+    array_count: int | None = None
 
     @property
     def total_millis(self) -> int:
@@ -167,6 +182,59 @@ def _string_map(value: Any, where: str, *, max_items: int, max_key: int, max_val
     return result
 
 
+def _env(value: Any) -> dict[str, str]:
+    """The job's environment: POSIX names, string values, no NUL anywhere (what ``execve`` can take)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail("env", 'must be an object of strings, e.g. {"EPOCHS": "10"}.')
+    if len(value) > MAX_ENV_VARS:
+        raise _fail("env", f"may hold at most {MAX_ENV_VARS} variables, got {len(value)}.")
+    for key, item in value.items():
+        if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
+            if isinstance(key, str) and ("=" in key or "\x00" in key):
+                problem = "contains '='" if "=" in key else "contains a NUL byte"
+            else:
+                problem = "is not a valid name"
+            raise _fail(
+                "env",
+                f"variable {key!r} {problem}; names are letters, digits and '_', not starting with a digit "
+                "(e.g. MY_VAR).",
+            )
+        if len(key) > MAX_ENV_KEY_LENGTH:
+            raise _fail(f"env.{key}", f"the name must be at most {MAX_ENV_KEY_LENGTH} characters.")
+        if not isinstance(item, str):
+            raise _fail(f"env.{key}", f"must be a string, got {type(item).__name__} (quote numbers).")
+        if "\x00" in item:
+            raise _fail(f"env.{key}", "the value must not contain a NUL byte.")
+        if len(item) > MAX_ENV_VALUE_LENGTH:
+            raise _fail(f"env.{key}", f"the value must be at most {MAX_ENV_VALUE_LENGTH} characters, got {len(item)}.")
+    return dict(value)
+
+
+def _array(value: Any) -> int | None:
+    """``"array": {"count": N}`` → N (1..MAX_ARRAY_COUNT); absent → None."""
+    if value is None:
+        return None
+    example = 'e.g. "array": {"count": 100}'
+    if not isinstance(value, dict):
+        raise _fail("array", f"must be an object with a count, {example}.")
+    unknown = sorted(set(value) - ARRAY_FIELDS)
+    if unknown:
+        raise _fail(f"array.{unknown[0]}", f"is not a known field; allowed: {', '.join(sorted(ARRAY_FIELDS))}.")
+    if "count" not in value:
+        raise _fail("array.count", f"is required: how many jobs to create, {example}.")
+    return _int(value, "count", "array.count", low=1, high=MAX_ARRAY_COUNT)
+
+
+def check_flavors(flavors: list[str] | tuple[str, ...], known_flavors: set[str]) -> None:
+    """Raise ``JobSpecError`` naming the first flavor of ``flavors`` that is not in ``known_flavors``."""
+    missing = [f for f in flavors if f not in known_flavors]
+    if missing:
+        hint = ", ".join(sorted(known_flavors)) or "none are defined yet"
+        raise _fail("resources.flavors", f"unknown flavor {missing[0]!r}; known flavors: {hint}.")
+
+
 def _priority(value: Any) -> int:
     if isinstance(value, str) and value.lower() in PRIORITY_NAMES:
         return PRIORITY_NAMES[value.lower()]
@@ -192,10 +260,7 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
         raise _fail("resources.flavors", f"may name at most {MAX_FLAVORS} flavors.")
     flavors = list(dict.fromkeys(flavors))
     if known_flavors is not None:
-        missing = [f for f in flavors if f not in known_flavors]
-        if missing:
-            hint = ", ".join(sorted(known_flavors)) or "none are defined yet"
-            raise _fail("resources.flavors", f"unknown flavor {missing[0]!r}; known flavors: {hint}.")
+        check_flavors(flavors, known_flavors)
 
     has_gpus, has_millis = "gpus" in value, "millis" in value
     if has_gpus == has_millis:
@@ -231,17 +296,19 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
     }
 
 
-def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None) -> JobSpec:
+def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check_flavor_names: bool = True) -> JobSpec:
     """Check ``data`` and return the normalised spec; raises ``JobSpecError`` naming the first bad field.
 
-    ``known_flavors`` defaults to the flavors in the database; pass a set to validate without it.
+    ``known_flavors`` defaults to the flavors in the database; pass a set to validate without it. With
+    ``check_flavor_names=False`` the flavor names are left for the caller to check (``check_flavors``): the
+    submit service asks the database in the same query that resolves the tenant.
     """
     if not isinstance(data, dict):
         raise JobSpecError("A job spec must be a JSON object.")
     unknown = sorted(set(data) - TOP_LEVEL_FIELDS)
     if unknown:
         raise _fail(unknown[0], f"is not a known field; allowed: {', '.join(sorted(TOP_LEVEL_FIELDS))}.")
-    if known_flavors is None:
+    if known_flavors is None and check_flavor_names:
         known_flavors = set(ResourceFlavor.objects.values_list("name", flat=True))
 
     name = _str(data, "name", "name", max_length=MAX_NAME_LENGTH, required=True)
@@ -278,9 +345,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None) -> Jo
     if not command[0].strip():
         raise _fail("command[0]", "the program to run must not be empty.")
 
-    env = _string_map(
-        data.get("env"), "env", max_items=MAX_ENV_VARS, max_key=MAX_ENV_KEY_LENGTH, max_value=MAX_ENV_VALUE_LENGTH
-    )
+    env = _env(data.get("env"))
     reserved = sorted(k for k in env if k.startswith("GPUPOOL_") or k.startswith("CUDA_"))
     if reserved:
         raise _fail(f"env.{reserved[0]}", "GPUPOOL_* and CUDA_* are set by the platform; remove it.")
@@ -293,6 +358,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None) -> Jo
     checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)
     max_runtime_s = _int(data, "max_runtime_s", "max_runtime_s", low=1, high=MAX_RUNTIME_S)
     runtime_estimate_s = _int(data, "runtime_estimate_s", "runtime_estimate_s", low=1, high=MAX_RUNTIME_S)
+    array_count = _array(data.get("array"))
 
     normalised = {
         "name": name,
@@ -346,4 +412,5 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None) -> Jo
         checkpoint_dir=checkpoint_dir,
         runtime_estimate_s=runtime_estimate_s,
         normalised=normalised,
+        array_count=array_count,
     )

@@ -178,6 +178,10 @@ class Job(models.Model):
     runtime_estimate_s = models.PositiveIntegerField(null=True, blank=True)
     # The spec as submitted (validated, normalised), for reproducing the job.
     spec = models.JSONField(default=dict, blank=True)
+    # Set on the jobs of one array submit (``"array": {"count": N}``): the batch's id, shared by its N
+    # independent jobs, and this job's index 0..N-1 (also in its env as GPUPOOL_ARRAY_INDEX).
+    array_id = models.UUIDField(null=True, blank=True, db_index=True)
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     state = models.CharField(max_length=20, choices=JobState.choices, default=JobState.SUBMITTED, db_index=True)
     state_message = models.CharField(max_length=500, blank=True, default="")
