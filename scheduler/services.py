@@ -142,7 +142,9 @@ def job_transition(
 def _lock_job(job: Job | int) -> Job:
     pk = job if isinstance(job, int) else job.pk
     try:
-        return Job.objects.select_for_update().select_related("tenant").get(pk=pk)
+        # The job row only (FOR NO KEY UPDATE): locking the tenant row too made every transaction of the tenant
+        # wait on it, and FOR UPDATE would block the foreign-key checks (FOR KEY SHARE) of concurrent inserts.
+        return Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").get(pk=pk)
     except Job.DoesNotExist:
         raise NotFoundError(f"No job with id {pk}.") from None
 
@@ -441,7 +443,7 @@ def _require_system_admin(actor: Any | None) -> None:
 
 
 def _node_set_status(*, node: Node, actor: Any | None, status: str, action: str) -> Node:
-    node = Node.objects.select_for_update().get(pk=node.pk)
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
     before = node.status
     node.status = status
     node.save(update_fields=["status"])
@@ -735,7 +737,11 @@ def _scale_down_replica_stopped(*, job: Job, replica: int, node: Node) -> None:
     ``max_replicas`` replicas' worth (running + reserved), their capacity becomes its reservation."""
     rows = list(Allocation.objects.active().filter(job=job, replica=replica, node=node))
     # Lock the devices as a cycle's persist step does, so a place written meanwhile sees the reservation.
-    list(Device.objects.select_for_update().filter(pk__in=sorted({row.device_id for row in rows})).order_by("pk"))
+    list(
+        Device.objects.select_for_update(no_key=True)
+        .filter(pk__in=sorted({row.device_id for row in rows}))
+        .order_by("pk")
+    )
     now = timezone.now()
     _end_allocations(Allocation.objects.filter(pk__in=[row.pk for row in rows]), now=now)
     if not Allocation.objects.active().filter(job=job, replica=replica).exists():

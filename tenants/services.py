@@ -169,7 +169,7 @@ def user_update(
         _require(is_security_admin(actor), "Only a security admin may change accounts.")
         if is_active is False and actor.pk == user.pk:
             raise DomainError("You cannot deactivate your own account; ask another security admin.")
-    user = User.objects.select_for_update().get(pk=user.pk)
+    user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
     before = _user_snapshot(user)
     for field, value in (("email", email), ("first_name", first_name), ("last_name", last_name)):
         if value is not UNSET:
@@ -201,7 +201,7 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
             f"Unknown platform role {platform_role!r}; use one of: " + ", ".join(repr(v) for v in PlatformRole.values),
             field="platform_role",
         )
-    user = User.objects.select_for_update().get(pk=user.pk)
+    user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
     before = user.platform_role
     if before == platform_role:
         return user
@@ -315,7 +315,7 @@ def tenant_update(
     if actor is not None:
         _require(can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may change it.")
     _lock_tenant_tree()
-    tenant = Tenant.objects.select_for_update(of=("self",)).select_related("parent").get(pk=tenant.pk)
+    tenant = Tenant.objects.select_for_update(of=("self",), no_key=True).select_related("parent").get(pk=tenant.pk)
     before = _tenant_snapshot(tenant)
     moving = parent is not UNSET and (parent.pk if parent else None) != tenant.parent_id
     if moving:
@@ -462,7 +462,9 @@ def membership_update(*, actor: User | None, membership: Membership, role: str, 
         )
     _check_membership_role(role)
     membership = (
-        Membership.objects.select_for_update(of=("self",)).select_related("user", "tenant").get(pk=membership.pk)
+        Membership.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("user", "tenant")
+        .get(pk=membership.pk)
     )
     before = membership.role
     membership.role = role
@@ -563,7 +565,7 @@ def api_token_revoke(*, actor: User | None, token: ApiToken, request: Any = None
         _require(
             actor.pk == token.user_id or is_security_admin(actor), "Only the owner or a security admin may revoke it."
         )
-    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    token = ApiToken.objects.select_for_update(no_key=True).get(pk=token.pk)
     if token.revoked_at is not None:
         return token
     token.revoked_at = timezone.now()
@@ -774,9 +776,9 @@ def _lock_quota_path(*, tenant: Tenant, flavor: Any) -> list[Tenant]:
     from tenants.permissions import ancestors_and_self
 
     chain_ids = [node.pk for node in ancestors_and_self(tenant)]
-    locked = list(Tenant.objects.select_for_update().filter(pk__in=chain_ids).order_by("depth"))
+    locked = list(Tenant.objects.select_for_update(no_key=True).filter(pk__in=chain_ids).order_by("depth"))
     list(
-        Quota.objects.select_for_update(of=("self",))
+        Quota.objects.select_for_update(of=("self",), no_key=True)
         .filter(tenant_id__in=chain_ids, flavor=flavor)
         .order_by("tenant__depth")
     )
@@ -1023,7 +1025,7 @@ def _lock_approval(approval: Any) -> Any:
     from tenants.models import ApprovalRequest
 
     return (
-        ApprovalRequest.objects.select_for_update(of=("self",))
+        ApprovalRequest.objects.select_for_update(of=("self",), no_key=True)
         .select_related("tenant__parent", "flavor", "requester")
         .get(pk=approval.pk)
     )
@@ -1358,7 +1360,7 @@ def notification_deliver(*, delivery: Any) -> bool:
     from tenants.models import DeliveryStatus, NotificationDelivery
 
     with transaction.atomic():
-        delivery = NotificationDelivery.objects.select_for_update().get(pk=delivery.pk)
+        delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
         if delivery.status in (DeliveryStatus.SENT, DeliveryStatus.FAILED):
             return delivery.status == DeliveryStatus.SENT
         delivery.attempts += 1
@@ -1402,7 +1404,7 @@ def notification_retry(*, actor: User | None, delivery: Any, request: Any = None
     _ensure_may_write(actor)
     if actor is not None:
         _require(is_system_admin(actor) or is_security_admin(actor), "Only platform admins retry notifications.")
-    delivery = NotificationDelivery.objects.select_for_update().get(pk=delivery.pk)
+    delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
     if delivery.status == DeliveryStatus.SENT:
         raise ConflictError(f"Notification {delivery.pk} was already sent.", code="already_sent")
     delivery.status = DeliveryStatus.PENDING
