@@ -5,8 +5,12 @@ BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# Web processes for `make serve` / `make demo`; empty = the default (1 in embedded mode; with PostgreSQL and
+# Redis GPUPOOL_WEB_WORKERS, else one per CPU, at least 2).
+WORKERS ?=
+WORKERS_ARG := $(if $(WORKERS),--workers $(WORKERS),)
 
-.PHONY: demo test lint format bench clean install
+.PHONY: demo serve test lint format bench clean install
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +24,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(BIN)/gpupool demo --host $(HOST) --port $(PORT)
+	$(BIN)/gpupool demo --host $(HOST) --port $(PORT) $(WORKERS_ARG)
+
+# The web tier alone (production: beside `celery -A portal worker`, `celery -A portal beat` and the agents;
+# docs/production.md).
+serve: $(VENV)/.installed
+	$(BIN)/gpupool serve --host $(HOST) --port $(PORT) $(WORKERS_ARG)
 
 test: $(VENV)/.installed
 	$(BIN)/python scripts/test_prereqs.py

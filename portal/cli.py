@@ -1,5 +1,5 @@
 """The ``gpupool`` command: Django's management commands with gpupool's settings (``gpupool demo``,
-``gpupool migrate``, ``gpupool bootstrap`` …)."""
+``gpupool serve``, ``gpupool migrate``, ``gpupool bootstrap`` …)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,9 @@
 """``gpupool demo``: everything in one process tree — migrate, demo data, ASGI server, Celery worker and
-beat, simulated node agents — and a clean stop on Ctrl-C."""
+beat, simulated node agents — and a clean stop on Ctrl-C.
+
+In embedded mode (SQLite, in-process broker and channel layer) all of it is one process. With
+GPUPOOL_DATABASE_URL and GPUPOOL_REDIS_URL set, the worker and beat are processes of their own and the web
+tier runs several uvicorn processes (``--workers``), as in production (docs/production.md)."""
 
 from __future__ import annotations
 
@@ -8,10 +12,11 @@ import subprocess
 import sys
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from portal import demo, embedded
+from portal import demo, embedded, server
 
 
 class Command(BaseCommand):
@@ -24,8 +29,22 @@ class Command(BaseCommand):
             "--agents", type=int, default=settings.GPUPOOL_DEMO_AGENTS, help="number of simulated node agents to start"
         )
         parser.add_argument("--no-migrate", action="store_true")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=None,
+            help="web processes: 1 in embedded mode; with PostgreSQL and Redis GPUPOOL_WEB_WORKERS, else one per "
+            "CPU (at least 2)",
+        )
 
-    def handle(self, *args, host: str, port: int, agents: int, no_migrate: bool, **options) -> None:
+    def handle(
+        self, *args, host: str, port: int, agents: int, no_migrate: bool, workers: int | None, **options
+    ) -> None:
+        workers = server.default_web_workers() if workers is None else workers
+        try:
+            server.check_web_workers(workers)
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
         if not no_migrate:
             call_command("migrate", interactive=False, verbosity=0)
@@ -75,30 +94,17 @@ class Command(BaseCommand):
         children.extend(demo.start_demo_agents(server_url=url, count=agents))
         self.stdout.write(self.style.SUCCESS(f"gpupool is running at {url}"))
         self.stdout.write(f"mode: {'embedded (SQLite, in-process broker)' if settings.EMBEDDED_MODE else 'redis'}")
+        self.stdout.write(f"web processes: {workers}")
         self.stdout.write(f"demo logins (password for all: {demo.DEMO_PASSWORD}):")
         for login in demo.DEMO_LOGINS:
             self.stdout.write(f"  {login.username:<10} {login.role}")
         self.stdout.write("press Ctrl-C to stop")
         self.stdout.flush()
         try:
-            self._serve(host, port)
+            server.serve(host=host, port=port, workers=workers)
         finally:
             self._stop(children)
             self.stdout.write("gpupool stopped")
-
-    def _serve(self, host: str, port: int) -> None:
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
-
-        from portal.asgi import application
-
-        # Twisted's handlers stop the reactor on SIGINT and SIGTERM; run() then returns here.
-        Server(
-            application=application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
-            signal_handlers=True,
-            verbosity=0,
-        ).run()
 
     def _stop(self, children: list[subprocess.Popen]) -> None:
         for child in children:
