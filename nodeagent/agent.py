@@ -4,8 +4,10 @@ The loop is a repeated single step (STYLE.md #7): :meth:`Agent.tick` does one st
 until the next one, reading time only from the injected clock, so tests drive it without real time. One
 step polls the workloads, takes a telemetry sample when it is due, (re)connects when the backoff allows it,
 handles the frames that arrived, and sends what is due. Telemetry taken while disconnected waits in a
-bounded buffer (oldest dropped first) and is sent after the reconnect marked ``buffered``; workload status
-changes wait in the runner's outbox, so none is lost while the portal is away.
+bounded buffer (oldest dropped first) and is sent after the reconnect marked ``buffered``. Workload status
+reports wait in the runner's durable outbox (``nodeagent.outbox``) until the portal answers ``report.ack``:
+they are sent after every hello and again every ``report_resend_s`` while unacknowledged, so none is lost to a
+dropped connection, a portal that could not apply it, or an agent restart.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ log = logging.getLogger(__name__)
 #: Close codes the portal uses (see scheduler.fleet.services).
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_REPLACED = 4409
-#: Statuses of workloads that finished this recently are sent again after a reconnect, in case the frame
-#: was written into a socket that died before the portal read it (the portal treats repeats as no-ops).
-RESEND_FINISHED_WITHIN_S = 3600.0
+#: A report still unacknowledged this long after it was sent is sent again on the same connection (the portal
+#: answered ``retry_later``, or the frame or its ack went missing).
+REPORT_RESEND_S = 5.0
 #: The longest a tick sleeps, so workload exits are noticed promptly even with slow telemetry.
 MAX_TICK_DELAY_S = 1.0
 
@@ -228,6 +230,7 @@ class AgentSettings:
     backoff_base_s: float = 1.0
     backoff_cap_s: float = 60.0
     labels: dict[str, str] = field(default_factory=dict)
+    report_resend_s: float = REPORT_RESEND_S
     #: Stop the workloads when the agent exits (the demo) instead of leaving them to the next agent.
     stop_workloads_on_exit: bool = False
 
@@ -283,7 +286,7 @@ class Agent:
             if telemetry is not None:
                 self.buffer.add(telemetry)
             return self._delay(now)
-        await self._flush_statuses()
+        await self._flush_reports()
         if telemetry is not None and not await self._send(telemetry, now):
             self.buffer.add(telemetry)
         if self.connected and now >= self._next_heartbeat_at:
@@ -296,6 +299,9 @@ class Agent:
         due = [self._next_telemetry_at, MAX_TICK_DELAY_S + now]
         if self.connected:
             due.append(self._next_heartbeat_at)
+            resend_at = self.runner.outbox.next_resend_at(resend_after_s=self.settings.report_resend_s)
+            if resend_at is not None:
+                due.append(resend_at)
         elif self.connection is None:
             due.append(self._next_connect_at)
         return max(0.0, min(due) - now)
@@ -329,10 +335,11 @@ class Agent:
         self.connects += 1
         self.backoff.reset()
         log.info("agent: connected to the portal as %s", self.settings.node_name)
+        # Whatever the old socket carried may be lost: every unacknowledged report goes again after the hello.
+        self.runner.outbox.reset_sent()
         if not await self._send(self._hello(), now):
             return
-        self.runner.report_finished(within_s=RESEND_FINISHED_WITHIN_S)
-        await self._flush_statuses()
+        await self._flush_reports()
         await self._flush_buffer(now)
         self._next_heartbeat_at = now  # the first heartbeat right away: the portal marks the node alive
 
@@ -346,7 +353,8 @@ class Agent:
             labels={"gpupool.io/backend": self.backend.name, **self.settings.labels},
             topology=self.backend.topology(),
             devices=self.backend.inventory(),
-            workloads=self.runner.running(),
+            workloads=self.runner.known(),
+            workloads_complete=True,
         )
 
     def _lost(self, now: float) -> None:
@@ -375,11 +383,17 @@ class Agent:
             return False
         return True
 
-    async def _flush_statuses(self) -> None:
-        while self.runner.outbox and self.connected:
-            if not await self._send(self.runner.outbox[0], self.clock()):
+    async def _flush_reports(self) -> None:
+        """Send the reports not yet sent on this connection and those unacknowledged for ``report_resend_s``.
+
+        A report leaves the outbox only when the portal acks it (:meth:`_handle`), never on a send.
+        """
+        outbox = self.runner.outbox
+        for status in outbox.due(self.clock(), resend_after_s=self.settings.report_resend_s):
+            now = self.clock()
+            if not await self._send(status, now):
                 return
-            self.runner.outbox.pop(0)
+            outbox.mark_sent(status.report_id, now)
 
     async def _flush_buffer(self, now: float) -> None:
         if self.buffer.dropped:
@@ -405,6 +419,15 @@ class Agent:
             await self._command(message, now, lambda: self.runner.start(message))
         elif isinstance(message, protocol.WorkloadStop):
             await self._command(message, now, lambda: self.runner.stop(message))
+        elif isinstance(message, protocol.ReportAck):
+            if not message.ok:
+                log.error(
+                    "agent: the portal refused report %s for good (%s: %s); dropping it",
+                    message.report_id,
+                    message.code,
+                    message.detail,
+                )
+            self.runner.outbox.ack(message.report_id)
         elif isinstance(message, protocol.Config):
             self._configure(message)
             if message.command_id is not None:
@@ -418,19 +441,29 @@ class Agent:
         ack = protocol.Ack(command_id=message.command_id)
         try:
             action()
-        except WorkloadRejected as exc:
+        except WorkloadRejected as exc:  # the runner recorded and reported it as failed
             ack = protocol.Ack(command_id=message.command_id, ok=False, error=str(exc))
-            if isinstance(message, protocol.WorkloadStart):
-                self.runner.outbox.append(
-                    protocol.WorkloadStatus(
-                        job_id=message.job_id, replica=message.replica, state="failed", message=str(exc)
-                    )
-                )
         except Exception as exc:  # a bug or a full disk must not take the agent down
             log.exception("agent: %s for job %s failed", message.type, message.job_id)
             ack = protocol.Ack(command_id=message.command_id, ok=False, error=f"agent error: {exc}")
-        await self._flush_statuses()
+            self._report_unstarted(message, f"agent error: {exc}")
+        await self._flush_reports()
         await self._send(ack, now)
+
+    def _report_unstarted(self, message: protocol.WorkloadStart | protocol.WorkloadStop, reason: str) -> None:
+        """A start that failed in an unexpected way and left nothing running is reported failed, so the job
+        does not hold its devices in ``admitted`` for ever."""
+        if not isinstance(message, protocol.WorkloadStart):
+            return
+        record = self.runner.records.get((message.job_id, message.replica))
+        if record is not None and record.active:
+            return
+        try:
+            self.runner.outbox.add(
+                protocol.WorkloadStatus(job_id=message.job_id, replica=message.replica, state="failed", message=reason)
+            )
+        except OSError:
+            log.exception("agent: cannot queue the failed status of job %s", message.job_id)
 
     def _configure(self, config: protocol.Config) -> None:
         settings = self.settings

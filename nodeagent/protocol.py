@@ -91,6 +91,15 @@ def utc_now_text() -> str:
     return format_time(datetime.now(UTC))
 
 
+#: Report ids are stored as a signed 64-bit integer by the portal.
+MAX_REPORT_ID = 2**63 - 1
+
+
+def _check_report_id(value: object, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_REPORT_ID:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be an integer from 1 to {MAX_REPORT_ID}")
+
+
 # --- nested records ---------------------------------------------------------------------------------------
 
 
@@ -120,12 +129,16 @@ class DeviceInfo:
 
 @dataclass
 class RunningWorkload:
-    """A workload the agent knows about when it says hello (re-adopted after a restart, or just finished)."""
+    """A workload the agent knows about when it says hello: running (re-adopted after a restart) or finished
+    with its final report not yet acknowledged by the portal (that report follows the hello from the outbox)."""
 
     job_id: int
     replica: int
     pid: int | None
     state: WorkloadState
+    #: The ``workload.start`` command this run came from (0 when unknown: agents before the outbox).
+    command_id: int = 0
+    exit_code: int | None = None
 
 
 @dataclass
@@ -190,6 +203,10 @@ class Hello(Message):
     topology: Topology = field(default_factory=Topology)
     devices: list[DeviceInfo] = field(default_factory=list)
     workloads: list[RunningWorkload] = field(default_factory=list)
+    #: True when ``workloads`` names every workload the agent knows (running, and finished with an unacked
+    #: report), so the portal may requeue a job it believes runs here that the list lacks. Agents before the
+    #: durable outbox leave it false: their list has running workloads only, and nothing is requeued for it.
+    workloads_complete: bool = False
 
 
 @dataclass(kw_only=True)
@@ -219,6 +236,13 @@ class WorkloadStatus(Message):
     last_checkpoint_at: str | None = field(default=None, metadata=_TIMESTAMP)
     message: str = ""
     log_tail: str = ""
+    #: The agent's id of this report: per agent, increasing, kept in its durable outbox until the portal
+    #: answers ``report.ack`` with it. Null from agents before the outbox (those reports are never acked).
+    report_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.report_id is not None:
+            _check_report_id(self.report_id, "workload.status.report_id")
 
 
 @dataclass(kw_only=True)
@@ -257,6 +281,26 @@ class WorkloadStop(Message):
 
 
 @dataclass(kw_only=True)
+class ReportAck(Message):
+    """The portal is done with the agent's report ``report_id``: the agent drops it from its outbox.
+
+    ``ok`` is true when the report was applied or was a duplicate of one already applied (``code``
+    ``duplicate``); false, with ``code`` and ``detail``, when the portal refused it for good (it logged why:
+    resending would not help). A report the portal could not apply for a passing reason (the database was
+    busy) gets an ``error`` frame with code ``retry_later`` instead and no ack, so the agent sends it again.
+    """
+
+    type: ClassVar[str] = "report.ack"
+    report_id: int
+    ok: bool = True
+    code: str = ""
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _check_report_id(self.report_id, "report.ack.report_id")
+
+
+@dataclass(kw_only=True)
 class Config(Message):
     type: ClassVar[str] = "config"
     telemetry_interval_s: float = 1.0
@@ -276,10 +320,21 @@ class Error(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.type: cls
-    for cls in (Hello, Heartbeat, Telemetry, WorkloadStatus, Ack, WorkloadStart, WorkloadStop, Config, Error)
+    for cls in (
+        Hello,
+        Heartbeat,
+        Telemetry,
+        WorkloadStatus,
+        Ack,
+        WorkloadStart,
+        WorkloadStop,
+        ReportAck,
+        Config,
+        Error,
+    )
 }
 AGENT_TO_PORTAL: frozenset[str] = frozenset({"hello", "heartbeat", "telemetry", "workload.status", "ack"})
-PORTAL_TO_AGENT: frozenset[str] = frozenset({"workload.start", "workload.stop", "config", "error"})
+PORTAL_TO_AGENT: frozenset[str] = frozenset({"workload.start", "workload.stop", "report.ack", "config", "error"})
 
 
 # --- encoding ---------------------------------------------------------------------------------------------

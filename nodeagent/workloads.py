@@ -8,8 +8,15 @@ pid; a restarted agent reads it and re-adopts the processes that still run (same
 recycled pid is not mistaken for ours), and reports the others as finished (exit code file present) or lost.
 
 The runner never sleeps: :meth:`WorkloadRunner.poll` does one step (reap exits, enforce ``max_runtime_s``,
-escalate SIGTERM to SIGKILL after the grace period) and the agent calls it every tick. Status changes queue
-in :attr:`WorkloadRunner.outbox` until the agent has delivered them.
+escalate SIGTERM to SIGKILL after the grace period) and the agent calls it every tick. Status changes go to
+the durable :attr:`WorkloadRunner.outbox` (``nodeagent.outbox``) until the portal acknowledges them. A final
+status is journalled there before ``state.json`` records the workload as finished, so an agent killed in
+between re-settles the workload and reports it again rather than never.
+
+A workload that cannot start — a bad environment variable name, a working dir that cannot be made, a
+missing interpreter, permission denied — is recorded as ``failed`` with the reason and reported like any
+other end, so its job fails and its devices are released; a command that is not found or not executable
+exits 127 or 126 from the wrapper and is reported ``failed`` with that explanation.
 
 A SIGTERM that arrives in the instant between the wrapper's fork and the command's exec is lost; the SIGKILL
 after the grace period still ends such a workload.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -30,6 +38,7 @@ from pathlib import Path
 
 from nodeagent import protocol
 from nodeagent.backends.base import WorkloadLoad
+from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +64,34 @@ _WRAPPER = (
 )
 
 
+#: A POSIX environment variable name (IEEE Std 1003.1, 8.1): what ``execve`` and every shell accept.
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Shell exit codes of a command that could not be run (the wrapper is ``/bin/sh``).
+_SHELL_EXIT_MEANINGS = {
+    126: "the command is not executable (permission denied)",
+    127: "the command was not found",
+}
+
+
 class WorkloadRejected(ValueError):
     """The portal asked for something this agent refuses to run (the ack carries the message)."""
+
+
+def env_problem(env: Mapping[str, str]) -> str | None:
+    """Why ``env`` cannot be passed to a process (names must be POSIX names, values free of NUL), or None.
+
+    The portal validates this at submit; the agent checks again because ``execve`` would fail on it, and an
+    older portal (or a job created around the API) may still send it.
+    """
+    for key, value in env.items():
+        if not ENV_NAME_RE.match(key):
+            return (
+                f"environment variable name {key!r} is not valid: use letters, digits and '_', not starting "
+                "with a digit (no '=', no NUL)"
+            )
+        if "\0" in value:
+            return f"environment variable {key!r} has a NUL character in its value"
+    return None
 
 
 def process_start_time(pid: int) -> int | None:
@@ -177,8 +212,8 @@ class WorkloadRunner:
         self._next_checkpoint_scan: dict[tuple[int, int], float] = {}
         self.records: dict[tuple[int, int], WorkloadRecord] = {}
         self._popen: dict[tuple[int, int], subprocess.Popen] = {}
-        #: Status frames not yet delivered to the portal; the agent pops them after a successful send.
-        self.outbox: list[protocol.WorkloadStatus] = []
+        #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
+        self.outbox = ReportOutbox(self.work_dir / OUTBOX_FILE, clock=clock)
         self._adopt()
 
     # --- persistence -------------------------------------------------------------------------------------
@@ -216,20 +251,47 @@ class WorkloadRunner:
     # --- commands from the portal ------------------------------------------------------------------------
 
     def start(self, start: protocol.WorkloadStart) -> None:
-        """Start a workload. Raises :class:`WorkloadRejected` for a request the agent refuses.
+        """Start a workload. Raises :class:`WorkloadRejected` for a request the agent refuses or cannot run.
 
-        A repeated start (the portal resends unacked commands after a reconnect) for a workload that is
-        already running, or that already ran for the same command, starts nothing and re-reports its state.
+        A refused or failed start is also recorded as a ``failed`` workload and reported (through the
+        outbox) with the reason, so the portal ends the job and releases its devices. A repeated start (the
+        portal resends unacked commands after a reconnect) for a workload that is already running, or that
+        already ran for the same command, starts nothing and re-reports its state.
         """
         key = (start.job_id, start.replica)
         existing = self.records.get(key)
         if existing is not None and (existing.active or existing.command_id == start.command_id):
             log.info("workloads: job %s replica %s already known (%s); not started again", *key, existing.state)
             self._report(existing)
+            if existing.state == "failed" and existing.pid is None:
+                raise WorkloadRejected(existing.message)  # it never started: the repeated ack says so again
             return
+        job_dir = self.work_dir / "jobs" / f"{start.job_id}-{start.replica}"
+        try:
+            self._spawn(start, job_dir)
+        except (WorkloadRejected, OSError, ValueError) as exc:
+            # OSError: the working dir cannot be made, permission denied, no /bin/sh; ValueError: what Popen
+            # says of an environment execve cannot take (checked first, but a backstop costs nothing).
+            reason = str(exc) if isinstance(exc, WorkloadRejected) else f"could not start: {exc}"
+            log.warning("workloads: job %s replica %s cannot start: %s", *key, reason)
+            record = WorkloadRecord(
+                command_id=start.command_id,
+                job_id=start.job_id,
+                replica=start.replica,
+                job_dir=str(job_dir),
+                working_dir=str(job_dir),
+                checkpoint_dir=None,
+                devices=[asdict(device) for device in start.devices],
+                message=reason,
+            )
+            self.records[key] = record
+            self._finish(record, "failed", None)
+            raise WorkloadRejected(reason) from exc
+
+    def _spawn(self, start: protocol.WorkloadStart, job_dir: Path) -> None:
+        key = (start.job_id, start.replica)
         if not start.command:
             raise WorkloadRejected("workload.start has an empty command")
-        job_dir = self.work_dir / "jobs" / f"{start.job_id}-{start.replica}"
         working_dir = self._resolve_inside(job_dir, start.working_dir, "working_dir")
         checkpoint_dir = None
         if start.checkpoint_dir:
@@ -238,6 +300,11 @@ class WorkloadRunner:
             checkpoint_dir = (
                 checkpoint if checkpoint.is_absolute() else self._resolve_inside(job_dir, checkpoint, "checkpoint_dir")
             )
+        # The job's variables only: the agent's own environment may hold names execve takes but POSIX does not
+        # (bash exports functions as BASH_FUNC_name%%), and refusing every workload for them would be wrong.
+        problem = env_problem(start.env)
+        if problem is not None:
+            raise WorkloadRejected(problem)
         for folder in (job_dir, working_dir, checkpoint_dir):
             if folder is not None:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -258,27 +325,23 @@ class WorkloadRunner:
         )
         env["GPUPOOL_EXIT_FILE"] = str(exit_file)
         with (job_dir / LOG_FILE).open("ab") as log_file:
-            try:
-                process = subprocess.Popen(
-                    ["/bin/sh", "-c", _WRAPPER, "gpupool-workload", *start.command],
-                    cwd=working_dir,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                record.message = f"could not start: {exc}"
-                self.records[key] = record
-                self._finish(record, "failed", None)
-                return
+            process = subprocess.Popen(
+                ["/bin/sh", "-c", _WRAPPER, "gpupool-workload", *start.command],
+                cwd=working_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         record.pid = process.pid
         record.pid_start_time = process_start_time(process.pid)
         record.started_at = self.clock()
         record.state = "running"
         self.records[key] = record
         self._popen[key] = process
+        # state.json first: a workload the agent forgot after a crash would run unseen; a lost "running"
+        # report is made good by the next hello, which lists the running workloads.
         self._save()
         log.info("workloads: started job %s replica %s as pid %s in %s", *key, process.pid, working_dir)
         self._report(record)
@@ -365,12 +428,12 @@ class WorkloadRunner:
         if newest is None or newest == record.reported_checkpoint_at:
             return
         record.reported_checkpoint_at = newest
-        self._save()
-        self.outbox.append(
+        self.outbox.add(
             protocol.WorkloadStatus(
                 job_id=record.job_id, replica=record.replica, state="checkpointed", last_checkpoint_at=newest
             )
         )
+        self._save()
 
     def _alive(self, record: WorkloadRecord) -> bool:
         process = self._popen.get(record.key)
@@ -398,7 +461,8 @@ class WorkloadRunner:
         else:
             state = "succeeded" if exit_code == 0 else "failed"
         if state == "failed" and not record.message and exit_code is not None:
-            record.message = f"exited with code {exit_code}"
+            meaning = _SHELL_EXIT_MEANINGS.get(exit_code)
+            record.message = f"exited with code {exit_code}" + (f": {meaning}" if meaning else "")
         self._finish(record, state, exit_code)
 
     def _finish(self, record: WorkloadRecord, state: str, exit_code: int | None) -> None:
@@ -407,9 +471,11 @@ class WorkloadRunner:
         record.finished_at = self.clock()
         record.kill_after = None
         self._next_checkpoint_scan.pop(record.key, None)
-        self._save()
         log.info("workloads: job %s replica %s %s (exit code %s)", record.job_id, record.replica, state, exit_code)
+        # The outbox before state.json: killed in between, the next agent finds the workload still active,
+        # settles it again and reports it again (a duplicate the portal ignores) instead of never.
         self._report(record)
+        self._save()
 
     def _forget_old(self, now: float) -> None:
         old = [
@@ -448,7 +514,7 @@ class WorkloadRunner:
         )
 
     def _report(self, record: WorkloadRecord) -> None:
-        self.outbox.append(self.status_of(record))
+        self.outbox.add(self.status_of(record))
 
     def running(self) -> list[protocol.RunningWorkload]:
         """Every workload still running, for the hello frame."""
@@ -458,18 +524,30 @@ class WorkloadRunner:
             if r.active
         ]
 
-    def report_finished(self, *, within_s: float) -> None:
-        """Queue again the final status of workloads that finished in the last ``within_s`` seconds.
-
-        After a reconnect the portal may have missed a status written into the dying socket; repeats are
-        harmless. Workloads with a status already queued are skipped.
-        """
-        now = self.clock()
-        queued = {(status.job_id, status.replica) for status in self.outbox}
-        for record in self.records.values():
-            recent = record.finished_at is not None and now - record.finished_at < within_s
-            if not record.active and recent and record.key not in queued:
-                self._report(record)
+    def known(self) -> list[protocol.RunningWorkload]:
+        """What the hello frame says the node has: every running workload, and every finished one whose report
+        the portal has not acknowledged yet (the report itself follows the hello from the outbox)."""
+        unacked = self.outbox.keys()
+        known = [
+            protocol.RunningWorkload(
+                job_id=r.job_id,
+                replica=r.replica,
+                pid=r.pid,
+                state=r.state,  # type: ignore[arg-type]
+                command_id=r.command_id,
+                exit_code=r.exit_code,
+            )
+            for r in self.records.values()
+            if r.active or r.key in unacked
+        ]
+        listed = {(w.job_id, w.replica) for w in known}
+        # Reports of workloads no longer in state.json (finished over a day ago): the newest state of each.
+        orphans = {(s.job_id, s.replica): s for s in self.outbox if (s.job_id, s.replica) not in listed}
+        known += [
+            protocol.RunningWorkload(job_id=s.job_id, replica=s.replica, pid=None, state=s.state, exit_code=s.exit_code)
+            for s in orphans.values()
+        ]
+        return known
 
     def loads(self) -> list[WorkloadLoad]:
         return [

@@ -419,3 +419,107 @@ async def test_a_failing_sample_costs_one_frame_not_the_agent(tmp_path: Path, ca
     assert "sampling the devices failed" in caplog.text
     assert connector.connections[0].types().count("telemetry") == 2
     assert agent.connected
+
+
+# --- the durable report outbox --------------------------------------------------------------------------------
+
+
+def _statuses(connection: FakeConnection) -> list[dict]:
+    return [frame for frame in connection.sent if frame["type"] == "workload.status"]
+
+
+async def _run_to_end(agent: Agent, job_id: int) -> None:
+    for _ in range(400):
+        agent.runner.poll()
+        if not agent.runner.records[(job_id, 0)].active:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the workload did not end")
+
+
+async def test_a_report_is_resent_until_the_portal_acks_it(tmp_path: Path) -> None:
+    clock = FakeClock()
+    connector = FakeConnector()
+    agent = _agent(tmp_path, connector, clock, report_resend_s=5.0)
+    await agent.tick()
+    connection = connector.connections[0]
+    agent.runner.start(
+        protocol.WorkloadStart(command_id=1, job_id=3, replica=0, command=[sys.executable, "-c", "import time"])
+    )
+    await _run_to_end(agent, 3)
+
+    await agent.tick()
+    first = [(f["report_id"], f["state"]) for f in _statuses(connection)]
+    assert [state for _id, state in first] == ["running", "succeeded"]
+    assert first[0][0] < first[1][0]
+    clock.now += 2.0
+    await agent.tick()
+    assert len(_statuses(connection)) == 2  # not yet due again
+    clock.now += 3.0
+    await agent.tick()
+    assert [(f["report_id"], f["state"]) for f in _statuses(connection)[2:]] == first  # unacked: sent again
+
+    connection.inbox.append(protocol.encode(protocol.ReportAck(report_id=first[0][0])))
+    connection.inbox.append(protocol.encode(protocol.ReportAck(report_id=first[1][0], ok=False, code="x")))
+    clock.now += 1.0
+    await agent.tick()
+    clock.now += 10.0
+    await agent.tick()
+    assert len(_statuses(connection)) == 4  # acked (even refused for good): never sent again
+    assert len(agent.runner.outbox) == 0
+
+
+async def test_after_a_reconnect_the_hello_lists_finished_unacked_workloads_and_their_reports_follow(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    connector = FakeConnector()
+    agent = _agent(tmp_path, connector, clock)
+    await agent.tick()
+    agent.runner.start(
+        protocol.WorkloadStart(command_id=1, job_id=3, replica=0, command=[sys.executable, "-c", "import sys"])
+    )
+    agent.runner.start(
+        protocol.WorkloadStart(
+            command_id=2, job_id=4, replica=0, command=[sys.executable, "-c", "import time; time.sleep(30)"]
+        )
+    )
+    await _run_to_end(agent, 3)
+    await agent.tick()
+    first = connector.connections[0]
+    sent = {(f["job_id"], f["state"]): f["report_id"] for f in _statuses(first)}
+    for key in ((3, "running"), (4, "running")):  # the portal acked these; the final one was lost in transit
+        first.inbox.append(protocol.encode(protocol.ReportAck(report_id=sent[key])))
+    await agent.tick()
+    first.drop()
+
+    clock.now += 0.5
+    await agent.tick()  # notices the drop
+    clock.now += 2.0
+    await agent.tick()  # reconnects
+
+    second = connector.connections[1]
+    hello = protocol.from_dict(second.sent[0])
+    assert hello.workloads_complete is True
+    assert sorted((w.job_id, w.state) for w in hello.workloads) == [(3, "succeeded"), (4, "running")]
+    assert [(f["job_id"], f["state"], f["report_id"]) for f in _statuses(second)] == [
+        (3, "succeeded", sent[(3, "succeeded")])
+    ]
+
+
+async def test_a_start_with_a_bad_env_key_is_nacked_and_reported_failed_through_the_outbox(tmp_path: Path) -> None:
+    clock = FakeClock()
+    connector = FakeConnector()
+    agent = _agent(tmp_path, connector, clock)
+    await agent.tick()
+    connection = connector.connections[0]
+    bad = protocol.WorkloadStart(command_id=6, job_id=9, replica=0, command=["true"], env={"A=B": "1"})
+    connection.inbox.append(protocol.encode(bad))
+
+    await agent.tick()
+
+    ack = next(f for f in connection.sent if f["type"] == "ack")
+    [status] = _statuses(connection)
+    assert ack["ok"] is False and "'A=B' is not valid" in ack["error"]
+    assert (status["job_id"], status["state"]) == (9, "failed") and "'A=B'" in status["message"]
+    assert status["report_id"] in {s.report_id for s in agent.runner.outbox}

@@ -56,7 +56,9 @@ def _all_messages() -> list[protocol.Message]:
             sampled_at=protocol.format_time(datetime(2026, 1, 1, tzinfo=UTC)),
             buffered=True,
         ),
-        protocol.WorkloadStatus(job_id=7, replica=1, state="failed", exit_code=3, message="boom", log_tail="x\n"),
+        protocol.WorkloadStatus(
+            job_id=7, replica=1, state="failed", exit_code=3, message="boom", log_tail="x\n", report_id=2**53 + 1
+        ),
         protocol.Ack(command_id=12, ok=False, error="no such device"),
         protocol.WorkloadStart(
             command_id=5,
@@ -69,6 +71,7 @@ def _all_messages() -> list[protocol.Message]:
             max_runtime_s=3600,
         ),
         protocol.WorkloadStop(command_id=6, job_id=7, replica=0, grace_s=5, reason="preempted"),
+        protocol.ReportAck(report_id=1_764_000_000_000_001, ok=False, code="invalid_transition", detail="no"),
         protocol.Config(telemetry_interval_s=2, heartbeat_interval_s=5, process_sample_interval_s=10),
         protocol.Error(code="malformed", detail="bad", ref_id="abc"),
     ]
@@ -140,6 +143,19 @@ def test_unknown_extra_fields_are_ignored_for_forward_compatibility() -> None:
         ('{"v":1,"type":"heartbeat","id":"x","seq":1,"sent_at":"yesterday"}', ErrorCode.INVALID_FIELD),
         ('{"v":1,"type":"heartbeat","id":"x","seq":1,"sent_at":"2026-01-01T00:00:00"}', ErrorCode.INVALID_FIELD),
         ('{"v":1,"type":"ack","id":"x","command_id":1,"ok":1}', ErrorCode.INVALID_FIELD),
+        ('{"v":1,"type":"report.ack","id":"x"}', ErrorCode.INVALID_FIELD),
+        ('{"v":1,"type":"report.ack","id":"x","report_id":0}', ErrorCode.INVALID_FIELD),
+        ('{"v":1,"type":"report.ack","id":"x","report_id":9223372036854775808}', ErrorCode.INVALID_FIELD),
+        ('{"v":1,"type":"report.ack","id":"x","report_id":"7"}', ErrorCode.INVALID_FIELD),
+        (
+            '{"v":1,"type":"workload.status","id":"x","job_id":1,"replica":0,"state":"running","report_id":-1}',
+            ErrorCode.INVALID_FIELD,
+        ),
+        (
+            '{"v":1,"type":"hello","id":"x","node_name":"n","agent_version":"1","hostname":"h","cpu_cores":1,'
+            '"memory_mib":1,"workloads_complete":"yes"}',
+            ErrorCode.INVALID_FIELD,
+        ),
         (
             '{"v":1,"type":"workload.status","id":"x","job_id":1,"replica":0,"state":"exploded"}',
             ErrorCode.INVALID_FIELD,
@@ -217,3 +233,14 @@ def test_protocol_error_refuses_unknown_codes() -> None:
 def test_message_directions_cover_every_type() -> None:
     assert set(protocol.MESSAGE_TYPES) == protocol.AGENT_TO_PORTAL | protocol.PORTAL_TO_AGENT
     assert not protocol.AGENT_TO_PORTAL & protocol.PORTAL_TO_AGENT
+
+
+def test_frames_of_agents_before_the_outbox_are_still_accepted() -> None:
+    status = protocol.decode('{"v":1,"type":"workload.status","id":"x","job_id":1,"replica":0,"state":"running"}')
+    assert status.report_id is None
+    hello = protocol.decode(
+        '{"v":1,"type":"hello","id":"x","node_name":"n","agent_version":"0.9","hostname":"h","cpu_cores":1,'
+        '"memory_mib":1,"workloads":[{"job_id":1,"replica":0,"pid":5,"state":"running"}]}'
+    )
+    assert hello.workloads_complete is False
+    assert (hello.workloads[0].command_id, hello.workloads[0].exit_code) == (0, None)

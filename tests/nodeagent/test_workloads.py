@@ -62,6 +62,12 @@ def _run_until_final(runner: WorkloadRunner, job_id: int = 1, replica: int = 0) 
     return runner.outbox[-1]
 
 
+def _ack_all(runner: WorkloadRunner) -> None:
+    """The portal acknowledged every report so far."""
+    for status in list(runner.outbox):
+        runner.outbox.ack(status.report_id)
+
+
 def _log(runner: WorkloadRunner, job_id: int = 1, replica: int = 0) -> str:
     path = runner.work_dir / "jobs" / f"{job_id}-{replica}" / "output.log"
     return path.read_text() if path.exists() else ""
@@ -140,13 +146,20 @@ def test_failing_command_reports_exit_code_and_log_tail(runner: WorkloadRunner) 
     assert "code 3" in status.message
 
 
-def test_working_dir_outside_the_work_dir_is_refused(runner: WorkloadRunner) -> None:
+def test_working_dir_outside_the_work_dir_is_refused_and_reported_failed(runner: WorkloadRunner) -> None:
     with pytest.raises(WorkloadRejected, match="outside the agent's work dir"):
         runner.start(_start(working_dir="../../../etc"))
     with pytest.raises(WorkloadRejected):
-        runner.start(_start(working_dir="/tmp"))
+        runner.start(_start(job_id=2, working_dir="/tmp"))
 
-    assert runner.records == {}
+    # Nothing ran, but each refusal is a failed workload with its reason, reported so the job ends.
+    assert {key: (r.state, r.pid) for key, r in runner.records.items()} == {
+        (1, 0): ("failed", None),
+        (2, 0): ("failed", None),
+    }
+    assert [(s.job_id, s.state) for s in runner.outbox] == [(1, "failed"), (2, "failed")]
+    assert "outside the agent's work dir" in runner.outbox[0].message
+    assert not (runner.work_dir.parent / "etc").exists()
 
 
 def test_working_dir_inside_the_job_dir_is_used(runner: WorkloadRunner) -> None:
@@ -216,6 +229,7 @@ def test_restarted_agent_re_adopts_a_running_workload_and_does_not_start_it_twic
     start = _start(command=_python("import time; print('ready', flush=True); time.sleep(60)"))
     first.start(start)
     pid = first.records[(1, 0)].pid
+    _ack_all(first)
     first.close()  # the agent exits; the workload keeps running
 
     second = WorkloadRunner(work_dir=work)
@@ -236,6 +250,7 @@ def test_restarted_agent_reports_a_workload_that_finished_meanwhile(tmp_path: Pa
     work = tmp_path / "work"
     first = WorkloadRunner(work_dir=work)
     first.start(_start(command=_python("import sys; print('done'); sys.exit(4)")))
+    _ack_all(first)
     first.close()
     _wait_for(lambda: (work / "jobs" / "1-0" / "exit_code").exists())
 
@@ -254,6 +269,7 @@ def test_restarted_agent_reports_a_vanished_workload_as_lost(tmp_path: Path) -> 
     record = first.records[(1, 0)]
     os.killpg(record.pid, 9)  # killed with its wrapper: no exit code written
     _wait_for(lambda: process_start_time(record.pid) is None)
+    _ack_all(first)
     first.close()
 
     second = WorkloadRunner(work_dir=work)
@@ -320,3 +336,57 @@ def test_closing_with_stop_workloads_ends_them_even_if_they_ignore_sigterm(tmp_p
 
     assert [runner.records[(job, 0)].state for job in (1, 2)] == ["stopped", "stopped"]
     assert all(process_start_time(pid) is None for pid in pids)
+
+
+def test_unacknowledged_reports_survive_a_restart_with_their_report_ids(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    first = WorkloadRunner(work_dir=work)
+    first.start(_start(command=_python("import sys; sys.exit(2)")))
+    _run_until_final(first)
+    reports = [(s.report_id, s.state) for s in first.outbox]
+    first.outbox.ack(reports[0][0])  # the portal acknowledged "running" only
+    first.close()
+
+    second = WorkloadRunner(work_dir=work)
+
+    assert [(s.report_id, s.state) for s in second.outbox] == reports[1:]
+    assert reports[0][0] < reports[1][0]
+    # The hello lists the finished workload whose report is unacknowledged, with its exit code.
+    assert [(w.job_id, w.state, w.exit_code) for w in second.known()] == [(1, "failed", 2)]
+    second.outbox.ack(reports[1][0])
+    assert second.known() == []
+    assert second.start(_start(job_id=2, command=_python("pass"))) is None
+    assert second.outbox[-1].report_id > reports[1][0]
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"A=B": "1"}, "'A=B' is not valid"),
+        ({"1ABC": "1"}, "'1ABC' is not valid"),
+        ({"A\0B": "1"}, "is not valid"),
+        ({"GOOD": "a\0b"}, "NUL character"),
+    ],
+)
+def test_a_bad_environment_is_refused_and_reported_failed_with_the_reason(
+    runner: WorkloadRunner, env: dict, reason: str
+) -> None:
+    with pytest.raises(WorkloadRejected, match=reason):
+        runner.start(_start(env=env))
+
+    [status] = list(runner.outbox)
+    assert (status.state, status.job_id) == ("failed", 1)
+    assert reason in status.message
+
+
+def test_a_missing_command_or_working_dir_that_cannot_be_made_is_reported_failed(runner: WorkloadRunner) -> None:
+    runner.start(_start(command=["/nonexistent/binary"]))
+    status = _run_until_final(runner)
+    assert (status.state, status.exit_code) == ("failed", 127)
+    assert "not found" in status.message
+
+    (runner.work_dir / "jobs" / "2-0").mkdir(parents=True)
+    (runner.work_dir / "jobs" / "2-0" / "src").write_text("a file where a directory should be")
+    with pytest.raises(WorkloadRejected, match="could not start"):
+        runner.start(_start(job_id=2, working_dir="src/train"))
+    assert runner.outbox[-1].state == "failed" and "could not start" in runner.outbox[-1].message
