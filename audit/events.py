@@ -85,6 +85,8 @@ _EVENTS = [
     ("job.cancel", "workload", "A job was cancelled"),
     ("job.preempt", "workload", "A job was preempted"),
     ("job.transition", "workload", "A job changed state"),
+    ("job.array.submit", "workload", "A job array was submitted (one record for its N jobs)"),
+    ("job.array.cancel", "workload", "The jobs of a job array were cancelled"),
     # Fleet
     ("agent.bootstrap_token.create", "fleet", "A node bootstrap token was made"),
     ("agent.register", "fleet", "A node agent registered"),

@@ -17,10 +17,11 @@ class JobFilterSet(django_filters.FilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
     submitted_after = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="gte")
     submitted_before = UtcIsoDateTimeFilter(field_name="submitted_at", lookup_expr="lt")
+    array = django_filters.UUIDFilter(field_name="array_id", help_text="the jobs of one array submit")
 
     class Meta:
         model = Job
-        fields = ["state", "kind", "priority_class", "tenant", "submitter", "name"]
+        fields = ["state", "kind", "priority_class", "tenant", "submitter", "name", "array"]
 
 
 class NodeFilterSet(django_filters.FilterSet):

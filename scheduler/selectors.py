@@ -6,6 +6,7 @@ A job outside the caller's tenants is *missing* to them: ``job_get_visible`` rai
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
@@ -34,6 +35,17 @@ def job_get_visible(*, user: Any, pk: Any) -> Job:
         )
     except (Job.DoesNotExist, TypeError, ValueError):
         raise NotFoundError(f"No job with id {pk} is visible to you.") from None
+
+
+def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
+    """The id of an array ``user`` can see (any of its jobs visible); the same 404 for missing and not yours."""
+    try:
+        value = uuid.UUID(str(array_id))
+    except ValueError:
+        value = None
+    if value is None or not jobs_visible_to(user).filter(array_id=value).exists():
+        raise NotFoundError(f"No job array {array_id} is visible to you.")
+    return value
 
 
 def nodes_visible_to(user: Any) -> QuerySet[Node]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,14 +19,14 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from audit.events import register as audit_event_register
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
 from scheduler import access, outbox
-from scheduler.jobspec import validate_job_spec
+from scheduler.jobspec import JobSpec, JobSpecError, check_flavors, validate_job_spec
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     FINAL_JOB_STATES,
@@ -156,30 +158,61 @@ def _end_allocations(queryset, *, now: datetime | None = None) -> int:
 # --- submit, cancel, approval -------------------------------------------------------------------------
 
 
-def _resolve_tenant(*, actor: Any | None, slug: str | None):
-    from tenants.models import Tenant
+def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[str] = ()):
+    """The tenant a job goes to, checked in one query: the tenant (``slug``, or else the actor's only tenant
+    where they may submit) with its ancestors loaded on it (the approval threshold walks them), whether
+    ``actor`` holds a role on it or above it, and whether each of ``flavors`` exists.
 
+    Refuses, in this order: an unknown flavor (``JobSpecError``, a spec error like any other), a tenant the
+    actor cannot see (``NotFoundError``, the same as a missing one), a tenant where they may not submit.
+    """
+    from tenants.models import MAX_TENANT_DEPTH, Membership, MembershipRole, Tenant
+
+    user = actor if getattr(actor, "pk", None) else None
+    if user is not None and not (user.is_authenticated and user.is_active):
+        raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
+    # "parent", "parent__parent", ...: every ancestor a tenant can have (the tree is at most MAX_TENANT_DEPTH deep).
+    ancestor_paths = ["__".join(["parent"] * level) for level in range(1, MAX_TENANT_DEPTH)]
+    queryset = Tenant.objects.select_related(ancestor_paths[-1])
+    annotations: dict[str, Any] = {
+        f"flavor_{position}_exists": Exists(ResourceFlavor.objects.filter(name=name))
+        for position, name in enumerate(flavors)
+    }
+    submit_roles = [MembershipRole.MEMBER, MembershipRole.TENANT_ADMIN]
+    if user is not None:
+        on_chain = Q(tenant=OuterRef("pk"))
+        for path in ancestor_paths:
+            on_chain |= Q(tenant=OuterRef(path))
+        roles = Membership.objects.filter(on_chain, user=user)
+        annotations["holds_role"] = Exists(roles)
+        annotations["may_submit"] = Exists(roles.filter(role__in=submit_roles))
     if slug is None:
-        if actor is None:
+        if user is None:
             raise DomainError("tenant: say which tenant the job belongs to.", code="invalid_job_spec", field="tenant")
-        from tenants.models import Membership
+        queryset = queryset.filter(memberships__user=user, memberships__role__in=submit_roles)
+    else:
+        queryset = queryset.filter(slug=slug)
+    rows = list(queryset.annotate(**annotations)[:2])
 
-        tenant_ids = list(
-            Membership.objects.filter(user=actor, role__in=["member", "tenant_admin"]).values_list(
-                "tenant_id", flat=True
-            )
-        )
-        if len(tenant_ids) != 1:
+    if flavors and not (rows and all(getattr(rows[0], name) for name in annotations if name.startswith("flavor_"))):
+        # Only a refused spec pays for this second read: the message lists the flavors that exist.
+        check_flavors(flavors, set(ResourceFlavor.objects.values_list("name", flat=True)))
+    if slug is None:
+        if len(rows) != 1:
             raise DomainError(
                 'tenant: you belong to several tenants (or none that may submit); name one with "tenant": "<slug>".',
                 code="invalid_job_spec",
                 field="tenant",
             )
-        return Tenant.objects.get(pk=tenant_ids[0])
-    tenant = Tenant.objects.filter(slug=slug).first()
-    if tenant is None or (actor is not None and not access.visible_tenant_ids(actor).filter(pk=tenant.pk).exists()):
+        return rows[0]
+    tenant = rows[0] if rows else None
+    if user is None:
+        if tenant is None:
+            raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
+        return tenant
+    if tenant is None or not (tenant.holds_role or access.sees_all_tenants(user)):
         raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
-    if actor is not None and not access.can_submit_work(actor, tenant):
+    if not tenant.may_submit:
         raise PermissionDeniedError(
             f"You may not submit jobs to {slug}: members and tenant admins may; ask a tenant admin for the member role."
         )
@@ -195,14 +228,36 @@ def _approval_hook(name: str):
     return getattr(tenant_services, name, None)
 
 
-@transaction.atomic
-def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> Job:
-    """Validate ``spec``, create the job and queue it (or hold it for approval). ``actor`` None = system."""
-    parsed = validate_job_spec(spec)
-    tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug)
-    job = Job.objects.create(
+APPROVAL_MESSAGE = "Waiting for approval by an administrator."
+
+
+def _admission(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
+    """(state, reason, message) a new job enters with: ``pending_approval`` when the tenants app's rule asks
+    for an approval (priority critical, or larger than the tenant's threshold), else ``queued``."""
+    needs_approval = _approval_hook("job_admission_needs_approval")
+    if needs_approval is not None and needs_approval(
+        tenant=tenant, total_millis=parsed.total_millis, priority_class=parsed.priority_class
+    ):
+        return S.PENDING_APPROVAL, "approval_required", APPROVAL_MESSAGE
+    return S.QUEUED, "submitted", ""
+
+
+def _new_job(
+    *,
+    parsed: JobSpec,
+    tenant: Any,
+    submitter: Any | None,
+    state: str,
+    message: str,
+    now: datetime,
+    env: dict[str, str] | None = None,
+    array_id: uuid.UUID | None = None,
+    array_index: int | None = None,
+) -> Job:
+    """An unsaved job as ``parsed`` describes it, already in its first state after ``submitted``."""
+    return Job(
         tenant=tenant,
-        submitter=actor if getattr(actor, "pk", None) else None,
+        submitter=submitter,
         name=parsed.name,
         kind=parsed.kind,
         priority_class=parsed.priority_class,
@@ -218,43 +273,239 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> 
         topology=parsed.topology,
         node_selector=parsed.node_selector,
         command=parsed.command,
-        env=parsed.env,
+        env=parsed.env if env is None else env,
         working_dir=parsed.working_dir,
         max_runtime_s=parsed.max_runtime_s,
         checkpoint_dir=parsed.checkpoint_dir,
         runtime_estimate_s=parsed.runtime_estimate_s,
         spec={**parsed.normalised, "tenant": tenant.slug},
+        state=state,
+        state_message=message,
+        queued_at=now if state == S.QUEUED else None,
+        array_id=array_id,
+        array_index=array_index,
     )
-    JobEvent.objects.create(
-        job=job, from_state="", to_state=S.SUBMITTED, reason="submitted", actor=job.submitter, details={}
-    )
+
+
+def _submit_events(job: Job, *, reason: str, message: str) -> list[JobEvent]:
+    """The history a submit leaves, as if the job had moved ``submitted`` → its state through
+    ``job_transition``: the console shows the same two events."""
+    return [
+        JobEvent(job=job, from_state="", to_state=S.SUBMITTED, reason="submitted", actor=job.submitter, details={}),
+        JobEvent(
+            job=job,
+            from_state=S.SUBMITTED,
+            to_state=job.state,
+            reason=reason,
+            message=message,
+            actor=job.submitter,
+            details={},
+        ),
+    ]
+
+
+def _mark_loaded(job: Job, name: str, rows: list) -> None:
+    """Give ``job.<name>`` the rows it has (what ``prefetch_related`` does after its query), so the job just
+    created is serialized without reading back what was written."""
+    queryset = getattr(job, name).all()
+    queryset._result_cache = rows
+    queryset._prefetch_done = True
+    job.__dict__.setdefault("_prefetched_objects_cache", {})[name] = queryset
+
+
+@transaction.atomic
+def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> Job:
+    """Validate ``spec``, create the job and queue it (or hold it for approval). ``actor`` None = system.
+
+    The hot path of admission, a handful of statements in all: one query resolves the tenant, the actor's
+    role and the flavors; the job is inserted already ``queued`` (or ``pending_approval``) with its two
+    events in one insert; one audit record ``job.submit`` says the state it entered. The job returned has its
+    events and (no) allocations loaded, ready to serialize.
+    """
+    parsed = validate_job_spec(spec, check_flavor_names=False)
+    if parsed.array_count is not None:
+        raise JobSpecError("array: this call submits one job; job_array_submit submits an array.", field="array")
+    tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    state, reason, message = _admission(tenant=tenant, parsed=parsed)
+    submitter = actor if getattr(actor, "pk", None) else None
+    job = _new_job(parsed=parsed, tenant=tenant, submitter=submitter, state=state, message=message, now=timezone.now())
+    job.save(force_insert=True)
+    events = JobEvent.objects.bulk_create(_submit_events(job, reason=reason, message=message))
     audit_record(
         action="job.submit",
         actor=actor,
         tenant=tenant,
         target=f"job:{job.pk}",
-        details={"after": job.spec},
+        details={"after": {**job.spec, "state": state}, "reason": reason},
         request=request,
     )
-    needs_approval = _approval_hook("job_admission_needs_approval")
-    if needs_approval is not None and needs_approval(
-        tenant=tenant, total_millis=job.total_millis, priority_class=job.priority_class
-    ):
-        job_transition(
-            job=job,
-            to_state=S.PENDING_APPROVAL,
-            actor=actor,
-            reason="approval_required",
-            message="Waiting for approval by an administrator.",
-            request=request,
-        )
+    if state == S.PENDING_APPROVAL:
         create_request = _approval_hook("job_admission_request_create")
         if create_request is not None:
             create_request(job=job, actor=actor)
-    else:
-        job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="submitted", request=request)
     transaction.on_commit(request_cycle)
+    _mark_loaded(job, "events", events)
+    _mark_loaded(job, "allocations", [])
     return job
+
+
+#: Rows per INSERT statement of an array submit (a 10,000-job array is 5 job inserts and 10 event inserts).
+ARRAY_INSERT_BATCH = 2000
+
+
+@dataclass(frozen=True)
+class JobArray:
+    """What an array submit created: ``job_ids`` in index order (job ``job_ids[i]`` has array_index i)."""
+
+    array_id: uuid.UUID
+    tenant_slug: str
+    name: str
+    state: str
+    job_ids: list[int]
+
+    @property
+    def count(self) -> int:
+        return len(self.job_ids)
+
+
+@transaction.atomic
+def job_array_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> JobArray:
+    """Create ``spec["array"]["count"]`` independent jobs of one spec in one transaction (Slurm's job arrays).
+
+    Job i gets ``GPUPOOL_ARRAY_INDEX=i`` (and ``GPUPOOL_ARRAY_ID``, ``GPUPOOL_ARRAY_COUNT``) in its env and the
+    batch's ``array_id``. The rules of a single submit apply to each job: same tenant check, same approval
+    rule, queued at once. An array whose jobs would need approval is refused, not held: an approval per job
+    would flood the approvers' inbox. A fixed number of statements whatever the count (bulk inserts), one audit
+    record ``job.array.submit`` for the batch and one cycle request.
+    """
+    parsed = validate_job_spec(spec, check_flavor_names=False)
+    if parsed.array_count is None:
+        raise JobSpecError('array: say how many jobs to create, e.g. "array": {"count": 100}.', field="array")
+    tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    state, reason, message = _admission(tenant=tenant, parsed=parsed)
+    if state == S.PENDING_APPROVAL:
+        raise DomainError(
+            "array: each job of this array would need an administrator's approval (priority critical, or more than "
+            "the tenant's approval threshold); arrays are admitted only when their jobs need none. Lower the "
+            'priority or the resources, or submit the jobs one by one without "array".',
+            code="array_needs_approval",
+            field="array",
+        )
+    submitter = actor if getattr(actor, "pk", None) else None
+    array_id = uuid.uuid4()
+    count = parsed.array_count
+    now = timezone.now()
+    array_env = {"GPUPOOL_ARRAY_ID": str(array_id), "GPUPOOL_ARRAY_COUNT": str(count)}
+    jobs = [
+        _new_job(
+            parsed=parsed,
+            tenant=tenant,
+            submitter=submitter,
+            state=state,
+            message=message,
+            now=now,
+            env={**parsed.env, **array_env, "GPUPOOL_ARRAY_INDEX": str(index)},
+            array_id=array_id,
+            array_index=index,
+        )
+        for index in range(count)
+    ]
+    Job.objects.bulk_create(jobs, batch_size=ARRAY_INSERT_BATCH)
+    JobEvent.objects.bulk_create(
+        [event for job in jobs for event in _submit_events(job, reason=reason, message=message)],
+        batch_size=ARRAY_INSERT_BATCH,
+    )
+    job_ids = [job.pk for job in jobs]
+    audit_record(
+        action="job.array.submit",
+        actor=actor,
+        tenant=tenant,
+        target=f"job_array:{array_id}",
+        details={
+            "after": {**jobs[0].spec, "state": state},
+            "array": {"id": str(array_id), "count": count, "first_job": job_ids[0], "last_job": job_ids[-1]},
+        },
+        request=request,
+    )
+    transaction.on_commit(request_cycle)
+    return JobArray(array_id=array_id, tenant_slug=tenant.slug, name=parsed.name, state=state, job_ids=job_ids)
+
+
+@dataclass(frozen=True)
+class JobArrayCancelled:
+    array_id: uuid.UUID
+    cancelled_job_ids: list[int]
+    already_finished: int
+
+
+@transaction.atomic
+def job_array_cancel(
+    *, array_id: uuid.UUID, actor: Any | None, reason: str = "", request: Any | None = None
+) -> JobArrayCancelled:
+    """Cancel every job of an array that has not ended. Waiting jobs are cancelled in bulk (one update, one
+    events insert); jobs already placed go through ``job_cancel`` (their replicas are stopped, their
+    allocations end). One audit record ``job.array.cancel`` for the batch (placed jobs add their own)."""
+    jobs = list(
+        Job.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("tenant")
+        .filter(array_id=array_id)
+        .order_by("pk")
+    )
+    if not jobs:
+        raise NotFoundError(f"No job array {array_id}.")
+    # One tenant and one submitter for the whole array: who may cancel one job may cancel them all.
+    if actor is not None and not access.can_manage_job(actor, jobs[0]):
+        raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this array.")
+    waiting_states = (S.SUBMITTED, S.PENDING_APPROVAL, S.QUEUED)
+    waiting = [job for job in jobs if job.state in waiting_states]
+    placed = [job for job in jobs if job.state not in FINAL_JOB_STATES and job.state not in waiting_states]
+    message = (reason or "Cancelled.")[:500]
+    now = timezone.now()
+    if waiting:
+        Job.objects.filter(pk__in=[job.pk for job in waiting]).update(
+            state=S.CANCELLED,
+            state_message=message,
+            finished_at=now,
+            updated_at=now,
+            pending_reason_code="",
+            pending_message="",
+            position_in_tenant=None,
+            position_overall=None,
+        )
+        user = actor if getattr(actor, "pk", None) else None
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    job=job,
+                    from_state=job.state,
+                    to_state=S.CANCELLED,
+                    reason="cancelled",
+                    message=message,
+                    actor=user,
+                    details={"array": str(array_id)},
+                )
+                for job in waiting
+            ],
+            batch_size=ARRAY_INSERT_BATCH,
+        )
+    for job in placed:
+        job_cancel(job=job, actor=actor, reason=reason, request=request)
+    cancelled = sorted(job.pk for job in [*waiting, *placed])
+    audit_record(
+        action="job.array.cancel",
+        actor=actor,
+        tenant=jobs[0].tenant,
+        target=f"job_array:{array_id}",
+        details={
+            "before": {"waiting": len(waiting), "placed": len(placed)},
+            "after": {"state": S.CANCELLED, "cancelled": len(cancelled)},
+            "reason": reason,
+        },
+        request=request,
+    )
+    return JobArrayCancelled(
+        array_id=array_id, cancelled_job_ids=cancelled, already_finished=len(jobs) - len(cancelled)
+    )
 
 
 @transaction.atomic

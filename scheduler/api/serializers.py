@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rest_framework import serializers
+from rest_framework.reverse import reverse
 
 from scheduler.models import (
     Allocation,
@@ -15,6 +18,9 @@ from scheduler.models import (
     Vendor,
 )
 from scheduler.selectors import job_pending_sentence
+
+if TYPE_CHECKING:
+    from scheduler.services import JobArray, JobArrayCancelled
 
 
 class FlavorSerializer(serializers.ModelSerializer):
@@ -149,6 +155,8 @@ class JobSerializer(serializers.ModelSerializer):
             "admitted_at",
             "started_at",
             "finished_at",
+            "array_id",
+            "array_index",
         ]
 
     def get_priority(self, job: Job) -> str:
@@ -193,3 +201,42 @@ class JobLoadSerializer(serializers.Serializer):
     load = serializers.FloatField(
         min_value=0.0, help_text="average load per running replica: busy time / capacity of one replica (1.0 = full)"
     )
+
+
+class JobArraySerializer(serializers.Serializer):
+    """The answer to an array submit: the array's id, how many jobs, and every job id in index order."""
+
+    array_id = serializers.UUIDField(help_text="shared by the array's jobs; filter with GET /jobs/?array=<id>")
+    count = serializers.IntegerField(help_text="jobs created (the array's count)")
+    tenant = serializers.CharField(source="tenant_slug")
+    name = serializers.CharField()
+    state = serializers.CharField(help_text="the state every job of the array entered (queued)")
+    first_job_id = serializers.SerializerMethodField()
+    last_job_id = serializers.SerializerMethodField()
+    job_ids = serializers.ListField(
+        child=serializers.IntegerField(), help_text="job i has array_index i and GPUPOOL_ARRAY_INDEX=i"
+    )
+    jobs_url = serializers.SerializerMethodField(help_text="the array's jobs, paginated")
+    cancel_url = serializers.SerializerMethodField(help_text="POST here to cancel the jobs that have not ended")
+
+    def get_first_job_id(self, array: JobArray) -> int:
+        return array.job_ids[0]
+
+    def get_last_job_id(self, array: JobArray) -> int:
+        return array.job_ids[-1]
+
+    def get_jobs_url(self, array: JobArray) -> str:
+        return f"{reverse('job-list', request=self.context.get('request'))}?array={array.array_id}"
+
+    def get_cancel_url(self, array: JobArray) -> str:
+        return reverse("job-array-cancel", kwargs={"array_id": array.array_id}, request=self.context.get("request"))
+
+
+class JobArrayCancelledSerializer(serializers.Serializer):
+    array_id = serializers.UUIDField()
+    cancelled = serializers.SerializerMethodField(help_text="jobs this call cancelled")
+    cancelled_job_ids = serializers.ListField(child=serializers.IntegerField())
+    already_finished = serializers.IntegerField(help_text="jobs of the array that had ended before")
+
+    def get_cancelled(self, result: JobArrayCancelled) -> int:
+        return len(result.cancelled_job_ids)

@@ -4,7 +4,7 @@ devices (read) and flavors (read; create). Views validate the shape and call one
 from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, PolymorphicProxySerializer, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -42,11 +42,95 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_object(self):
         return selectors.job_get_visible(user=self.request.user, pk=self.kwargs["pk"])
 
-    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.JobDetailSerializer})
+    @extend_schema(
+        summary="Submit a job, or an array of N independent jobs",
+        description=(
+            'The body is a job spec (see the README). With `"array": {"count": N}` (1..10,000) it creates N '
+            "independent jobs of that spec in one transaction; job i gets `GPUPOOL_ARRAY_INDEX=i` (and "
+            "`GPUPOOL_ARRAY_ID`, `GPUPOOL_ARRAY_COUNT`) in its env, and the answer is the array, not a job. "
+            "List an array's jobs with `GET /jobs/?array=<array_id>`, cancel them with "
+            "`POST /jobs/arrays/<array_id>/cancel/`."
+        ),
+        request=OpenApiTypes.OBJECT,
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="JobSubmitResult",
+                serializers=[s.JobDetailSerializer, s.JobArraySerializer],
+                resource_type_field_name=None,
+            )
+        },
+        examples=[
+            OpenApiExample(
+                "One job",
+                request_only=True,
+                value={
+                    "name": "resnet50",
+                    "tenant": "acme-vision",
+                    "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1},
+                    "command": ["python", "train.py"],
+                    "env": {"EPOCHS": "10"},
+                },
+            ),
+            OpenApiExample(
+                "An array of 1,000 jobs",
+                request_only=True,
+                value={
+                    "name": "sweep",
+                    "tenant": "acme-vision",
+                    "resources": {"flavors": ["nvidia-h100-80g"], "millis": 100, "memory_mib": 4096},
+                    "command": ["python", "sweep.py"],
+                    "array": {"count": 1000},
+                },
+            ),
+            OpenApiExample(
+                "The array created",
+                response_only=True,
+                status_codes=["201"],
+                value={
+                    "array_id": "0b7c6a9e-2f0e-4c55-9d7b-3f1f7c1f2a10",
+                    "count": 1000,
+                    "tenant": "acme-vision",
+                    "name": "sweep",
+                    "state": "queued",
+                    "first_job_id": 4101,
+                    "last_job_id": 5100,
+                    "job_ids": [4101, 4102, "…", 5100],
+                    "jobs_url": "https://pool.example.com/api/v1/jobs/?array=0b7c6a9e-2f0e-4c55-9d7b-3f1f7c1f2a10",
+                    "cancel_url": (
+                        "https://pool.example.com/api/v1/jobs/arrays/0b7c6a9e-2f0e-4c55-9d7b-3f1f7c1f2a10/cancel/"
+                    ),
+                },
+            ),
+        ],
+    )
     def create(self, request: Request) -> Response:
+        if isinstance(request.data, dict) and request.data.get("array") is not None:
+            array = services.job_array_submit(actor=request.user, spec=request.data, request=request)
+            body = s.JobArraySerializer(array, context={"request": request}).data
+            return Response(body, status=status.HTTP_201_CREATED)
+        # The service returns the job with its events loaded: serialized as written, nothing read back.
         job = services.job_submit(actor=request.user, spec=request.data, request=request)
-        job = selectors.job_get_visible(user=request.user, pk=job.pk)
         return Response(s.JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="Cancel every job of an array that has not ended",
+        request=s.JobCancelSerializer,
+        responses={200: s.JobArrayCancelledSerializer},
+    )
+    @action(
+        detail=False,
+        methods=["post"],
+        url_path=r"arrays/(?P<array_id>[0-9a-fA-F-]{36})/cancel",
+        url_name="array-cancel",
+    )
+    def array_cancel(self, request: Request, array_id: str) -> Response:
+        array_uuid = selectors.job_array_get_visible(user=request.user, array_id=array_id)
+        data = s.JobCancelSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = services.job_array_cancel(
+            array_id=array_uuid, actor=request.user, reason=data.validated_data["reason"], request=request
+        )
+        return Response(s.JobArrayCancelledSerializer(result).data)
 
     @extend_schema(request=s.JobCancelSerializer, responses={200: s.JobDetailSerializer})
     @action(detail=True, methods=["post"])
