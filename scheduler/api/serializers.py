@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
@@ -18,9 +16,7 @@ from scheduler.models import (
     Vendor,
 )
 from scheduler.selectors import job_pending_sentence
-
-if TYPE_CHECKING:
-    from scheduler.services import JobArray, JobArrayCancelled
+from scheduler.services import JobArray, JobArrayCancelled
 
 
 class FlavorSerializer(serializers.ModelSerializer):

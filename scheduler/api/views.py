@@ -83,18 +83,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 },
             ),
             OpenApiExample(
-                "The array created",
+                "The array created (an array of 3 shown)",
                 response_only=True,
                 status_codes=["201"],
                 value={
                     "array_id": "0b7c6a9e-2f0e-4c55-9d7b-3f1f7c1f2a10",
-                    "count": 1000,
+                    "count": 3,
                     "tenant": "acme-vision",
                     "name": "sweep",
                     "state": "queued",
                     "first_job_id": 4101,
-                    "last_job_id": 5100,
-                    "job_ids": [4101, 4102, "…", 5100],
+                    "last_job_id": 4103,
+                    "job_ids": [4101, 4102, 4103],
                     "jobs_url": "https://pool.example.com/api/v1/jobs/?array=0b7c6a9e-2f0e-4c55-9d7b-3f1f7c1f2a10",
                     "cancel_url": (
                         "https://pool.example.com/api/v1/jobs/arrays/0b7c6a9e-2f0e-4c55-9d7b-3f1f7c1f2a10/cancel/"
