@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from audit.events import register as audit_event_register
 from audit.services import audit_record
+from nodeagent import protocol
 from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
 from scheduler import access, outbox
 from scheduler.jobspec import JobSpec, JobSpecError, check_flavors, validate_job_spec
@@ -574,17 +575,29 @@ def workload_status_report(
     last_checkpoint_at: datetime | None,
     message: str = "",
     log_tail: str = "",
-) -> None:
-    """Apply an agent's ``workload.status`` for one replica; idempotent (a repeated report changes nothing)."""
-    job = Job.objects.select_for_update().select_related("tenant").filter(pk=job_id).first()
+) -> str:
+    """Apply an agent's ``workload.status`` for one replica; idempotent (a repeated report changes nothing).
+
+    Returns what it came to: ``applied`` (the report was for the run the node holds; it may still have changed
+    nothing, e.g. a second ``succeeded``), or why it was ignored: ``unknown_job``, ``not_held`` (the node never
+    held the job), ``not_allocated`` (the node no longer holds that replica). A workload still running that is
+    not the node's to run is told to stop in each of those cases.
+    """
+    # The job row only, FOR NO KEY UPDATE (project lock order: Job before Allocation and Node rows).
+    job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").filter(pk=job_id).first()
     if job is None:
         logger.warning("workload.status for unknown job %s from node %s", job_id, node.pk)
-        return
+        if state in ("starting", "running"):
+            _stop_stray_copy(node=node, job=None, job_id=job_id, replica=replica, reason="unknown_job")
+        return "unknown_job"
     if not Allocation.objects.filter(job=job, node=node).exists():
         # Only a node the job ran on may report on it: another node's agent (or a stolen credential) must not
-        # fail, finish or move the checkpoint of a job it never held.
+        # fail, finish or move the checkpoint of a job it never held. Its own copy is stopped: nothing runs
+        # on a node that the portal did not place there.
         logger.warning("workload.status for job %s from node %s, which never held it: ignored", job_id, node.pk)
-        return
+        if state in ("starting", "running"):
+            _stop_stray_copy(node=node, job=job, job_id=job_id, replica=replica, reason="not_allocated")
+        return "not_held"
     if last_checkpoint_at is not None and (
         job.last_checkpoint_at is None or last_checkpoint_at > job.last_checkpoint_at
     ):
@@ -595,37 +608,29 @@ def workload_status_report(
         # A run this node holds no devices for any more: the job was requeued (the node was declared lost, or a
         # stop timed out) while this copy went on. Its report must not finish, fail or move the job, whose
         # current run is elsewhere; a copy still running is told to stop, so the job never runs twice.
-        if state in ("starting", "running") and not (
-            AgentCommand.objects.unacked().filter(node=node, job=job, command_type="workload.stop").exists()
-        ):
-            logger.warning(
-                "node %s still runs job %s replica %s, which it no longer holds: stopping it",
-                node.name,
-                job_id,
-                replica,
-            )
-            outbox.workload_stop_create(job=job, replica=replica, node_id=node.pk, reason="not_allocated")
-        return
+        if state in ("starting", "running"):
+            _stop_stray_copy(node=node, job=job, job_id=job_id, replica=replica, reason="not_allocated")
+        return "not_allocated"
     details = {"replica": replica, "node": node.name, "exit_code": exit_code}
     if log_tail:
         details["log_tail"] = log_tail[-2000:]
     text = message[:300]
 
     if state in ("starting", "checkpointed"):
-        return
+        return "applied"
     if state == "stopped" and replica in (job.scaling_down_replicas or []):
         _scale_down_replica_stopped(job=job, replica=replica, node=node)
-        return
+        return "applied"
     if state == "running":
         if job.state == S.ADMITTED and replica_allocations.exists():
             job_transition(job=job, to_state=S.RUNNING, actor=None, reason="running", message=text, details=details)
-        return
+        return "applied"
 
     freed = _end_allocations(replica_allocations) > 0
     if freed:
         transaction.on_commit(request_cycle)
     if job.state not in ACTIVE_JOB_STATES:
-        return  # already cancelled, requeued or finished: the report only confirms the stop
+        return "applied"  # already cancelled, requeued or finished: the report only confirms the stop
     remaining = Allocation.objects.active().filter(job=job)
 
     if state == "succeeded":
@@ -655,18 +660,41 @@ def workload_status_report(
         _requeue(job, reason="lost", message="The workload was lost; requeued.")
     else:
         logger.warning("unknown workload state %r for job %s", state, job_id)
+    return "applied"
+
+
+def _stop_stray_copy(*, node: Node, job: Job | None, job_id: int, replica: int, reason: str) -> None:
+    """Tell ``node`` to stop its copy of ``job_id``/``replica`` unless a stop for it is already on its way."""
+    pending = AgentCommand.objects.unacked().filter(
+        node=node, command_type="workload.stop", payload__job_id=job_id, payload__replica=replica
+    )
+    if pending.exists():
+        return
+    logger.warning("node %s runs job %s replica %s, which is not its to run: stopping it", node.name, job_id, replica)
+    if job is not None:
+        outbox.workload_stop_create(job=job, replica=replica, node_id=node.pk, reason=reason)
+    else:  # no job row to point at (a job the portal does not know)
+        stop = protocol.WorkloadStop(command_id=0, job_id=job_id, replica=replica, reason=reason)
+        outbox.commands_bulk_create([(node.pk, None, stop)])
 
 
 @transaction.atomic
-def node_jobs_requeue(*, node: Node, reason: str = "node_lost") -> int:
+def node_jobs_requeue(
+    *, node: Node, reason: str = "node_lost", job_ids: Collection[int] | None = None, message: str = ""
+) -> int:
     """Every job with an active allocation on ``node`` loses all its allocations and goes back to the queue.
 
     Replicas on other nodes are told to stop (a gang cannot go on without its lost members), and so are the
     lost node's own: a node declared lost may only be cut off (or too slow to heartbeat), and the stop waits in
     the outbox until its agent is heard from again, so the old copy never runs beside the requeued one.
-    Returns the number of jobs requeued.
+    ``job_ids`` limits it to those jobs (a reconnected agent that no longer has them); ``message`` replaces
+    "Node <name> was lost." in the job's history. Returns the number of jobs requeued.
     """
-    job_ids = sorted(set(Allocation.objects.active().filter(node=node).values_list("job_id", flat=True)))
+    held = Allocation.objects.active().filter(node=node)
+    if job_ids is not None:
+        held = held.filter(job_id__in=list(job_ids))
+    job_ids = sorted(set(held.values_list("job_id", flat=True)))
+    why = message or f"Node {node.name} was lost."
     count = 0
     for job_id in job_ids:
         job = _lock_job(job_id)
@@ -675,10 +703,8 @@ def node_jobs_requeue(*, node: Node, reason: str = "node_lost") -> int:
             outbox.workload_stop_create(job=job, replica=replica, node_id=node_id, reason=reason)
         _end_allocations(Allocation.objects.filter(job=job))
         if job.state in ACTIVE_JOB_STATES:
-            job_transition(
-                job=job, to_state=S.NODE_LOST, actor=None, reason=reason, message=f"Node {node.name} was lost."
-            )
-            _requeue(job, reason=reason, message=f"Node {node.name} was lost; requeued.")
+            job_transition(job=job, to_state=S.NODE_LOST, actor=None, reason=reason, message=why)
+            _requeue(job, reason=reason, message=f"{why.removesuffix('.')}; requeued.")
             count += 1
     if job_ids:
         transaction.on_commit(request_cycle)

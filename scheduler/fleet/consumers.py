@@ -192,6 +192,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         self.device_ids = await db(services.node_hello)(
             node_id=self.node_id, hello=dataclasses.asdict(message), now=self.clock()
         )
+        await self.reconcile_workloads(message)
         fleet = fleet_process()
         if not self.hello_done:
             fleet.node_connected(self.node_id)
@@ -223,8 +224,75 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             fleet_process().in_background(latest_store().aput(self.node_id, devices), what="latest telemetry")
         await self.flush_finished_minutes(now)
 
+    async def reconcile_workloads(self, message: protocol.Hello) -> None:
+        """Requeue what the node lost and stop what it should not run (see ``node_workloads_reconcile``).
+
+        Before the unacknowledged commands go out, so a ``workload.start`` still on its way is not mistaken
+        for a lost workload. A failure here costs the reconcile, not the hello: the next hello tries again.
+        """
+        workloads = [dataclasses.asdict(workload) for workload in message.workloads]
+        try:
+            result = await db(services.node_workloads_reconcile)(
+                node_id=self.node_id, workloads=workloads, complete=message.workloads_complete
+            )
+        except Exception:
+            logger.exception("node %s: reconciling the workloads of its hello failed", self.node_name)
+            return
+        if result.requeued or result.stopped:
+            logger.warning(
+                "node %s: %d job(s) requeued (workload missing), %d workload(s) told to stop (not its to run)",
+                self.node_name,
+                result.requeued,
+                len(result.stopped),
+            )
+
     async def on_workload_status(self, message: protocol.WorkloadStatus) -> None:
-        await db(services.workload_status_forward)(node_id=self.node_id, status=dataclasses.asdict(message))
+        status = dataclasses.asdict(message)
+        if message.report_id is None:  # an agent from before the outbox: it expects no ack
+            await db(services.workload_status_forward)(node_id=self.node_id, status=status)
+            return
+        try:
+            outcome = await db(services.workload_report_apply)(node_id=self.node_id, status=status)
+        except services.RETRYABLE_REPORT_ERRORS as exc:
+            # Not acked: the agent keeps the report and sends it again (a deadlock or a database restart must
+            # not leave a job running for ever, as an unresent "succeeded" once did).
+            logger.warning(
+                "node %s: report %s (job %s %s) not applied, the agent will resend it: %s",
+                self.node_name,
+                message.report_id,
+                message.job_id,
+                message.state,
+                exc,
+            )
+            await self.send_error(
+                "retry_later", f"report {message.report_id} could not be applied now; send it again", message.id
+            )
+            return
+        except services.DomainError as exc:
+            logger.error(
+                "node %s: report %s (job %s %s) refused: %s",
+                self.node_name,
+                message.report_id,
+                message.job_id,
+                message.state,
+                exc.message,
+            )
+            outcome = services.ReportOutcome(ok=False, code=exc.code, detail=exc.message)
+        except Exception as exc:
+            # Resending would fail the same way for ever: acknowledge it as refused, and keep the trace.
+            logger.exception(
+                "node %s: report %s (job %s %s) failed",
+                self.node_name,
+                message.report_id,
+                message.job_id,
+                message.state,
+            )
+            outcome = services.ReportOutcome(
+                ok=False, code="internal_error", detail=f"the portal could not apply this report ({type(exc).__name__})"
+            )
+        await self.send_message(
+            protocol.ReportAck(report_id=message.report_id, ok=outcome.ok, code=outcome.code, detail=outcome.detail)
+        )
 
     async def on_ack(self, message: protocol.Ack) -> None:
         known = await db(services.command_ack)(

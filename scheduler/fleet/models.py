@@ -116,3 +116,29 @@ class TelemetryHour(TelemetryRollup):
         ordering = ["hour"]
         constraints = [models.UniqueConstraint(fields=["device", "hour"], name="telemetry_hour_unique")]
         indexes = [models.Index(fields=["hour"], name="telemetry_hour_time")]
+
+
+class AgentReport(models.Model):
+    """A workload status report of a node's agent that the portal applied, by the agent's report id.
+
+    Written in the transaction that applies the report, so a report whose ack was lost and that the agent sends
+    again is recognised and acked without being applied twice; a report whose transaction rolled back left no
+    row and is applied when it comes again. Kept ``GPUPOOL_AGENT_REPORT_RETENTION_DAYS`` (30) days.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    report_id = models.BigIntegerField()
+    # Plain ids, not foreign keys: the row records what the agent said, whatever became of the job.
+    job_id = models.BigIntegerField()
+    replica = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16)
+    #: What applying it came to: "applied", or why it changed nothing ("unknown_job", "not_allocated", ...).
+    outcome = models.CharField(max_length=32, default="applied")
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "report_id"], name="agent_report_unique")]
+        indexes = [models.Index(fields=["received_at"], name="agent_report_received")]
+
+    def __str__(self) -> str:
+        return f"report {self.report_id} of node {self.node_id}: job {self.job_id} {self.state}"

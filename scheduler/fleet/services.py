@@ -13,22 +13,30 @@ import logging
 import re
 import secrets
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 from django.utils.text import slugify
 
 from audit.services import audit_record
 from portal.api import DomainError
-from scheduler.fleet.models import BootstrapToken, NodeAgent, NodeCredential, TelemetryHour, TelemetryMinute
+from scheduler.fleet.models import (
+    AgentReport,
+    BootstrapToken,
+    NodeAgent,
+    NodeCredential,
+    TelemetryHour,
+    TelemetryMinute,
+)
 from scheduler.fleet.telemetry import MinuteAggregate
-from scheduler.models import Device, DeviceHealth, Node, NodeStatus, ResourceFlavor, Vendor
+from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Node, NodeStatus, ResourceFlavor, Vendor
 
 logger = logging.getLogger(__name__)
 
@@ -327,11 +335,13 @@ def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dic
     """Apply an agent's ``hello``: node facts, device inventory (upserted by UUID), node ready.
 
     Devices the agent no longer reports are kept (allocations may point at them) but marked unhealthy and
-    moved out of the way of index reuse. Running workloads the agent reports are passed to the scheduler so
-    a restarted agent re-adopts them. Returns device UUID → device id.
+    moved out of the way of index reuse. The workloads the hello lists are reconciled afterwards, in their own
+    transactions (:func:`node_workloads_reconcile`): jobs are locked before nodes, never after. Returns device
+    UUID → device id.
     """
     now = now or timezone.now()
-    node = Node.objects.select_for_update().get(pk=node_id)
+    # FOR NO KEY UPDATE: the foreign-key checks of rows inserted meanwhile (allocations) must not wait on it.
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     before_status = node.status
     reported = [device for device in hello.get("devices") or [] if isinstance(device, dict) and device.get("uuid")]
     reported_uuids = {str(device["uuid"])[:96] for device in reported}
@@ -400,24 +410,82 @@ def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dic
             "stale_devices": [device.uuid for device in stale],
         },
     )
+    _request_cycle()
+    return mapping
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    """What :func:`node_workloads_reconcile` did: jobs requeued because the node no longer had them, and the
+    (job, replica) pairs of workloads the node runs that are not its to run (told to stop)."""
+
+    requeued: int = 0
+    stopped: tuple[tuple[int, int], ...] = ()
+
+
+def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: bool) -> Reconciled:
+    """Make the portal and a (re)connected agent agree on what runs on the node, both ways.
+
+    * A workload the agent runs goes through ``workload_status_report`` as ``running``: an ``admitted`` job
+      becomes ``running``; one the node does not hold (ended, requeued elsewhere, never placed here, unknown)
+      gets a ``workload.stop``.
+    * When the hello lists every workload the agent knows (``complete``: running ones and finished ones whose
+      report is not acknowledged yet), a job the portal believes runs on the node that the list lacks is
+      requeued as if the node had been lost (reason ``workload_missing``): the agent lost it (a wiped work dir,
+      a report refused for good). Replicas with a ``workload.start`` still unacknowledged are left alone: the
+      agent hears of them right after the hello.
+
+    Finished workloads are left to their reports, which follow the hello from the agent's outbox. Each job is
+    its own transaction (the job lock is taken before any node row, as everywhere).
+    """
     report = _scheduler_hook("workload_status_report")
-    for workload in hello.get("workloads") or []:
-        if report is None:
-            break
+    requeue = _scheduler_hook("node_jobs_requeue")
+    node = Node.objects.get(pk=node_id)
+    known: set[tuple[int, int]] = set()
+    stopped: list[tuple[int, int]] = []
+    for workload in workloads:
         try:
-            report(
+            key = (int(workload["job_id"]), int(workload.get("replica") or 0))
+        except (KeyError, TypeError, ValueError):
+            logger.warning("node %s listed a malformed workload in its hello: %r", node.name, workload)
+            continue
+        known.add(key)
+        state = str(workload.get("state") or "running")
+        if state not in ("starting", "running") or report is None:
+            continue
+        try:
+            outcome = report(
                 node=node,
-                job_id=int(workload["job_id"]),
-                replica=int(workload.get("replica") or 0),
-                state=str(workload.get("state") or "running"),
+                job_id=key[0],
+                replica=key[1],
+                state=state,
                 exit_code=None,
                 last_checkpoint_at=None,
                 message="reported by the agent on reconnect",
             )
-        except (KeyError, TypeError, ValueError, DomainError) as exc:
+        except DomainError as exc:
             logger.warning("node %s reported a workload the scheduler refused: %r (%s)", node.name, workload, exc)
-    _request_cycle()
-    return mapping
+            continue
+        if outcome not in (None, "applied"):
+            stopped.append(key)
+    requeued = 0
+    if complete and requeue is not None:
+        held = set(Allocation.objects.active().filter(node=node).values_list("job_id", "replica"))
+        starting = set(
+            AgentCommand.objects.unacked()
+            .filter(node=node, command_type="workload.start")
+            .values_list("job_id", "payload__replica")
+        )
+        missing = sorted({job_id for job_id, replica in held - known - starting})
+        if missing:
+            logger.warning("node %s no longer has jobs %s: requeueing them", node.name, missing)
+            requeued = requeue(
+                node=node,
+                reason="workload_missing",
+                job_ids=missing,
+                message=f"Node {node.name} reconnected without this job's workload.",
+            )
+    return Reconciled(requeued=requeued, stopped=tuple(stopped))
 
 
 def node_heartbeat(*, node_id: int, now: datetime | None = None) -> bool:
@@ -505,17 +573,19 @@ def lease_check(*, now: datetime | None = None) -> dict[str, list[int]]:
     requeue = _scheduler_hook("node_jobs_requeue")
     for node_id in overdue.values_list("node_id", flat=True):
         with transaction.atomic():
-            agent = NodeAgent.objects.select_for_update().select_related("node").get(pk=node_id)
-            if agent.lost_at is None or agent.jobs_requeued_at is not None:
+            # Jobs first, the NodeAgent row last (the project's lock order: Job → ... → Node/NodeAgent); if the
+            # node came back meanwhile the conditional update finds nothing and the requeue is rolled back.
+            count = requeue(node=Node.objects.get(pk=node_id), reason="node_lost") if requeue is not None else 0
+            still_lost = NodeAgent.objects.filter(pk=node_id, lost_at__isnull=False, jobs_requeued_at__isnull=True)
+            lost_at = still_lost.values_list("lost_at", flat=True).first()
+            if lost_at is None or not still_lost.update(jobs_requeued_at=now):
+                transaction.set_rollback(True)
                 continue
-            count = requeue(node=agent.node, reason="node_lost") if requeue is not None else 0
-            agent.jobs_requeued_at = now
-            agent.save(update_fields=["jobs_requeued_at"])
             audit_record(
                 action="node.jobs_requeued",
                 actor=None,
                 target=f"node:{node_id}",
-                details={"reason": "node_lost", "jobs": count, "lost_at": agent.lost_at.isoformat()},
+                details={"reason": "node_lost", "jobs": count, "lost_at": lost_at.isoformat()},
             )
             requeued.append(node_id)
     return {"lost": lost, "requeued": requeued}
@@ -529,15 +599,65 @@ def workload_status_forward(*, node_id: int, status: dict) -> bool:
 
     Returns False when the scheduler does not take reports yet.
     """
+    return _forward(node=Node.objects.get(pk=node_id), status=status) is not None
+
+
+#: Errors after which a report is not acknowledged, so the agent sends it again: the database was busy or
+#: away (deadlock, serialization failure, lost connection, lock timeout), or a copy of the same report was
+#: being applied at the same moment (the unique (node, report id) row). Anything else is permanent.
+RETRYABLE_REPORT_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError, IntegrityError, OSError)
+
+
+@dataclass(frozen=True)
+class ReportOutcome:
+    """The answer to one agent report (``report.ack``): ``code`` is empty when it was applied."""
+
+    ok: bool = True
+    code: str = ""
+    detail: str = ""
+
+
+def workload_report_apply(*, node_id: int, status: dict, now: datetime | None = None) -> ReportOutcome:
+    """Apply a ``workload.status`` that carries a ``report_id``, exactly once per (node, report id).
+
+    The report and the :class:`AgentReport` row that remembers it commit together: a report seen before (its
+    ack was lost and the agent sent it again) is answered ``duplicate`` and changes nothing; a report whose
+    transaction failed left no row and is applied when it comes again. Errors in
+    :data:`RETRYABLE_REPORT_ERRORS` propagate (the caller does not ack); a ``DomainError`` propagates too and is
+    acked as a refusal.
+    """
+    report_id = int(status["report_id"])
+    if AgentReport.objects.filter(node_id=node_id, report_id=report_id).exists():
+        return ReportOutcome(code="duplicate", detail=f"report {report_id} was applied before")
+    with transaction.atomic():
+        node = Node.objects.get(pk=node_id)
+        outcome = _forward(node=node, status=status)
+        # After the job (locked by the report) as the project's lock order wants: Job → ... → Node rows.
+        AgentReport.objects.create(
+            node=node,
+            report_id=report_id,
+            job_id=int(status["job_id"]),
+            replica=int(status.get("replica") or 0),
+            state=str(status["state"])[:16],
+            outcome=(outcome or "unapplied")[:32],
+            received_at=now or timezone.now(),
+        )
+    if outcome in (None, "applied"):
+        return ReportOutcome()
+    return ReportOutcome(code=outcome, detail=f"report {report_id} changed nothing: {outcome.replace('_', ' ')}")
+
+
+def _forward(*, node: Node, status: dict) -> str | None:
+    """``workload_status_report`` for one frame: its outcome, or None when the scheduler takes no reports."""
     from scheduler.fleet.telemetry import parse_time
 
     report = _scheduler_hook("workload_status_report")
     if report is None:
-        logger.info("workload.status from node %s dropped: the scheduler takes no reports yet", node_id)
-        return False
+        logger.info("workload.status from node %s dropped: the scheduler takes no reports yet", node.pk)
+        return None
     checkpoint = status.get("last_checkpoint_at")
-    report(
-        node=Node.objects.get(pk=node_id),
+    outcome = report(
+        node=node,
         job_id=int(status["job_id"]),
         replica=int(status.get("replica") or 0),
         state=str(status["state"]),
@@ -546,7 +666,7 @@ def workload_status_forward(*, node_id: int, status: dict) -> bool:
         message=str(status.get("message") or ""),
         log_tail=str(status.get("log_tail") or ""),
     )
-    return True
+    return outcome if isinstance(outcome, str) else "applied"
 
 
 def _agent_command_model():
@@ -759,10 +879,13 @@ def telemetry_hours_rollup(*, now: datetime | None = None) -> int:
 
 
 def telemetry_purge(*, now: datetime | None = None) -> dict[str, int]:
-    """Delete minute rows older than 30 days and hour rows older than a year (configurable)."""
+    """Delete minute rows older than 30 days and hour rows older than a year (configurable), and the
+    remembered agent reports older than ``GPUPOOL_AGENT_REPORT_RETENTION_DAYS`` (30)."""
     now = now or timezone.now()
     minute_days = getattr(settings, "GPUPOOL_TELEMETRY_MINUTE_RETENTION_DAYS", 30)
     hour_days = getattr(settings, "GPUPOOL_TELEMETRY_HOUR_RETENTION_DAYS", 365)
+    report_days = getattr(settings, "GPUPOOL_AGENT_REPORT_RETENTION_DAYS", 30)
     minutes, _ = TelemetryMinute.objects.filter(minute__lt=now - timedelta(days=minute_days)).delete()
     hours, _ = TelemetryHour.objects.filter(hour__lt=now - timedelta(days=hour_days)).delete()
-    return {"minutes": minutes, "hours": hours}
+    reports, _ = AgentReport.objects.filter(received_at__lt=now - timedelta(days=report_days)).delete()
+    return {"minutes": minutes, "hours": hours, "agent_reports": reports}

@@ -206,6 +206,10 @@ def test_minutes_are_kept_30_days_and_hours_a_year():
     TelemetryMinute.objects.create(device=device, minute=now - timedelta(days=29), **values)
     TelemetryHour.objects.create(device=device, hour=now - timedelta(days=366), **values)
     TelemetryHour.objects.create(device=device, hour=now - timedelta(days=364), **values)
-    assert services.telemetry_purge(now=now) == {"minutes": 1, "hours": 1}
+    assert services.telemetry_purge(now=now) == {"minutes": 1, "hours": 1, "agent_reports": 0}
     assert TelemetryMinute.objects.count() == 1 and TelemetryHour.objects.count() == 1
-    assert tasks.telemetry_purge.apply().get() == {"minutes": 1, "hours": 1}  # today is long after 2026-06
+    assert tasks.telemetry_purge.apply().get() == {
+        "minutes": 1,
+        "hours": 1,
+        "agent_reports": 0,
+    }  # today is long after 2026-06
