@@ -44,6 +44,10 @@ format: $(VENV)/.installed
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The manual (docs/, mkdocs with the material theme) into site/; --strict fails on a broken link or nav entry.
+docs: $(VENV)/.installed
+	$(BIN)/mkdocs build --strict --quiet
+
 bench: $(VENV)/.installed
 	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
