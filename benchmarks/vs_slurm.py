@@ -1,0 +1,890 @@
+"""gpupool against Slurm on the same machine and the same workload: trivial 1-GPU jobs (``true``) on 32 GPUs.
+
+    GPUPOOL_DATABASE_URL=postgres://postgres@127.0.0.1:5432/gpupool_bench GPUPOOL_REDIS_URL=redis://127.0.0.1:6379/5 \\
+        .venv/bin/python benchmarks/vs_slurm.py                      # 1,000 jobs, 8 clients, array 10,000, 3 rounds
+    ... benchmarks/vs_slurm.py --quick                               # 200 jobs, array 1,000, 1 round
+    ... benchmarks/vs_slurm.py --systems gpupool --web-workers 1     # gpupool alone, one web process
+
+gpupool runs as production does (benchmarks/_stack.py): PostgreSQL (a scratch database made for the run and
+dropped after it), Redis, ``gpupool serve --workers N`` (uvicorn), a Celery worker and beat, and 4 simulated
+``gpupool-agent`` processes with 8 cards each, which really start each job's command. Slurm (Debian's
+slurm-wlm, when installed: ``apt-get install slurm-wlm munge``) runs from a config this script writes under a
+temp dir: one node with 32 GPUs declared in gres.conf (``File=`` 32 fake character devices made with mknod,
+since Slurm drops GPUs without one), select/cons_tres, default scheduler settings, its own munged; munged,
+slurmctld and slurmd are started in the foreground and stopped by PID.
+
+Each round, per system: ``--jobs`` jobs submitted by one client (gpupool: one keep-alive HTTP connection;
+Slurm: one ``sbatch`` after another), waited for to finish; then ``--jobs`` jobs from ``--clients`` clients at
+once, waited for. Then one array of ``--array`` jobs (gpupool: ``"array": {"count": N}``; Slurm:
+``sbatch --array``). Prints each round, the medians, gpupool ÷ Slurm, the targets of issue 14, the
+deadlocks PostgreSQL counted (``pg_stat_database.deadlocks`` before/after) and HTTP 5xx; where a target is
+missed, where the time went: SQL statements and in-process time of one submit, CPU seconds per process group
+per job, transactions per job, and the scheduling cycles the worker logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._django import setup_django  # noqa: E402
+from benchmarks._stack import (  # noqa: E402
+    PRODUCTION_TIMINGS,
+    CpuMeter,
+    Cycle,
+    CycleEvents,
+    ServedCluster,
+    descendants,
+    machine_cpu,
+    pids_matching,
+)
+from benchmarks.load import HttpConnection, percentile  # noqa: E402
+
+GPUS = 32
+AGENTS, CARDS_PER_AGENT = 4, 8
+POLL_S = 0.25
+#: Issue 14's targets: gpupool at least Slurm's speed on every row, and these floors.
+SERIAL_TARGET_PER_S, CLIENTS_TARGET_PER_S = 150.0, 200.0
+
+
+@dataclass
+class Phase:
+    """One batch of submits and how long until every job of it finished."""
+
+    jobs: int = 0
+    seconds: float = 0.0  # first submit sent → last answer received
+    latencies: list[float] = field(default_factory=list)
+    statuses: Counter = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    ids: list = field(default_factory=list)
+    finished_s: float | None = None  # first submit → all finished (None: not within the timeout)
+    not_finished: str = ""
+    load: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)
+    machine_busy_pct: float = 0.0
+    cycles: list[Cycle] = field(default_factory=list)
+    xacts: int = 0
+    steps: str = ""
+
+    @property
+    def rate(self) -> float:
+        return len(self.ids) / self.seconds if self.seconds else 0.0
+
+    @property
+    def server_errors(self) -> int:
+        return sum(count for status, count in self.statuses.items() if isinstance(status, int) and status >= 500)
+
+
+@dataclass
+class ArrayResult:
+    available: bool
+    count: int = 0
+    seconds: float = 0.0
+    note: str = ""
+
+
+# --- gpupool ----------------------------------------------------------------------------------------------------
+
+
+class Gpupool:
+    name = "gpupool"
+
+    def __init__(
+        self, *, database_url: str, redis_url: str, root: Path, web_workers: int, web_server: str, conn_max_age: int
+    ) -> None:
+        self.admin_url = database_url
+        self.redis_url = redis_url
+        self.root = root
+        self.web_workers = web_workers
+        self.web_server = web_server
+        self.conn_max_age = conn_max_age
+        base = urlsplit(database_url).path.lstrip("/") or "gpupool"
+        self.db_name = f"{base}_vs_slurm"
+        self.cluster: ServedCluster | None = None
+        self.deadlocks_before = 0
+
+    def describe(self) -> str:
+        return (
+            f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --workers "
+            f"{self.web_workers} ({self.web_server}, GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), celery worker (solo) + beat, "
+            f"{AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards"
+        )
+
+    def start(self) -> None:
+        from recovery import scratch_database  # benchmarks/ is on sys.path when a script runs
+
+        self.database_url = scratch_database(self.admin_url, self.db_name, create=True)
+        run_id = uuid.uuid4().hex[:12]
+        # This process reads and writes the same database and asks for cycles through the same Redis.
+        os.environ["GPUPOOL_REDIS_URL"] = self.redis_url
+        os.environ["GPUPOOL_CHANNELS_PREFIX"] = f"gpupool-{run_id}"
+        setup_django(self.database_url, str(self.root / "bench"))
+        self.cluster = ServedCluster(
+            database_url=self.database_url,
+            redis_url=self.redis_url,
+            root=self.root / "cluster",
+            settings=dict(PRODUCTION_TIMINGS),
+            run_id=run_id,
+            web_workers=self.web_workers,
+            web_server=self.web_server,
+            web_settings={"GPUPOOL_DB_CONN_MAX_AGE": str(self.conn_max_age)},
+        )
+        self.cluster.seed(slug="vs-slurm", cards=GPUS)
+        self.cluster.start(agents=0)
+        for index in range(AGENTS):
+            self.cluster.add_agent(f"bench-{index}-{run_id[:6]}", cards=CARDS_PER_AGENT, seed=index)
+        self.cluster.wait_nodes_ready(list(self.cluster.agents), timeout_s=120)
+        self.cycle_events = CycleEvents()
+        self.cycle_events.start()
+        self.deadlocks_before = self.pg_stat()["deadlocks"]
+
+    def stop(self) -> None:
+        from django.db import connections
+        from recovery import scratch_database
+
+        if getattr(self, "cycle_events", None) is not None:
+            self.cycle_events.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+        connections.close_all()
+        with contextlib.suppress(Exception):
+            scratch_database(self.admin_url, self.db_name, create=False)
+
+    def spec(self, name: str) -> dict:
+        from tests.resilience.cluster import FLAVOR, RUN_ENV
+
+        assert self.cluster is not None
+        return {
+            "name": name,
+            "tenant": self.cluster.tenant_slug,
+            "kind": "batch",
+            "priority_class": "normal",
+            "resources": {"flavors": [FLAVOR], "gpus": 1},
+            "command": ["true"],
+            # Marks the workloads as this run's, so the harness's stop finds any left behind.
+            "env": {RUN_ENV: self.cluster.run_id},
+        }
+
+    def submit(self, phase: Phase, *, jobs: int, clients: int, tag: str) -> None:
+        asyncio.run(self._submit(phase, jobs=jobs, clients=clients, tag=tag))
+
+    async def _submit(self, phase: Phase, *, jobs: int, clients: int, tag: str) -> None:
+        assert self.cluster is not None
+        headers = {"Authorization": f"Bearer {self.cluster.token}", "Content-Type": "application/json"}
+        numbers = iter(range(jobs))
+
+        async def client() -> None:
+            connection = HttpConnection("127.0.0.1", self.cluster.port)
+            try:
+                for number in numbers:
+                    body = json.dumps(self.spec(f"{tag}-{number}")).encode()
+                    sent = time.perf_counter()
+                    try:
+                        status, content = await connection.request("POST", "/api/v1/jobs/", headers=headers, body=body)
+                    except (OSError, ConnectionError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+                        phase.errors.append(repr(exc))
+                        phase.statuses[0] += 1
+                        await connection.close()
+                        continue
+                    phase.latencies.append(time.perf_counter() - sent)
+                    phase.statuses[status] += 1
+                    if status == 201:
+                        phase.ids.append(json.loads(content)["id"])
+                    elif len(phase.errors) < 5:
+                        phase.errors.append(f"{status}: {content[:300]!r}")
+            finally:
+                await connection.close()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        phase.seconds = time.perf_counter() - started
+
+    def unfinished(self, ids: list) -> tuple[int, str]:
+        from scheduler.models import FINAL_JOB_STATES, Job
+
+        left = Job.objects.filter(pk__in=ids).exclude(state__in=FINAL_JOB_STATES)
+        count = left.count()
+        if not count:
+            failed = Job.objects.filter(pk__in=ids).exclude(state="succeeded").count()
+            return 0, f"{failed} did not succeed" if failed else ""
+        states = Counter(left.values_list("state", flat=True))
+        return count, ", ".join(f"{state} {n}" for state, n in states.most_common())
+
+    def job_timings(self, ids: list) -> str:
+        """Medians of each step of the phase's jobs' lives (the database's timestamps)."""
+        from scheduler.models import Job
+
+        rows = list(
+            Job.objects.filter(pk__in=ids, finished_at__isnull=False).values_list(
+                "submitted_at", "admitted_at", "started_at", "finished_at"
+            )
+        )
+        steps = {"submitted→admitted": (0, 1), "admitted→running": (1, 2), "running→finished": (2, 3)}
+        parts = []
+        for label, (a, b) in steps.items():
+            values = [(row[b] - row[a]).total_seconds() for row in rows if row[a] and row[b]]
+            if values:
+                parts.append(f"{label} p50 {ms(statistics.median(values))} p99 {ms(percentile(values, 0.99))}")
+        return "; ".join(parts) or "no finished job with timestamps"
+
+    def array(self, count: int) -> ArrayResult:
+        assert self.cluster is not None
+        spec = {**self.spec("array"), "array": {"count": count}}
+        started = time.perf_counter()
+        status, body = self.cluster.api("/api/v1/jobs/", spec, timeout_s=600)
+        seconds = time.perf_counter() - started
+        if status == 201 and body.get("count") == count:
+            return ArrayResult(available=True, count=count, seconds=seconds)
+        note = f"HTTP {status}: {json.dumps(body)[:200]}"
+        if status == 201:
+            note = "the server ignored 'array' (it made one job)"
+        return ArrayResult(available=False, count=count, seconds=seconds, note=note)
+
+    def process_groups(self) -> dict[str, list[int]]:
+        assert self.cluster is not None
+        groups = self.cluster.process_groups()
+        needle = f" {self.db_name} ".encode()
+        groups["postgres (backends of this db)"] = pids_matching(lambda c: c.startswith(b"postgres:") and needle in c)
+        groups["redis-server (shared)"] = pids_matching(lambda c: c.startswith(b"redis-server"))
+        groups["benchmark client"] = [os.getpid()]
+        return groups
+
+    def pg_stat(self) -> dict[str, int]:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute(
+                "SELECT deadlocks, xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
+                [self.db_name],
+            )
+            deadlocks, commits, rollbacks = cursor.fetchone()
+        return {"deadlocks": deadlocks, "xacts": commits + rollbacks}
+
+    def submit_profile(self, samples: int = 10) -> list[str]:
+        """One submit served in this process (Django's test client, no HTTP server): SQL statements and time."""
+        from django.db import connection
+        from django.test import Client
+        from django.test.utils import CaptureQueriesContext
+
+        assert self.cluster is not None
+        client = Client(HTTP_HOST="127.0.0.1")
+        headers = {"HTTP_AUTHORIZATION": f"Bearer {self.cluster.token}"}
+        counts, times, verbs = [], [], Counter()
+        for number in range(samples + 1):
+            body = json.dumps(self.spec(f"profile-{number}"))
+            with CaptureQueriesContext(connection) as queries:
+                started = time.perf_counter()
+                response = client.post("/api/v1/jobs/", body, content_type="application/json", **headers)
+                elapsed = time.perf_counter() - started
+            if response.status_code != 201:
+                return [f"in-process submit answered {response.status_code}: {response.content[:200]!r}"]
+            if number == 0:
+                continue  # the first pays for imports and connections
+            counts.append(len(queries))
+            times.append(elapsed)
+            verbs.update(query["sql"].split(None, 1)[0].upper() for query in queries.captured_queries)
+        per_submit = ", ".join(f"{verb} {n / samples:.1f}" for verb, n in verbs.most_common())
+        return [
+            f"one submit in-process (no HTTP, no ASGI): median {1000 * statistics.median(times):.1f} ms, "
+            f"{statistics.median(counts):.0f} SQL statements ({per_submit})"
+        ]
+
+
+# --- Slurm ------------------------------------------------------------------------------------------------------
+
+SLURM_DAEMON_TIMEOUT_S = 60
+
+
+def slurm_installed() -> str | None:
+    """Why Slurm cannot run here, or None when it can."""
+    missing = [
+        tool for tool in ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel") if not shutil.which(tool)
+    ]
+    if missing:
+        return f"not installed ({', '.join(missing)} missing; apt-get install slurm-wlm munge)"
+    if os.geteuid() != 0:
+        return "needs root (mknod of the fake GPU devices, slurmd)"
+    return None
+
+
+class Slurm:
+    name = "Slurm"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.node = "bench0"
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.jobcomp = root / "jobcomp.txt"
+        self._jobcomp_offset = 0
+        self._ended: dict[str, str] = {}
+
+    def describe(self) -> str:
+        version = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, timeout=30).stdout.strip()
+        return (
+            f"Slurm: {version}, one node with {GPUS} GPUs (gres, fake devices), select/cons_tres, default "
+            f"scheduler settings, MaxArraySize/MaxJobCount raised for the array, config in {self.root}"
+        )
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
+
+    def start(self) -> None:
+        from benchmarks._agents import free_port
+
+        root = self.root
+        for folder in ("state", "spool", "dev", "log", "work"):
+            (root / folder).mkdir(parents=True, exist_ok=True)
+        key = root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        socket_path = root / "munge.socket"
+        self._spawn(
+            "munged",
+            [
+                *("munged", "--foreground", "--force", f"--key-file={key}", f"--socket={socket_path}"),
+                *(f"--pid-file={root / 'munged.pid'}", f"--log-file={root / 'log' / 'munged.log'}"),
+                f"--seed-file={root / 'munged.seed'}",
+            ],
+        )
+        self._wait(lambda: socket_path.exists(), "munged's socket")
+        for index in range(GPUS):
+            device = root / "dev" / f"nvidia{index}"
+            if not device.exists():
+                os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, like /dev/null
+        hostname = os.uname().nodename.split(".")[0]
+        (root / "gres.conf").write_text(f"NodeName={self.node} Name=gpu File={root / 'dev'}/nvidia[0-{GPUS - 1}]\n")
+        (root / "slurm.conf").write_text(
+            "\n".join(
+                [
+                    "ClusterName=bench",
+                    f"SlurmctldHost={hostname}(127.0.0.1)",
+                    f"SlurmctldPort={free_port()}",
+                    f"SlurmdPort={free_port()}",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    "AuthType=auth/munge",
+                    "CredType=cred/munge",
+                    f"AuthInfo=socket={socket_path}",
+                    f"StateSaveLocation={root / 'state'}",
+                    f"SlurmdSpoolDir={root / 'spool'}",
+                    f"SlurmctldPidFile={root / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={root / 'slurmd.pid'}",
+                    f"SlurmctldLogFile={root / 'log' / 'slurmctld.log'}",
+                    f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
+                    "ProctrackType=proctrack/pgid",
+                    "TaskPlugin=task/none",
+                    "MpiDefault=none",
+                    "SwitchType=switch/none",
+                    "ReturnToService=2",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core",
+                    "GresTypes=gpu",
+                    "SlurmdParameters=config_overrides",
+                    "AccountingStorageType=accounting_storage/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "JobCompType=jobcomp/filetxt",
+                    f"JobCompLoc={self.jobcomp}",
+                    # Defaults are 1,001 and 10,000: too few for the array of 10,000.
+                    "MaxArraySize=100001",
+                    "MaxJobCount=200000",
+                    f"NodeName={self.node} NodeHostname={hostname} NodeAddr=127.0.0.1 CPUs=64 RealMemory=512000 "
+                    f"Gres=gpu:{GPUS} State=UNKNOWN",
+                    f"PartitionName=bench Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
+        self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(root / "slurm.conf")])
+        self._spawn("slurmd", ["slurmd", "-D", "-N", self.node, "-f", str(root / "slurm.conf")])
+
+        def idle() -> bool:
+            out = subprocess.run(
+                ["sinfo", "-h", "-o", "%T %G"], env=self.env, capture_output=True, text=True, timeout=10
+            )
+            return out.returncode == 0 and out.stdout.startswith("idle") and f"gpu:{GPUS}" in out.stdout
+
+        self._wait(idle, f"the Slurm node idle with gpu:{GPUS}")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        log = open(self.root / "log" / f"{name}.out", "wb")
+        self.procs[name] = subprocess.Popen(
+            argv, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.root
+        )
+        log.close()
+
+    def _wait(self, predicate: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + SLURM_DAEMON_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}: {self.log_tail(name)}")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                if predicate():
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(f"timed out after {SLURM_DAEMON_TIMEOUT_S} s waiting for {what}: {self.log_tail()}")
+
+    def log_tail(self, name: str | None = None) -> str:
+        names = [name] if name else list(self.procs)
+        lines = []
+        for each in names:
+            for path in (self.root / "log" / f"{each}.out", self.root / "log" / f"{each}.log"):
+                with contextlib.suppress(OSError):
+                    lines.append(f"--- {path.name}: " + " | ".join(path.read_text(errors="replace").splitlines()[-8:]))
+        return "\n".join(lines)
+
+    def stop(self) -> None:
+        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
+            with contextlib.suppress(Exception):
+                subprocess.run(["scancel", "--user", "root"], env=self.env, capture_output=True, timeout=30)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    out = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True, timeout=10)
+                    if not out.stdout.strip():
+                        break
+                    time.sleep(0.5)
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def sbatch(self, extra: list[str]) -> tuple[int, str]:
+        out = subprocess.run(
+            ["sbatch", "--parsable", "--gres=gpu:1", "-o", "/dev/null", "-D", str(self.root / "work"), *extra],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if out.returncode != 0:
+            return out.returncode, out.stderr.strip()[:300]
+        return 0, out.stdout.strip().split(";")[0]
+
+    def submit(self, phase: Phase, *, jobs: int, clients: int, tag: str) -> None:
+        lock = threading.Lock()
+        numbers = iter(range(jobs))
+
+        def client() -> None:
+            while True:
+                with lock:
+                    number = next(numbers, None)
+                if number is None:
+                    return
+                sent = time.perf_counter()
+                code, answer = self.sbatch(["-J", f"{tag}-{number}", "--wrap", "true"])
+                elapsed = time.perf_counter() - sent
+                with lock:
+                    phase.latencies.append(elapsed)
+                    phase.statuses["ok" if code == 0 else f"exit {code}"] += 1
+                    if code == 0:
+                        phase.ids.append(answer)
+                    elif len(phase.errors) < 5:
+                        phase.errors.append(answer)
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=clients) as pool:
+            for future in [pool.submit(client) for _ in range(clients)]:
+                future.result()
+        phase.seconds = time.perf_counter() - started
+
+    def _read_jobcomp(self) -> None:
+        try:
+            with open(self.jobcomp, "rb") as log:
+                log.seek(self._jobcomp_offset)
+                chunk = log.read()
+        except OSError:
+            return
+        end = chunk.rfind(b"\n") + 1
+        self._jobcomp_offset += end
+        for line in chunk[:end].decode(errors="replace").splitlines():
+            fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+            if "JobId" in fields:
+                self._ended[fields["JobId"]] = fields.get("JobState", "?")
+
+    def unfinished(self, ids: list) -> tuple[int, str]:
+        self._read_jobcomp()
+        left = [job for job in ids if job not in self._ended]
+        if not left:
+            failed = sum(1 for job in ids if self._ended[job] != "COMPLETED")
+            return 0, f"{failed} did not complete" if failed else ""
+        return len(left), f"{len(left)} not in the jobcomp log yet"
+
+    def array(self, count: int) -> ArrayResult:
+        started = time.perf_counter()
+        code, answer = self.sbatch(["-J", "array", f"--array=0-{count - 1}", "--wrap", "true"])
+        seconds = time.perf_counter() - started
+        if code != 0:
+            return ArrayResult(available=False, count=count, seconds=seconds, note=answer)
+        # Not waited for: cancelled so it does not hold the node while the daemons stop.
+        subprocess.run(["scancel", answer], env=self.env, capture_output=True, timeout=60)
+        return ArrayResult(available=True, count=count, seconds=seconds)
+
+    def process_groups(self) -> dict[str, list[int]]:
+        groups = {name: descendants(proc.pid) for name, proc in self.procs.items() if proc.poll() is None}
+        groups["benchmark client (incl. sbatch processes)"] = [os.getpid()]
+        return groups
+
+
+# --- one round ---------------------------------------------------------------------------------------------------
+
+
+def run_phase(system, *, jobs: int, clients: int, tag: str, finish_timeout_s: float) -> Phase:
+    phase = Phase(jobs=jobs, load=os.getloadavg()[0])
+    meter = CpuMeter(system.process_groups)
+    meter.sample()
+    busy_before, total_before = machine_cpu()
+    gpupool = isinstance(system, Gpupool)
+    if gpupool:
+        xacts_before = system.pg_stat()["xacts"]
+    stop_sampling = threading.Event()
+
+    def sampler() -> None:  # short-lived processes (postgres backends, agents' children) are caught as they go
+        while not stop_sampling.wait(1.0):
+            meter.sample()
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    first_submit, wall_start = time.perf_counter(), time.time()
+    try:
+        system.submit(phase, jobs=jobs, clients=clients, tag=tag)
+        deadline = time.perf_counter() + finish_timeout_s
+        while True:
+            left, note = system.unfinished(phase.ids)
+            if not left:
+                phase.finished_s = time.perf_counter() - first_submit
+                phase.not_finished = note
+                break
+            if time.perf_counter() > deadline:
+                phase.not_finished = f"{left} of {len(phase.ids)} not finished after {finish_timeout_s:.0f} s: {note}"
+                break
+            time.sleep(POLL_S)
+    finally:
+        stop_sampling.set()
+        thread.join()
+    meter.sample()
+    phase.cpu = meter.totals()
+    busy_after, total_after = machine_cpu()
+    phase.machine_busy_pct = 100 * (busy_after - busy_before) / max(1e-9, total_after - total_before)
+    if gpupool:
+        time.sleep(1.0)  # PostgreSQL publishes its counters about once a second
+        phase.xacts = system.pg_stat()["xacts"] - xacts_before
+        phase.cycles = system.cycle_events.between(wall_start, time.time())
+        phase.steps = system.job_timings(phase.ids)
+    return phase
+
+
+def wait_drained(system, ids: list, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while system.unfinished(ids)[0] and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+
+
+# --- report ---------------------------------------------------------------------------------------------------
+
+
+def ms(value: float) -> str:
+    return f"{1000 * value:.1f} ms"
+
+
+def phase_line(label: str, phase: Phase) -> str:
+    finished = f"{phase.finished_s:.1f} s" if phase.finished_s is not None else "NOT ALL"
+    extra = f" ({phase.not_finished})" if phase.not_finished else ""
+    errors = f", errors {dict(phase.statuses)} {phase.errors[:2]}" if phase.errors else ""
+    return (
+        f"    {label:<10} {len(phase.ids):>5} jobs in {phase.seconds:6.1f} s = {phase.rate:7.1f} jobs/s  "
+        f"p50 {ms(statistics.median(phase.latencies)) if phase.latencies else '-':>9}  "
+        f"p99 {ms(percentile(phase.latencies, 0.99)):>9}   first submit → all finished {finished}{extra}  "
+        f"[load {phase.load:.1f}, machine CPU busy {phase.machine_busy_pct:.0f} %]{errors}"
+    )
+
+
+@dataclass
+class SystemResult:
+    name: str
+    rounds: list[tuple[Phase, Phase]] = field(default_factory=list)
+    array: ArrayResult | None = None
+    skipped: str = ""
+    deadlocks: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def median(self, which: int, metric: Callable[[Phase], float | None]) -> float | None:
+        values = [metric(pair[which]) for pair in self.rounds]
+        values = [value for value in values if value is not None]
+        return statistics.median(values) if values else None
+
+    def server_errors(self) -> int:
+        return sum(phase.server_errors for pair in self.rounds for phase in pair)
+
+
+METRICS: list[tuple[str, int, Callable[[Phase], float | None], str, bool]] = [
+    # label, phase (0 serial, 1 clients), metric, unit, higher is better
+    ("serial submit rate", 0, lambda p: p.rate, "jobs/s", True),
+    ("serial submit p50", 0, lambda p: statistics.median(p.latencies) if p.latencies else None, "ms", False),
+    ("serial submit p99", 0, lambda p: percentile(p.latencies, 0.99) if p.latencies else None, "ms", False),
+    ("N-client submit rate", 1, lambda p: p.rate, "jobs/s", True),
+    ("N-client submit p50", 1, lambda p: statistics.median(p.latencies) if p.latencies else None, "ms", False),
+    ("N-client submit p99", 1, lambda p: percentile(p.latencies, 0.99) if p.latencies else None, "ms", False),
+    ("serial: first submit → all finished", 0, lambda p: p.finished_s, "s", False),
+    ("N-client: first submit → all finished", 1, lambda p: p.finished_s, "s", False),
+]
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return f"{1000 * value:.1f} ms"
+    if unit == "s":
+        return f"{value:.1f} s"
+    return f"{value:.1f} {unit}"
+
+
+def print_table(results: list[SystemResult], clients: int, jobs: int) -> None:
+    gp = next((r for r in results if r.name == "gpupool" and r.rounds), None)
+    sl = next((r for r in results if r.name == "Slurm" and r.rounds), None)
+    print(f"\n== medians of {max((len(r.rounds) for r in results), default=0)} round(s), {jobs} jobs per phase")
+    print(f"  {'':<40} {'gpupool':>14} {'Slurm':>14} {'gpupool vs Slurm':>18}")
+    for label, which, metric, unit, higher in METRICS:
+        label = label.replace("N-client", f"{clients}-client")
+        a = gp.median(which, metric) if gp else None
+        b = sl.median(which, metric) if sl else None
+        ratio = "-"
+        if a and b:
+            ratio = f"{(a / b if higher else b / a):.2f}x"
+        print(f"  {label:<40} {fmt(a, unit):>14} {fmt(b, unit):>14} {ratio:>18}")
+    arrays = {r.name: r.array for r in results}
+    cells = []
+    for name in ("gpupool", "Slurm"):
+        array = arrays.get(name)
+        if array is None:
+            cells.append("-")
+        elif not array.available:
+            cells.append("not available")
+        else:
+            cells.append(f"{array.seconds:.2f} s")
+    a, b = arrays.get("gpupool"), arrays.get("Slurm")
+    ratio = f"{b.seconds / a.seconds:.2f}x" if a and b and a.available and b.available and a.seconds else "-"
+    count = next((arr.count for arr in arrays.values() if arr), 0)
+    print(f"  {f'array submit of {count:,}':<40} {cells[0]:>14} {cells[1]:>14} {ratio:>18}")
+    print("  (gpupool vs Slurm: how many times gpupool's figure is better; < 1 = Slurm better)")
+    for result in results:
+        if result.skipped:
+            print(f"  {result.name}: {result.skipped}")
+        for note in result.notes:
+            print(f"  {result.name}: {note}")
+
+
+def check_targets(results: list[SystemResult]) -> list[str]:
+    """Issue 14's targets that this run missed."""
+    gp = next((r for r in results if r.name == "gpupool" and r.rounds), None)
+    sl = next((r for r in results if r.name == "Slurm" and r.rounds), None)
+    if gp is None:
+        return []
+    missed = []
+    serial = gp.median(0, lambda p: p.rate) or 0.0
+    parallel = gp.median(1, lambda p: p.rate) or 0.0
+    if serial < SERIAL_TARGET_PER_S:
+        missed.append(f"serial submit {serial:.1f} jobs/s < {SERIAL_TARGET_PER_S:.0f}")
+    if parallel < CLIENTS_TARGET_PER_S:
+        missed.append(f"N-client submit {parallel:.1f} jobs/s < {CLIENTS_TARGET_PER_S:.0f}")
+    if sl is not None:
+        for label, which, metric, _unit, higher in METRICS:
+            a, b = gp.median(which, metric), sl.median(which, metric)
+            if a is None or b is None:
+                if a is None and "finished" in label:
+                    missed.append(f"{label}: gpupool did not finish every job")
+                continue
+            if "p50" in label or "p99" in label:
+                continue  # latency is reported, the targets are on rates and completion
+            if (a < b) if higher else (a > b):
+                missed.append(f"{label}: gpupool {a:.2f} vs Slurm {b:.2f}")
+        if gp.array and sl.array and sl.array.available:
+            if not gp.array.available:
+                missed.append("array submit: not available in gpupool")
+            elif gp.array.seconds > sl.array.seconds:
+                missed.append(f"array submit: gpupool {gp.array.seconds:.2f} s vs Slurm {sl.array.seconds:.2f} s")
+    if gp.deadlocks:
+        missed.append(f"{gp.deadlocks} deadlocks in PostgreSQL")
+    if gp.server_errors():
+        missed.append(f"{gp.server_errors()} HTTP 5xx")
+    return missed
+
+
+def where_the_time_goes(system: Gpupool, result: SystemResult, profile: list[str]) -> None:
+    print("\n== where gpupool's time goes")
+    for line in profile:
+        print(f"  {line}")
+    for label, which in (("serial", 0), ("N clients", 1)):
+        phases = [pair[which] for pair in result.rounds]
+        phase = phases[-1]
+        jobs = max(1, len(phase.ids))
+        if phase.latencies:
+            print(
+                f"  {label} (last round): HTTP p50 {ms(statistics.median(phase.latencies))} per submit; "
+                f"{phase.xacts / jobs:.1f} PostgreSQL transactions per job (submit to finish, every process)"
+            )
+        cpu = ", ".join(
+            f"{name} {1000 * seconds / jobs:.1f}" for name, seconds in sorted(phase.cpu.items(), key=lambda i: -i[1])
+        )
+        print(f"    CPU ms per job: {cpu}  (machine CPU busy {phase.machine_busy_pct:.0f} % of 2 cores x the phase)")
+        print(f"    job steps: {phase.steps}")
+        ran = [cycle for cycle in phase.cycles if cycle.ran]
+        if ran:
+            times = [cycle.seconds for cycle in ran]
+            placed = [cycle.placed for cycle in ran if cycle.placed is not None]
+            placements = f", placed median {statistics.median(placed):.0f} / max {max(placed)} jobs" if placed else ""
+            print(
+                f"    scheduling cycles: {len(ran)} ran ({len(phase.cycles) - len(ran)} found the lock taken), "
+                f"median {ms(statistics.median(times))}, max {ms(max(times))}, {sum(times):.1f} s in all{placements}"
+            )
+        else:
+            print("    scheduling cycles: none reported by the worker")
+
+
+def run_system(system, args: argparse.Namespace) -> SystemResult:
+    result = SystemResult(name=system.name)
+    print(f"\n== {system.describe()}", flush=True)
+    started = time.monotonic()
+    system.start()
+    print(f"  started in {time.monotonic() - started:.0f} s", flush=True)
+    warm = Phase()
+    system.submit(warm, jobs=args.clients, clients=args.clients, tag="warmup")
+    wait_drained(system, warm.ids, args.finish_timeout)
+    for number in range(args.rounds):
+        tag = f"r{number}"
+        serial = run_phase(system, jobs=args.jobs, clients=1, tag=f"{tag}-serial", finish_timeout_s=args.finish_timeout)
+        print(f"  round {number + 1}:\n{phase_line('serial', serial)}", flush=True)
+        wait_drained(system, serial.ids, args.finish_timeout)
+        parallel = run_phase(
+            system, jobs=args.jobs, clients=args.clients, tag=f"{tag}-clients", finish_timeout_s=args.finish_timeout
+        )
+        print(phase_line(f"{args.clients} clients", parallel), flush=True)
+        wait_drained(system, parallel.ids, args.finish_timeout)
+        result.rounds.append((serial, parallel))
+    if args.array:
+        result.array = system.array(args.array)
+        array = result.array
+        state = (
+            f"{array.seconds:.2f} s ({array.count / array.seconds:.0f} jobs/s)" if array.available else "not available"
+        )
+        print(f"  array of {args.array:,}: {state}{' — ' + array.note if array.note else ''}", flush=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs per phase (serial, then N clients)")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent clients of the second phase")
+    parser.add_argument("--array", type=int, default=10000, help="jobs in the array submit (0: skip)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of both phases per system (medians printed)")
+    parser.add_argument("--quick", action="store_true", help="200 jobs, array of 1,000, one round")
+    parser.add_argument("--systems", default="gpupool,slurm", help="comma-separated: gpupool, slurm")
+    parser.add_argument("--web-workers", type=int, default=max(2, os.cpu_count() or 1), help="gpupool web processes")
+    parser.add_argument(
+        "--web-server", choices=["uvicorn", "daphne"], default="uvicorn", help="daphne: one process (--web-workers 1)"
+    )
+    parser.add_argument(
+        "--db-conn-max-age", type=int, default=60, help="GPUPOOL_DB_CONN_MAX_AGE of the web processes (0: per request)"
+    )
+    parser.add_argument("--finish-timeout", type=float, default=900.0, help="seconds to wait for a phase's jobs")
+    parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
+    parser.add_argument("--redis-url", default=os.environ.get("GPUPOOL_REDIS_URL", ""))
+    parser.add_argument("--explain", action="store_true", help="print where gpupool's time goes even if on target")
+    args = parser.parse_args()
+    if args.quick:
+        args.jobs, args.array, args.rounds = 200, 1000, 1
+    systems = [name.strip().lower() for name in args.systems.split(",") if name.strip()]
+    if "gpupool" in systems and (not args.database_url.startswith("postgres") or not args.redis_url):
+        parser.error("gpupool runs on PostgreSQL and Redis: give --database-url/GPUPOOL_DATABASE_URL and --redis-url")
+
+    print("command:", " ".join([os.path.relpath(sys.executable, ROOT), *sys.argv]))
+    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min); {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
+    )
+    print(
+        f"workload: {args.rounds} round(s) of {args.jobs} trivial 1-GPU jobs (`true`) from 1 client, then from "
+        f"{args.clients} clients; then an array of {args.array:,}; {GPUS} GPUs"
+    )
+    results: list[SystemResult] = []
+    root = Path(tempfile.mkdtemp(prefix="gpupool-vs-slurm-"))
+    gpupool: Gpupool | None = None
+    profile: list[str] = []
+    try:
+        if "slurm" in systems:
+            why_not = slurm_installed()
+            if why_not:
+                results.append(SystemResult(name="Slurm", skipped=why_not))
+                print(f"\n== Slurm: {why_not}")
+            else:
+                slurm = Slurm(root / "slurm")
+                try:
+                    results.append(run_system(slurm, args))
+                finally:
+                    slurm.stop()
+        if "gpupool" in systems:
+            gpupool = Gpupool(
+                database_url=args.database_url,
+                redis_url=args.redis_url,
+                root=root / "gpupool",
+                web_workers=args.web_workers,
+                web_server=args.web_server,
+                conn_max_age=args.db_conn_max_age,
+            )
+            try:
+                result = run_system(gpupool, args)
+                result.deadlocks = gpupool.pg_stat()["deadlocks"] - gpupool.deadlocks_before
+                result.notes.append(
+                    f"deadlocks counted by PostgreSQL during the run: {result.deadlocks}; HTTP 5xx: "
+                    f"{result.server_errors()}"
+                )
+                results.append(result)
+                if check_targets(results) or args.explain:
+                    profile = gpupool.submit_profile()  # while the stack still runs
+            finally:
+                gpupool.stop()
+        print_table(results, args.clients, args.jobs)
+        if profile and gpupool is not None:
+            where_the_time_goes(gpupool, results[-1], profile)
+        missed = check_targets(results)
+        print("\n== targets missed: " + ("; ".join(missed) if missed else "none"))
+        return 0
+    finally:
+        if os.environ.get("GPUPOOL_BENCH_KEEP"):
+            print(f"logs kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
