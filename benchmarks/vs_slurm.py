@@ -128,7 +128,8 @@ class Gpupool:
     def describe(self) -> str:
         return (
             f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --workers "
-            f"{self.web_workers} ({self.web_server}, GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), celery worker (solo) + beat, "
+            f"{self.web_workers} --server {self.web_server} (GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), "
+            "celery worker (solo) + beat, "
             f"{AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards"
         )
 
