@@ -122,6 +122,11 @@ def _run_uvicorn(uvicorn, *, host: str, port: int, workers: int, log_level: str,
         log_level=log_level,
         access_log=access_log,
         ws_max_size=WS_MAX_MESSAGE_BYTES,
+        # As with daphne: the client address is the peer's. Whether X-Forwarded-For is believed is the
+        # application's decision (GPUPOOL_AUDIT_TRUST_FORWARDED_FOR), and HTTPS behind a proxy is Django's
+        # SECURE_PROXY_SSL_HEADER; uvicorn rewriting both for any local peer would bypass them.
+        proxy_headers=False,
+        server_header=False,
         # Requests in flight get this long to finish on SIGTERM before their connections are closed.
         timeout_graceful_shutdown=10,
     )

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
+from portal.server import WS_MAX_MESSAGE_BYTES
 from tests.conftest import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,13 +156,21 @@ def _wait_listening(process: subprocess.Popen, port: int, log_path: Path) -> Non
     pytest.fail(f"gpupool serve did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text(errors='replace')}")
 
 
-async def _agent_config_frame(port: int, credential: str) -> dict:
+async def _agent_socket(port: int, credential: str) -> tuple[dict, int | None]:
+    """The first frame a registered agent gets, and the close code after it sends a message over 1 MiB."""
     import websockets
 
     async with websockets.connect(
-        f"ws://127.0.0.1:{port}/ws/agent/", additional_headers={"Authorization": f"Bearer {credential}"}
+        f"ws://127.0.0.1:{port}/ws/agent/",
+        additional_headers={"Authorization": f"Bearer {credential}"},
+        max_size=None,
     ) as ws:
-        return json.loads(await asyncio.wait_for(ws.recv(), timeout=20))
+        config = json.loads(await asyncio.wait_for(ws.recv(), timeout=20))
+        await ws.send("x" * (WS_MAX_MESSAGE_BYTES + 1))
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                await asyncio.wait_for(ws.recv(), timeout=20)
+        return config, ws.close_code
 
 
 @pytest.mark.services
@@ -196,11 +205,13 @@ def test_serve_with_two_workers_answers_from_two_processes_and_stops_cleanly(ser
         f"only {set(answered_by.values())} of the workers {workers} answered {len(connections)} connections"
     )
 
-    # WebSockets too: a registered agent's socket gets its config frame from a worker process.
+    # WebSockets too: a registered agent's socket gets its config frame from a worker process, and a message
+    # over 1 MiB is refused by the server (close 1009: message too big), as daphne refused it.
     _row, bootstrap = bootstrap_token_create(actor=None, ttl_s=600)
     _node, credential = agent_register(token=bootstrap, node_name=f"serve-{uuid.uuid4().hex[:6]}")
-    frame = asyncio.run(_agent_config_frame(port, credential))
+    frame, close_code = asyncio.run(_agent_socket(port, credential))
     assert frame["type"] == "config", frame
+    assert close_code == 1009, close_code
 
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0, log_path.read_text(errors="replace")
