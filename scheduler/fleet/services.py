@@ -21,7 +21,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
-from django.db.models import F, Max
+from django.db.models import F, Max, Q
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -340,11 +340,18 @@ def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dic
     UUID → device id.
     """
     now = now or timezone.now()
-    # FOR NO KEY UPDATE: the foreign-key checks of rows inserted meanwhile (allocations) must not wait on it.
-    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
-    before_status = node.status
     reported = [device for device in hello.get("devices") or [] if isinstance(device, dict) and device.get("uuid")]
     reported_uuids = {str(device["uuid"])[:96] for device in reported}
+    # The project's lock order: device rows (in primary-key order) before the node row; FOR NO KEY UPDATE, so
+    # the foreign-key checks of allocations inserted meanwhile never wait on either.
+    list(
+        Device.objects.select_for_update(of=("self",), no_key=True)
+        .filter(Q(node_id=node_id) | Q(uuid__in=reported_uuids))
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+    before_status = node.status
     stale = list(node.devices.exclude(uuid__in=reported_uuids))
     for offset, device in enumerate(stale):
         device.health = DeviceHealth.UNHEALTHY
@@ -547,7 +554,7 @@ def lease_check(*, now: datetime | None = None) -> dict[str, list[int]]:
     candidates = Node.objects.filter(last_heartbeat_at__lt=expired_before).exclude(agent__lost_at__isnull=False)
     for node_id in candidates.values_list("pk", flat=True):
         with transaction.atomic():
-            node = Node.objects.select_for_update().get(pk=node_id)
+            node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
             if node.last_heartbeat_at is None or node.last_heartbeat_at >= expired_before:
                 continue  # a heartbeat arrived in between
             before = node.status
