@@ -72,9 +72,7 @@ def _leaf(record_hash_hex: str) -> bytes:
 def _merkle(leaves: Sequence[bytes]) -> bytes:
     if len(leaves) == 1:
         return leaves[0]
-    split = 1
-    while split * 2 < len(leaves):
-        split *= 2
+    split = _split(len(leaves))
     return hashlib.sha256(b"\x01" + _merkle(leaves[:split]) + _merkle(leaves[split:])).digest()
 
 
@@ -83,6 +81,54 @@ def merkle_root(record_hashes: Sequence[str]) -> str:
     if not record_hashes:
         return hashlib.sha256(b"").hexdigest()
     return _merkle([_leaf(h) for h in record_hashes]).hex()
+
+
+def _split(size: int) -> int:
+    """The number of leaves in the left subtree of an RFC 6962 tree of ``size`` leaves (largest power of 2 < size)."""
+    split = 1
+    while split * 2 < size:
+        split *= 2
+    return split
+
+
+def inclusion_proof(record_hashes: Sequence[str], index: int) -> list[str]:
+    """RFC 6962 §2.1.1 audit path (hex, deepest sibling first) of leaf ``index`` in the tree of ``record_hashes``."""
+
+    def path(m: int, leaves: Sequence[bytes]) -> list[bytes]:
+        if len(leaves) <= 1:
+            return []
+        k = _split(len(leaves))
+        if m < k:
+            return [*path(m, leaves[:k]), _merkle(leaves[k:])]
+        return [*path(m - k, leaves[k:]), _merkle(leaves[:k])]
+
+    if not 0 <= index < len(record_hashes):
+        raise ValueError(f"leaf {index} is outside a tree of {len(record_hashes)} leaves")
+    return [node.hex() for node in path(index, [_leaf(h) for h in record_hashes])]
+
+
+def root_from_inclusion_proof(record_hash_hex: str, index: int, size: int, proof: Sequence[str]) -> str | None:
+    """The Merkle root (hex) that ``proof`` proves leaf ``index`` of a ``size``-leaf tree belongs to; None when the
+    proof has the wrong shape. Compare it with a signed checkpoint's ``merkle_root``."""
+    siblings = [bytes.fromhex(p) for p in proof]
+
+    def root(m: int, n: int, node: bytes, path: list[bytes]) -> bytes | None:
+        if n == 1:
+            return node if not path else None
+        if not path:
+            return None
+        k = _split(n)
+        sibling, rest = path[-1], path[:-1]
+        if m < k:
+            left = root(m, k, node, rest)
+            return None if left is None else hashlib.sha256(b"\x01" + left + sibling).digest()
+        right = root(m - k, n - k, node, rest)
+        return None if right is None else hashlib.sha256(b"\x01" + sibling + right).digest()
+
+    if not 0 <= index < size:
+        return None
+    found = root(index, size, _leaf(record_hash_hex), siblings)
+    return found.hex() if found is not None else None
 
 
 def checkpoint_payload(checkpoint: dict[str, Any]) -> bytes:
@@ -173,6 +219,7 @@ FINDING_CHECKPOINT = "checkpoint"
 FINDING_TOMBSTONE = "tombstone"
 FINDING_FORGED = "forged"
 FINDING_WITNESS = "witness"
+FINDING_KEY = "key"  # a data key destroyed without a shred record, or shredded under legal hold
 
 
 def _recomputed(record: ChainRecord, seq: int | None = None) -> str:

@@ -111,7 +111,20 @@ def checkpoint_every_records() -> int:
 
 
 def checkpoint_every_seconds() -> int:
-    return max(1, int(getattr(settings, "GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 60)))
+    """How often beat seals every changed stream's head to the witness: the tail window a database administrator
+    can delete undetected is about this long (``benchmarks/audit.py`` measures it)."""
+    return max(1, int(getattr(settings, "GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 5)))
+
+
+def witness_slack_seconds() -> int:
+    """How far past the checkpoint interval the witness may lag before ``audit_verify`` fails: records older
+    than interval + slack that no witnessed checkpoint covers mean the sealing stopped (or the tail was cut)."""
+    return max(0, int(getattr(settings, "GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS", 25)))
+
+
+def witness_window_seconds() -> int:
+    """The age beyond which every record must be covered by a witnessed checkpoint."""
+    return checkpoint_every_seconds() + witness_slack_seconds()
 
 
 def retention_days() -> int:

@@ -9,6 +9,9 @@ A bundle is a zip of::
                        links to) and any tombstones of the streams
     keys.json          the public keys (PEM) that signed the checkpoints, by key id
     public_key.pem     the key that signed the manifest
+    datakeys.json      every data key the records name (tenant, destroyed or not) and, for each destroyed one, the
+                       ``audit.key.shred`` record that destroyed it with an RFC 6962 inclusion proof against a
+                       signed checkpoint, so the offline verifier can tell a shred from a key destroyed by hand
     manifest.json      what was asked for, what is included per stream, and the SHA-256 of every file above
     manifest.sig       the signature (base64) over manifest.json
 
@@ -32,12 +35,21 @@ from django.db.models import Max, Min
 
 from audit import chain
 from audit.csvsafe import formula_safe_row
-from audit.models import PLATFORM_STREAM, AuditRecord, ChainHead, Checkpoint, SigningKey, Tombstone, tenant_stream
+from audit.models import (
+    PLATFORM_STREAM,
+    AuditRecord,
+    ChainHead,
+    Checkpoint,
+    DataKey,
+    SigningKey,
+    Tombstone,
+    tenant_stream,
+)
 from audit.services import _iso, audit_record, checkpoint_all, details_for, record_header
 from audit.signing import get_signer
 from portal.api import DomainError
 
-BUNDLE_FORMAT = "gpupool-audit-bundle/1"
+BUNDLE_FORMAT = "gpupool-audit-bundle/2"
 CSV_COLUMNS = [
     "stream",
     "seq",
@@ -59,7 +71,7 @@ CSV_COLUMNS = [
     "prev_hash",
     "hash",
 ]
-FILES = ("records.jsonl", "records.csv", "checkpoints.json", "keys.json", "public_key.pem")
+FILES = ("records.jsonl", "records.csv", "checkpoints.json", "keys.json", "datakeys.json", "public_key.pem")
 
 
 def _stream_range(stream: str, start: dt.datetime, end: dt.datetime) -> tuple[int, int, dict | None] | None:
@@ -87,6 +99,47 @@ def _record_line(record: AuditRecord, details: Any) -> dict[str, Any]:
     }
 
 
+def _data_keys(key_ids: set[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``datakeys.json``: the keys the bundle's records name, and the shred records (with inclusion proofs against
+    a signed checkpoint) of the destroyed ones. A key destroyed by hand has no shred record: the offline verifier
+    then fails naming it."""
+    keys = {
+        k.key_id: {
+            "tenant_id": k.tenant_id,
+            "destroyed": k.destroyed_at is not None or not bytes(k.wrapped_key),
+            "destroyed_at": _iso(k.destroyed_at) if k.destroyed_at else None,
+        }
+        for k in DataKey.objects.filter(key_id__in=key_ids)
+    }
+    destroyed = {key_id for key_id, info in keys.items() if info["destroyed"]}
+    if not destroyed:
+        return keys, []
+    shreds: list[dict[str, Any]] = []
+    records = list(AuditRecord.objects.filter(stream=PLATFORM_STREAM, action="audit.key.shred").order_by("seq"))
+    opened = details_for(records)
+    for record in records:
+        details = opened[record.pk]
+        if not isinstance(details, dict) or not destroyed & {str(k) for k in details.get("key_ids") or []}:
+            continue
+        checkpoint = Checkpoint.objects.filter(stream=PLATFORM_STREAM, from_seq__lte=record.seq, seq__gte=record.seq)
+        checkpoint = checkpoint.order_by("seq").first()
+        if checkpoint is None:
+            continue  # not sealed yet: the verifier fails on the key, and the auditor exports again
+        hashes = list(
+            AuditRecord.objects.filter(stream=PLATFORM_STREAM, seq__gte=checkpoint.from_seq, seq__lte=checkpoint.seq)
+            .order_by("seq")
+            .values_list("hash", flat=True)
+        )
+        shreds.append(
+            {
+                "record": _record_line(record, details),
+                "checkpoint": checkpoint.as_dict(),
+                "proof": chain.inclusion_proof(hashes, record.seq - checkpoint.from_seq),
+            }
+        )
+    return keys, shreds
+
+
 def build_bundle(
     *, actor: Any | None, start: dt.datetime, end: dt.datetime, tenant_id: int | None = None
 ) -> tuple[bytes, dict[str, Any]]:
@@ -107,6 +160,7 @@ def build_bundle(
     checkpoints: list[dict] = []
     tombstones: list[dict] = []
     included: dict[str, dict[str, Any]] = {}
+    record_key_ids: set[str] = set()
     for stream in streams:
         found = _stream_range(stream, start, end)
         if found is None:
@@ -117,6 +171,7 @@ def build_bundle(
         for record in records:
             line = _record_line(record, details[record.pk])
             lines.append(json.dumps(line, sort_keys=True, ensure_ascii=False, default=str))
+            record_key_ids.add(record.key_id)
             header = line["header"]
             # Formula-safe cells (audit.csvsafe): user agents, usernames and targets are attacker-controlled.
             writer.writerow(
@@ -134,7 +189,11 @@ def build_bundle(
         tombstones.extend(t.as_dict() for t in Tombstone.objects.filter(stream=stream))
         included[stream] = {"from_seq": lo, "to_seq": hi, "records": len(records)}
 
-    key_ids = {c["key_id"] for c in checkpoints} | {t["key_id"] for t in tombstones} | {signer.key_id}
+    data_keys, shreds = _data_keys(record_key_ids)
+    checkpoints_for_keys = [shred["checkpoint"] for shred in shreds]
+    key_ids = (
+        {c["key_id"] for c in checkpoints + checkpoints_for_keys} | {t["key_id"] for t in tombstones} | {signer.key_id}
+    )
     keys = {k.key_id: k.public_key_pem for k in SigningKey.objects.filter(key_id__in=key_ids)}
     keys[signer.key_id] = signer.public_key_pem()
     files = {
@@ -144,6 +203,9 @@ def build_bundle(
             {"checkpoints": checkpoints, "tombstones": tombstones}, indent=1, sort_keys=True
         ).encode("utf-8"),
         "keys.json": json.dumps(keys, indent=1, sort_keys=True).encode("utf-8"),
+        "datakeys.json": json.dumps(
+            {"keys": data_keys, "shreds": shreds}, indent=1, sort_keys=True, ensure_ascii=False, default=str
+        ).encode("utf-8"),
         "public_key.pem": signer.public_key_pem().encode("ascii"),
     }
     manifest = {

@@ -6,8 +6,9 @@ role) on a tenant's objects, lands in the platform stream — the latter in both
 operator and the platform keeps its own complete record.
 
 Rows keep ids, not foreign keys: an audit row outlives the users and tenants it names. Records are append-only:
-no code path updates them, and on PostgreSQL a trigger refuses UPDATE and DELETE (except a purge beyond
-retention, which sets a transaction-local flag and leaves a signed tombstone).
+no code path updates them; on PostgreSQL the portal's database role has no UPDATE, DELETE or TRUNCATE privilege on
+them (``gpupool db_roles``), and triggers refuse UPDATE, TRUNCATE, and DELETE of any record no signed tombstone
+covers (a purge writes its tombstone first). See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ class ChainHead(models.Model):
     seq = models.BigIntegerField(default=0)
     hash = models.CharField(max_length=64)
     checkpoint_seq = models.BigIntegerField(default=0, help_text="Seq of the stream's latest checkpoint.")
+    # Bookkeeping only (what the next checkpoint run still has to append to the witness); the verifier reads
+    # the witness file itself, so a wrong value here hides nothing.
+    witnessed_seq = models.BigIntegerField(
+        default=0, db_default=0, help_text="Seq of the stream's latest checkpoint appended to the witness."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
 

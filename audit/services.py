@@ -24,7 +24,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import F, Max
+from django.db.models import F, Max, Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -497,9 +497,9 @@ def _remember_signer_key() -> None:
     )
 
 
-def checkpoint_create(*, stream: str) -> Checkpoint | None:
-    """Sign the head of ``stream`` and the Merkle root of its records since the previous checkpoint; append it
-    to the witness file once committed. None when nothing was appended since the last checkpoint."""
+def _checkpoint_stream(stream: str) -> Checkpoint | None:
+    """Sign the head of ``stream`` and the Merkle root of its records since the previous checkpoint, in its own
+    transaction (the head row locked FOR UPDATE for that moment only). None when nothing was appended since."""
     signer = get_signer()
     with transaction.atomic():
         head = ChainHead.objects.select_for_update().filter(stream=stream).first()
@@ -525,14 +525,58 @@ def checkpoint_create(*, stream: str) -> Checkpoint | None:
         )
         ChainHead.objects.filter(stream=stream).update(checkpoint_seq=head.seq)
         _remember_signer_key()
-        entry = {"type": "checkpoint", **checkpoint.as_dict(), "public_key_pem": signer.public_key_pem()}
-        transaction.on_commit(lambda: _witness(entry))
+    return checkpoint
+
+
+def _witness_pending(streams: list[str]) -> int:
+    """Append every committed checkpoint of ``streams`` that the witness does not hold yet (above the head's
+    ``witnessed_seq``) in one write and one fsync, then move ``witnessed_seq``. A checkpoint whose append was
+    lost (a crash between its COMMIT and the write, a witness outage) is appended by the next run. Returns the
+    number of entries appended."""
+    behind = list(
+        ChainHead.objects.filter(stream__in=streams, checkpoint_seq__gt=F("witnessed_seq")).values_list(
+            "stream", "witnessed_seq"
+        )
+    )
+    if not behind:
+        return 0
+    wanted = Q()
+    for stream, witnessed_seq in behind:
+        wanted |= Q(stream=stream, seq__gt=witnessed_seq)
+    checkpoints = list(Checkpoint.objects.filter(wanted).order_by("stream", "seq"))
+    if not checkpoints:
+        return 0
+    keys = {k.key_id: k.public_key_pem for k in SigningKey.objects.filter(key_id__in={c.key_id for c in checkpoints})}
+    entries = [{"type": "checkpoint", **c.as_dict(), "public_key_pem": keys.get(c.key_id, "")} for c in checkpoints]
+    try:
+        witness.append_many(entries)
+    except OSError as exc:
+        raise_alert(
+            event="audit.witness_failed",
+            message=f"could not append to the audit witness file {conf.witness_path()}: {exc}; the next checkpoint "
+            "run retries",
+            details={"streams": sorted({c.stream for c in checkpoints})},
+        )
+        return 0
+    tops: dict[str, int] = {}
+    for checkpoint in checkpoints:
+        tops[checkpoint.stream] = max(tops.get(checkpoint.stream, 0), checkpoint.seq)
+    for stream, top in tops.items():
+        ChainHead.objects.filter(stream=stream, witnessed_seq__lt=top).update(witnessed_seq=top)
+    return len(entries)
+
+
+def checkpoint_create(*, stream: str) -> Checkpoint | None:
+    """Sign the head of ``stream`` (see ``_checkpoint_stream``) and append it to the witness once committed.
+    None when nothing was appended since the last checkpoint."""
+    checkpoint = _checkpoint_stream(stream)
+    transaction.on_commit(lambda: _witness_pending([stream]))
     return checkpoint
 
 
 def _witness(entry: dict[str, Any]) -> None:
     try:
-        witness.append(entry)
+        witness.append_many([entry])
     except OSError as exc:
         raise_alert(
             event="audit.witness_failed",
@@ -542,10 +586,19 @@ def _witness(entry: dict[str, Any]) -> None:
 
 
 def checkpoint_all() -> list[Checkpoint]:
-    """A checkpoint for every stream with records since its last one (the periodic task calls this)."""
-    streams = ChainHead.objects.filter(seq__gt=F("checkpoint_seq")).values_list("stream", flat=True)
-    made = [checkpoint_create(stream=stream) for stream in list(streams)]
-    return [c for c in made if c is not None]
+    """Seal every stream whose head moved since its last checkpoint, and re-append checkpoints the witness
+    missed. Beat runs this every ``GPUPOOL_AUDIT_CHECKPOINT_SECONDS`` and the worker on shutdown, so it is
+    one indexed query on the (one row per stream) head table when nothing changed."""
+    streams = list(
+        ChainHead.objects.filter(Q(seq__gt=F("checkpoint_seq")) | Q(checkpoint_seq__gt=F("witnessed_seq")))
+        .order_by("stream")
+        .values_list("stream", flat=True)
+    )
+    if not streams:
+        return []
+    made = [c for c in (_checkpoint_stream(stream) for stream in streams) if c is not None]
+    transaction.on_commit(lambda: _witness_pending(streams))
+    return made
 
 
 # --- keys -------------------------------------------------------------------------------------------------
@@ -583,7 +636,12 @@ def tenant_keys_shred(*, actor: Any | None, tenant_id: int, now: dt.datetime | N
     """Destroy a tenant's data keys at the end of retention (crypto-shredding). Its records stay in the chain
     (hashes cover ciphertext, so the chain still verifies) but their details read as "[shredded]".
 
-    Refused while the tenant is under legal hold or still has records inside the retention period.
+    Refused while the tenant is under legal hold or still has records inside the retention period. The
+    destruction is itself a chain event: an ``audit.key.shred`` record naming the tenant and every key id is
+    written in the same transaction, in the platform stream and sealed under the platform key (so it stays
+    readable after the tenant's keys are gone), and the platform stream is checkpointed and witnessed right after
+    the commit. ``audit_verify`` and the offline verifier fail on any destroyed key no such record names.
+    Runs as the audit-admin database role (the portal's role cannot UPDATE data keys; docs/audit.md).
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -601,17 +659,21 @@ def tenant_keys_shred(*, actor: Any | None, tenant_id: int, now: dt.datetime | N
                 f"until {keep_until:%Y-%m-%d}; shred after that date.",
                 code="inside_retention",
             )
-        keys = list(DataKey.objects.select_for_update().filter(tenant_id=tenant_id, destroyed_at__isnull=True))
-        for data_key in keys:
-            data_key.wrapped_key, data_key.destroyed_at = b"", now
-            data_key.save(update_fields=["wrapped_key", "destroyed_at"])
-            _key_cache.pop(data_key.key_id, None)
+        keys = list(
+            DataKey.objects.select_for_update().filter(tenant_id=tenant_id, destroyed_at__isnull=True).order_by("pk")
+        )
+        # The record first: no key is destroyed without it (it commits with the destruction or neither does).
         audit_record(
             action="audit.key.shred",
             actor=actor,
             target=f"tenant:{tenant_id}",
-            details={"tenant_id": tenant_id, "key_ids": [k.key_id for k in keys]},
+            details={"tenant_id": tenant_id, "key_ids": [k.key_id for k in keys], "destroyed_at": _iso(now)},
         )
+        for data_key in keys:
+            data_key.wrapped_key, data_key.destroyed_at = b"", now
+            data_key.save(update_fields=["wrapped_key", "destroyed_at"])
+            _key_cache.pop(data_key.key_id, None)
+        transaction.on_commit(lambda: checkpoint_create(stream=PLATFORM_STREAM))
     return len(keys)
 
 
@@ -650,16 +712,11 @@ def legal_hold_release(*, actor: Any | None, tenant_id: int | None) -> int:
 # --- purge ------------------------------------------------------------------------------------------------
 
 
-def _allow_purge_deletes() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL gpupool.audit_purge = 'on'")
-
-
 def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[Tombstone]:
     """Remove records older than the retention period and not under legal hold, leaving a signed tombstone per
     stream. Purges stop at a checkpoint boundary, so the tombstone names a signed head and the verifier starts
-    the chain there. Returns the tombstones written."""
+    the chain there. Runs as the audit-admin database role (the portal's role cannot DELETE records; see
+    docs/audit.md). Returns the tombstones written."""
     now = now or timezone.now()
     cutoff = now - dt.timedelta(days=conf.retention_days())
     signer = get_signer()
@@ -694,8 +751,8 @@ def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[
             checkpoint = candidates.order_by("-seq").first()
             if checkpoint is None:
                 continue
-            _allow_purge_deletes()
-            purged, _ = AuditRecord.objects.filter(stream=head.stream, seq__gt=start, seq__lte=checkpoint.seq).delete()
+            doomed = AuditRecord.objects.filter(stream=head.stream, seq__gt=start, seq__lte=checkpoint.seq)
+            purged = doomed.count()
             fields = {
                 "stream": head.stream,
                 "through_seq": checkpoint.seq,
@@ -707,6 +764,11 @@ def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[
             tombstone = Tombstone.objects.create(
                 **fields, algorithm=signer.algorithm, signature=signer.sign(chain.tombstone_payload(fields))
             )
+            # The tombstone first: the database's trigger lets a record be deleted only once a tombstone covers
+            # it (migration 0003), so nothing but a purge that leaves signed proof can remove records.
+            deleted, _ = doomed.delete()
+            if deleted != purged:
+                raise ConflictError(f"{head.stream}: expected to purge {purged} records, deleted {deleted}")
             tombstones.append(tombstone)
             entry = {"type": "tombstone", **tombstone.as_dict(), "public_key_pem": signer.public_key_pem()}
             transaction.on_commit(lambda entry=entry: _witness(entry))

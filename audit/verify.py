@@ -5,8 +5,14 @@ so an assessor can run it on their own machine. It checks the manifest signature
 every record hash and chain link, the signed checkpoints (and their Merkle roots) covering every record, the
 tombstones, and that the CSV says what the JSON Lines say. Any changed byte fails it.
 
+It also checks data-key destruction: every record whose details read "[shredded]" must name a key that
+``datakeys.json`` lists as destroyed, and every destroyed key must be named, for its own tenant, by an
+``audit.key.shred`` record proved (RFC 6962 inclusion proof) to be in a signed checkpoint; a key destroyed by hand
+in the database fails, naming the tenant and the key.
+
 Pin the signer with ``--key-id`` (printed by ``manage.py audit_export``) or ``--public-key FILE``: a bundle
-re-signed end to end with another key is otherwise internally consistent.
+re-signed end to end with another key is otherwise internally consistent. Without a pin the verifier FAILS
+(exit 1) after checking everything else, unless told ``--unpinned`` (then it says the key is unpinned).
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ REQUIRED = (
     "records.csv",
     "checkpoints.json",
     "keys.json",
+    "datakeys.json",
     "public_key.pem",
 )
+SHREDDED = "[shredded]"
 
 
 class BundleError(Exception):
@@ -153,7 +161,10 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
     if findings:
         raise BundleError("; ".join(f"{f.stream}: {f.message}" for f in findings[:10]))
 
-    # 4. The CSV says what the JSON Lines say.
+    # 4. No data key was destroyed without a shred record in the chain.
+    _check_data_keys(json.loads(bodies["datakeys.json"]), records_by_stream, keys)
+
+    # 5. The CSV says what the JSON Lines say.
     rows = list(csv.DictReader(io.StringIO(bodies["records.csv"].decode("utf-8"))))
     expected = [r for stream in streams for r in sorted(records_by_stream[stream], key=lambda r: r["header"]["seq"])]
     if len(rows) != len(expected):
@@ -178,11 +189,74 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
     }
 
 
+def _proved_shred(shred: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
+    """The details of a shred record after checking its hash, its action and its inclusion in a signed
+    checkpoint of the platform stream; raises BundleError otherwise."""
+    record, checkpoint = shred["record"], shred["checkpoint"]
+    header = record["header"]
+    where = f"shred record {header.get('stream')} seq {header.get('seq')}"
+    ciphertext = base64.b64decode(record["ciphertext"], validate=True)
+    if chain.record_hash(record["prev_hash"], header, ciphertext) != record["hash"]:
+        raise BundleError(f"datakeys.json: {where} does not hash to its stored hash")
+    if header.get("action") != "audit.key.shred" or header.get("stream") != "platform":
+        raise BundleError(f"datakeys.json: {where} is not an audit.key.shred record of the platform stream")
+    key_pem = keys.get(checkpoint.get("key_id", ""))
+    if key_pem is None or not chain.verify_ed25519(
+        key_pem, checkpoint["signature"], chain.checkpoint_payload(checkpoint)
+    ):
+        raise BundleError(f"datakeys.json: the checkpoint proving {where} has a bad signature")
+    if checkpoint.get("stream") != "platform":
+        raise BundleError(f"datakeys.json: the checkpoint proving {where} is of another stream")
+    index, size = header["seq"] - checkpoint["from_seq"], checkpoint["seq"] - checkpoint["from_seq"] + 1
+    root = chain.root_from_inclusion_proof(record["hash"], index, size, shred["proof"])
+    if root != checkpoint["merkle_root"]:
+        raise BundleError(f"datakeys.json: {where} is not in the signed checkpoint at seq {checkpoint['seq']}")
+    if not isinstance(record.get("details"), dict):
+        raise BundleError(f"datakeys.json: {where} does not open ({record.get('details')!r})")
+    return record["details"]
+
+
+def _check_data_keys(data_keys: dict[str, Any], records_by_stream: dict[str, list[dict]], keys: dict[str, str]) -> None:
+    listed: dict[str, dict[str, Any]] = data_keys.get("keys", {})
+    named: dict[str, Any] = {}
+    for shred in data_keys.get("shreds", []):
+        details = _proved_shred(shred, keys)
+        for key_id in details.get("key_ids") or []:
+            named[str(key_id)] = details.get("tenant_id")
+    for stream, records in records_by_stream.items():
+        for record in records:
+            key_id = record["header"]["key_id"]
+            info = listed.get(key_id)
+            if info is None:
+                raise BundleError(f"{stream} seq {record['header']['seq']}: data key {key_id} is not in datakeys.json")
+            if record.get("details") == SHREDDED and not info.get("destroyed"):
+                raise BundleError(
+                    f"{stream} seq {record['header']['seq']} reads {SHREDDED} but its data key {key_id} is not listed "
+                    "as destroyed"
+                )
+    for key_id, info in sorted(listed.items()):
+        if not info.get("destroyed"):
+            continue
+        owner = f"tenant {info.get('tenant_id')}" if info.get("tenant_id") is not None else "the platform"
+        if key_id not in named:
+            raise BundleError(
+                f"data key {key_id} of {owner} was destroyed (destroyed_at {info.get('destroyed_at')}) without an "
+                "audit.key.shred record naming it: it was shredded outside the shred command"
+            )
+        if named[key_id] != info.get("tenant_id"):
+            raise BundleError(f"data key {key_id} of {owner} is named by a shred record for tenant {named[key_id]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audit.verify", description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", help="the export bundle (.zip)")
     parser.add_argument("--key-id", help="the signing key id you expect (from the exporting site)")
     parser.add_argument("--public-key", help="a PEM file with the public key you expect")
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="accept a bundle without a pinned key (checks only that it is internally consistent)",
+    )
     args = parser.parse_args(argv)
     pinned = open(args.public_key, encoding="ascii").read() if args.public_key else None
     try:
@@ -193,7 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # any malformed content is a failure, never a traceback that looks like a pass
         print(f"FAILED: the bundle could not be checked: {exc!r}")
         return 1
-    pin = "" if (args.key_id or args.public_key) else " (key not pinned: compare the key id with the exporting site)"
+    pinned_key = bool(args.key_id or args.public_key)
+    if not pinned_key and not args.unpinned:
+        print(
+            f"FAILED: the signing key is not pinned: the bundle is internally consistent and signed by key "
+            f"{summary['key_id']}, but anyone can make such a bundle. Compare that id with the exporting site and "
+            f"run again with --key-id {summary['key_id']} (or --public-key FILE; --unpinned to accept it as is)"
+        )
+        return 1
+    pin = "" if pinned_key else " (UNPINNED: --unpinned; compare the key id with the exporting site)"
     print(
         f"OK: {summary['records']} records in {summary['streams']} streams, {summary['checkpoints']} checkpoints, "
         f"signed by key {summary['key_id']}{pin}"

@@ -28,14 +28,22 @@ def database_identity() -> str:
 
 
 def append(entry: dict[str, Any]) -> None:
-    """Append one line (one ``write`` under an exclusive lock, fsynced)."""
+    """Append one line (see ``append_many``)."""
+    append_many([entry])
+
+
+def append_many(batch: list[dict[str, Any]]) -> None:
+    """Append one line per entry in one ``write`` under an exclusive lock, fsynced once."""
+    if not batch:
+        return
     path = conf.witness_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps({**entry, "db": database_identity()}, sort_keys=True, separators=(",", ":")) + "\n"
+    me = database_identity()
+    body = "".join(json.dumps({**entry, "db": me}, sort_keys=True, separators=(",", ":")) + "\n" for entry in batch)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, line.encode("utf-8"))
+        os.write(fd, body.encode("utf-8"))
         os.fsync(fd)
     finally:
         os.close(fd)

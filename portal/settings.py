@@ -326,7 +326,10 @@ GPUPOOL_AUDIT_SIGNER = env_str("GPUPOOL_AUDIT_SIGNER", "audit.signing.Ed25519Sig
 GPUPOOL_AUDIT_SIGNING_KEY = env_str("GPUPOOL_AUDIT_SIGNING_KEY", "")  # base64 Ed25519 seed; unset = dev-derived
 GPUPOOL_AUDIT_WITNESS_PATH = env_str("GPUPOOL_AUDIT_WITNESS_PATH", str(DATA_DIR / "audit-witness.jsonl"))
 GPUPOOL_AUDIT_CHECKPOINT_RECORDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_RECORDS", 1000)
-GPUPOOL_AUDIT_CHECKPOINT_SECONDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 60)
+# Every changed stream's head is sealed to the witness this often (the tail a DBA can cut undetected); audit_verify
+# fails when records older than this + the slack are not covered by a witnessed checkpoint.
+GPUPOOL_AUDIT_CHECKPOINT_SECONDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 5)
+GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS = env_int("GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS", 25)
 GPUPOOL_AUDIT_RETENTION_DAYS = env_int("GPUPOOL_AUDIT_RETENTION_DAYS", 365)  # audit refuses < 180
 GPUPOOL_AUDIT_ALERT_HOOK = env_str("GPUPOOL_AUDIT_ALERT_HOOK", "")  # dotted path: hook(event, message, details)
 GPUPOOL_AUDIT_SIEM_URL = env_str("GPUPOOL_AUDIT_SIEM_URL", "")  # udp://host:514?format=rfc5424 | tcp://…?format=cef

@@ -100,9 +100,21 @@ def run_verifier(*args: str) -> subprocess.CompletedProcess:
 def test_bundle_verifies_offline_without_django(tmp_path):
     populate()
     path = export(tmp_path)
-    result = run_verifier(str(path))
+    key_id = json.loads(zipfile.ZipFile(path).read("manifest.json"))["signing_key_id"]
+    result = run_verifier(str(path), "--key-id", key_id)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("OK: ") and "no django" in result.stdout
+
+
+def test_verifier_fails_without_a_pinned_key_unless_told_unpinned(tmp_path):
+    populate()
+    path = export(tmp_path)
+    key_id = json.loads(zipfile.ZipFile(path).read("manifest.json"))["signing_key_id"]
+    result = run_verifier(str(path))
+    assert result.returncode == 1
+    assert result.stdout.startswith("FAILED: the signing key is not pinned") and key_id in result.stdout
+    result = run_verifier(str(path), "--unpinned")
+    assert result.returncode == 0 and "UNPINNED" in result.stdout
 
 
 def test_verifier_fails_on_a_changed_byte_and_exits_nonzero(tmp_path):
@@ -119,6 +131,7 @@ MEMBERS = [
     "manifest.sig",
     "checkpoints.json",
     "keys.json",
+    "datakeys.json",
     "public_key.pem",
 ]
 
