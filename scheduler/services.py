@@ -169,8 +169,10 @@ def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[st
     """
     from tenants.models import MAX_TENANT_DEPTH, Membership, MembershipRole, Tenant
 
-    user = actor if getattr(actor, "pk", None) else None
-    if user is not None and not (user.is_authenticated and user.is_active):
+    # ``actor`` None is the system itself; any other actor must be a signed-in, active account (an anonymous
+    # user sees no tenant at all, as in ``tenants.selectors.tenants_visible_to``).
+    user = actor
+    if user is not None and not (getattr(user, "is_authenticated", False) and user.is_active and user.pk):
         raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
     # "parent", "parent__parent", ...: every ancestor a tenant can have (the tree is at most MAX_TENANT_DEPTH deep).
     ancestor_paths = ["__".join(["parent"] * level) for level in range(1, MAX_TENANT_DEPTH)]

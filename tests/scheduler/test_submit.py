@@ -119,6 +119,20 @@ def test_who_may_submit_is_decided_as_before(tenant, node, no_cycle_requests):
     assert body["tenant"] == "team-b"
 
 
+def test_an_anonymous_or_deactivated_actor_sees_no_tenant(member, node, no_cycle_requests):
+    from django.contrib.auth.models import AnonymousUser
+
+    from portal.api import NotFoundError
+    from scheduler import services
+
+    with pytest.raises(NotFoundError):
+        services.job_submit(actor=AnonymousUser(), spec=SPEC)
+    member.is_active = False
+    with pytest.raises(NotFoundError):
+        services.job_submit(actor=member, spec=SPEC)
+    assert not Job.objects.exists()
+
+
 def test_an_unknown_flavor_is_a_spec_error_even_for_a_tenant_you_cannot_see(member, node, no_cycle_requests):
     client = APIClient()
     client.force_authenticate(member)
