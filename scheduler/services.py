@@ -327,7 +327,9 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> 
     """
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is not None:
-        raise JobSpecError("array: this call submits one job; job_array_submit submits an array.", field="array")
+        raise JobSpecError(
+            'array: submit job arrays through POST /api/v1/jobs/; here remove "array" to submit one job.', field="array"
+        )
     tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     submitter = actor if getattr(actor, "pk", None) else None
@@ -435,9 +437,10 @@ def job_array_submit(*, actor: Any | None, spec: dict, request: Any | None = Non
 
     Job i gets ``GPUPOOL_ARRAY_INDEX=i`` (and ``GPUPOOL_ARRAY_ID``, ``GPUPOOL_ARRAY_COUNT``) in its env and the
     batch's ``array_id``. The rules of a single submit apply to each job: same tenant check, same approval
-    rule, queued at once. An array whose jobs would need approval is refused, not held: an approval per job
-    would flood the approvers' inbox. The same statements whatever the count (job 0, its copies, the events: three
-    inserts), one audit record ``job.array.submit`` for the batch and one cycle request.
+    rule, queued at once; quotas (limits, max running jobs) bind each job when a cycle places it, as for any
+    job. An array whose jobs would need approval is refused, not held: an approval per job would flood the
+    approvers' inbox. The same statements whatever the count (job 0, its copies, the events: three inserts),
+    one audit record ``job.array.submit`` for the batch and one cycle request.
     """
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is None:
