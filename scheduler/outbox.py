@@ -6,14 +6,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.utils import timezone
 
 from nodeagent import protocol
+from scheduler.bulk import insert_rows
 from scheduler.models import AgentCommand, Allocation, Job, Node
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_STOP_GRACE_S = 30.0
+#: Rows per INSERT (PostgreSQL takes at most 65,535 parameters per statement).
+BULK_BATCH = 1000
 
 
 def _create(*, node: Node | int, job: Job | None, message: protocol.Message) -> AgentCommand:
@@ -30,6 +34,18 @@ def _create(*, node: Node | int, job: Job | None, message: protocol.Message) -> 
 
 def workload_start_message(*, job: Job, replica: int, allocations: Iterable[Allocation]) -> protocol.WorkloadStart:
     """The ``workload.start`` frame for one replica (``command_id`` is filled in when the row exists)."""
+    return workload_start_frame(
+        job=job,
+        replica=replica,
+        devices=[(a.device.index, a.device.uuid, a.millis, a.memory_mib) for a in allocations],
+    )
+
+
+def workload_start_frame(
+    *, job: Job, replica: int, devices: Iterable[tuple[int, str, int, int]]
+) -> protocol.WorkloadStart:
+    """The ``workload.start`` frame for one replica given its devices as ``(index, uuid, millis, memory_mib)``
+    (what a cycle has at hand without loading each allocation's device row)."""
     env = {
         **job.env,
         "GPUPOOL_REPLICA": str(replica),
@@ -46,8 +62,8 @@ def workload_start_message(*, job: Job, replica: int, allocations: Iterable[Allo
         env=env,
         working_dir=job.working_dir or None,
         devices=[
-            protocol.DeviceAssignment(uuid=a.device.uuid, millis=a.millis, memory_mib=a.memory_mib or None)
-            for a in sorted(allocations, key=lambda a: a.device.index)
+            protocol.DeviceAssignment(uuid=uuid, millis=millis, memory_mib=memory_mib or None)
+            for _index, uuid, millis, memory_mib in sorted(devices)
         ],
         checkpoint_dir=job.checkpoint_dir or None,
         max_runtime_s=job.max_runtime_s,
@@ -61,18 +77,56 @@ def workload_start_create(*, job: Job, replica: int, allocations: Iterable[Alloc
     return _create(node=allocations[0].node_id, job=job, message=message)
 
 
+def _reserved_ids(count: int) -> list[int] | None:
+    """``count`` new AgentCommand ids taken from the table's sequence (PostgreSQL), so each frame can carry its
+    row's id in the same INSERT; None elsewhere (SQLite: insert first, then write the payloads)."""
+    if connection.vendor != "postgresql":
+        return None
+    table = AgentCommand._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, count])
+        return [row[0] for row in cursor.fetchall()]
+
+
 def commands_bulk_create(items: list[tuple[int, Job | None, protocol.Message]]) -> list[AgentCommand]:
-    """Many commands at once, ``(node id, job, message)`` each: two queries however many (a cycle's starts)."""
+    """Many commands at once, ``(node id, job, message)`` each: two statements however many (a cycle's starts)."""
     if not items:
         return []
-    commands = AgentCommand.objects.bulk_create(
-        AgentCommand(node_id=node_id, job=job, command_type=message.type, payload={}) for node_id, job, message in items
-    )
-    for command, (_node_id, _job, message) in zip(commands, items, strict=True):
-        message.command_id = command.pk
-        message.id = f"cmd-{command.pk}"
-        command.payload = protocol.to_dict(message)
-    AgentCommand.objects.bulk_update(commands, ["payload"], batch_size=500)
+    ids = _reserved_ids(len(items))
+    if ids is not None:
+        now = timezone.now()
+        commands = []
+        for pk, (node_id, job, message) in zip(ids, items, strict=True):
+            message.command_id = pk
+            message.id = f"cmd-{pk}"
+            commands.append(
+                AgentCommand(
+                    pk=pk,
+                    node_id=node_id,
+                    job=job,
+                    command_type=message.type,
+                    payload=protocol.to_dict(message),
+                    created_at=now,
+                )
+            )
+        insert_rows(
+            AgentCommand,
+            ("id", "node_id", "job_id", "command_type", "payload", "created_at", "error", "attempts"),
+            [(c.pk, c.node_id, c.job_id, c.command_type, c.payload, now, "", 0) for c in commands],
+        )
+        for command in commands:  # they are rows now
+            command._state.adding = False
+            command._state.db = connection.alias
+    else:
+        commands = AgentCommand.objects.bulk_create(
+            AgentCommand(node_id=node_id, job=job, command_type=message.type, payload={})
+            for node_id, job, message in items
+        )
+        for command, (_node_id, _job, message) in zip(commands, items, strict=True):
+            message.command_id = command.pk
+            message.id = f"cmd-{command.pk}"
+            command.payload = protocol.to_dict(message)
+        AgentCommand.objects.bulk_update(commands, ["payload"], batch_size=BULK_BATCH)
     announce_after_commit(commands)
     return commands
 

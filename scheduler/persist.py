@@ -1,24 +1,37 @@
-"""A ``scheduler.core`` Plan → rows, in the caller's transaction, safe against concurrent writers.
+"""A ``scheduler.core`` Plan → rows, in the caller's transaction, safe against concurrent writers, in bulk.
 
 The plan was computed from a snapshot that may be stale by the time it is written (another worker, a cancel,
-a node going away). So every ``Place`` is re-checked under row locks: the plan's jobs, then the devices its
-places touch (``select_for_update`` once, in pk order, so two writers never deadlock), with the active
-allocations of those devices summed again inside the transaction and kept up to date as places are written.
-A place that no longer fits is skipped and its job stays queued for the next cycle; no device is ever
-double-booked. On PostgreSQL the allocation trigger
-(migration 0003) is the last line of defence, caught per place by a savepoint.
+a node going away). So every ``Place`` is re-checked under row locks. Locking rule (the project's lock order,
+after the cycle's advisory lock): every row is locked once, up front, with
+``select_for_update(of=("self",), no_key=True)`` (FOR NO KEY UPDATE: the deferred foreign-key checks of other
+transactions, FOR KEY SHARE, never wait on it; never a tenant or user row through ``select_related``), rows
+of one table in primary-key order, tables in the order Job → Device → InferenceReservation. The jobs of the
+plan's places and preemptions come first, then the devices its places touch, whose active allocations are
+summed once inside the transaction and kept up to date in memory as places are accepted.
+
+Each place is checked in memory against that state; a place that no longer fits is skipped (its job stays
+queued for the next cycle) and no device is ever double-booked. What the accepted places write is then
+written in bulk — a few statements for the whole plan, not a few per place: the allocations and reservations
+in one INSERT each, the jobs' ``queued → admitted`` transitions in one UPDATE, their ``JobEvent`` rows in one
+INSERT, the ``workload.start`` commands in bulk; the audit records are buffered by ``audit_record`` and
+inserted at commit. On PostgreSQL the allocation trigger (migration 0003) is the last line of defence: if it
+refuses the bulk insert, the places are written again one by one, each in a savepoint, and only the refused
+ones are skipped.
 
 Inference reservations count as used capacity of their device. An assignment on a reservation
 (``reservation_of``) uses the reservation's capacity instead: the service's own replica consumes the
 reservation row (it becomes the allocation), a borrower's allocation is marked ``reservation_of`` and must
 fit in what the reservation has not lent. ``Place.reserved`` becomes reservation rows. The plan's holds
 replace the stored ones (``CapacityHold``) in the same transaction.
+
+Pending explanations are written only for the jobs whose stored reason, message or positions differ.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -26,7 +39,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from audit.services import audit_record
 from scheduler import outbox
+from scheduler.bulk import AnyOf, insert_rows, update_rows
 from scheduler.core import types as core
 from scheduler.models import (
     MILLIS_PER_DEVICE,
@@ -39,12 +54,19 @@ from scheduler.models import (
     JobEvent,
     JobKind,
     JobState,
+    Node,
     NodeStatus,
     ResourceFlavor,
 )
-from scheduler.services import job_transition
+from scheduler.services import ALLOWED_TRANSITIONS, job_transition
+from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
+
+#: Rows per INSERT / UPDATE statement (PostgreSQL takes at most 65,535 parameters per statement).
+WRITE_BATCH = 1000
+#: What a pending job shows: (reason code, message, position in its tenant, position overall).
+StoredExplanation = tuple[str, str, int | None, int | None]
 
 
 @dataclass
@@ -66,7 +88,7 @@ def _job_id(text: str) -> int | None:
         return None
 
 
-def _memory_taken(device: Device, assignment: core.Assignment) -> int:
+def _memory_taken(device: _DeviceRow, assignment: core.Assignment) -> int:
     """A whole card takes all its memory; a fraction takes what it asked for."""
     return device.memory_mib if assignment.millis >= MILLIS_PER_DEVICE else assignment.memory_mib
 
@@ -93,37 +115,84 @@ def _check_shape(job: Job, place: core.Place, running: set[int]) -> dict[int, li
     return by_replica
 
 
-class _PlaceBatch:
-    """The rows every place of a plan touches, locked once up front: the jobs, then the devices (each in pk
-    order, so concurrent writers never deadlock), with the devices' active usage summed once. The locks hold
-    until commit, so the usage kept here stays true: any other insert onto these devices waits for them (the
-    PostgreSQL trigger locks the device row too), and ending allocations only frees capacity."""
+@dataclass
+class _PlaceWrite:
+    """Everything one accepted place writes; nothing of it is in the database until ``_write`` runs."""
 
-    def __init__(self, places: tuple[core.Place, ...]) -> None:
-        job_pks = sorted({pk for place in places if (pk := _job_id(place.job_id)) is not None})
-        self.jobs = {
-            job.pk: job
-            for job in Job.objects.select_for_update(of=("self",))
-            .select_related("tenant")
-            .filter(pk__in=job_pks)
-            .order_by("pk")
+    job: Job
+    scaling: bool  # a running service's new replicas (a JobEvent, no transition)
+    allocations: list[Allocation]
+    consumed: list[InferenceReservation]  # the service's own reservations its new replicas take over
+    reserved: list[InferenceReservation]  # capacity held for idle replicas (``Place.reserved``)
+    event_message: str
+    details: dict
+
+
+@dataclass(frozen=True, slots=True)
+class _DeviceRow:
+    """What a place needs of a device (and its node): read as values, not as model instances (thousands)."""
+
+    pk: int
+    uuid: str
+    index: int
+    node_id: int
+    node_name: str
+    node_status: str
+    health: str
+    flavor_id: int | None
+    memory_mib: int
+
+
+class _Batch:
+    """The rows every preemption and place of a plan touches, locked once up front: the jobs, then the devices,
+    then the devices' reservations (each in pk order, so concurrent writers never deadlock), with the devices'
+    active usage summed once. The locks hold until commit, so the usage kept here stays true: any other insert
+    onto these devices waits for them (the PostgreSQL trigger locks the device row too), and ending
+    allocations only frees capacity."""
+
+    def __init__(self, plan: core.Plan, *, also_lock: Sequence[int] = ()) -> None:
+        """``also_lock``: more job pks to lock in the same pk-ordered pass (the jobs whose explanation changes)."""
+        wanted = {pk for place in plan.places if (pk := _job_id(place.job_id)) is not None} | {
+            pk for preempt in plan.preemptions if (pk := _job_id(preempt.job_id)) is not None
         }
-        uuids = sorted({a.device_uuid for place in places for a in (*place.assignments, *place.reserved)})
-        self.devices = {
-            device.uuid: device
-            for device in Device.objects.select_for_update(of=("self",))
-            .select_related("node")
-            .filter(uuid__in=uuids)
+        every = sorted(wanted | set(also_lock))
+        locking = Job.objects.select_for_update(of=("self",), no_key=True).filter(AnyOf("pk", every)).order_by("pk")
+        if len(every) > len(wanted):
+            # Lock every job, then read in full only those the plan places or preempts.
+            list(locking.values_list("pk", flat=True))
+            rows = Job.objects.filter(AnyOf("pk", sorted(wanted)))
+        else:
+            rows = locking
+        self.jobs: dict[int, Job] = {job.pk: job for job in rows.defer("spec")}
+        # The few tenants, read once (not locked, not joined per job).
+        tenants = Tenant.objects.in_bulk({job.tenant_id for job in self.jobs.values()})
+        for job in self.jobs.values():
+            job.tenant = tenants[job.tenant_id]
+        uuids = sorted({a.device_uuid for place in plan.places for a in (*place.assignments, *place.reserved)})
+        devices = list(
+            Device.objects.select_for_update(of=("self",), no_key=True)
+            .filter(AnyOf("uuid", uuids))
             .order_by("pk")
+            .values_list("pk", "uuid", "index", "node_id", "health", "flavor_id", "memory_mib")
+        )
+        nodes = {
+            pk: (name, status)
+            for pk, name, status in Node.objects.filter(AnyOf("pk", {row[3] for row in devices})).values_list(
+                "pk", "name", "status"
+            )
         }
-        device_pks = [d.pk for d in self.devices.values()]
+        self.devices: dict[str, _DeviceRow] = {
+            uuid: _DeviceRow(pk, uuid, index, node_id, *nodes[node_id], health, flavor_id, memory_mib)
+            for pk, uuid, index, node_id, health, flavor_id, memory_mib in devices
+        }
+        device_pks = sorted(d.pk for d in self.devices.values())
         # Per device: what allocations off any reservation and the reservations themselves take.
         self.used: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         # Per (device, service): what borrowers hold of the service's reservation there.
         self.lent: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
         for row in (
             Allocation.objects.active()
-            .filter(device_id__in=device_pks)
+            .filter(AnyOf("device_id", device_pks))
             .values("device_id", "reservation_of_id")
             .annotate(millis=Sum("millis"), memory=Sum("memory_mib"))
         ):
@@ -135,24 +204,39 @@ class _PlaceBatch:
             target[1] += row["memory"] or 0
         self.reserved: dict[tuple[int, int], list[InferenceReservation]] = defaultdict(list)
         for reservation in (
-            InferenceReservation.objects.select_for_update().filter(device_id__in=device_pks).order_by("pk")
+            InferenceReservation.objects.select_for_update(of=("self",))
+            .filter(AnyOf("device_id", device_pks))
+            .order_by("pk")
         ):
             self.reserved[(reservation.device_id, reservation.job_id)].append(reservation)
             self.used[reservation.device_id][0] += reservation.millis
             self.used[reservation.device_id][1] += reservation.memory_mib
         self.device_memory = {device.pk: device.memory_mib for device in self.devices.values()}
+        self.by_pk = {device.pk: device for device in self.devices.values()}
         self.flavors = {
-            flavor.name: flavor for flavor in ResourceFlavor.objects.filter(name__in={p.flavor for p in places})
+            flavor.name: flavor for flavor in ResourceFlavor.objects.filter(name__in={p.flavor for p in plan.places})
         }
-        self.starts: list[tuple[int, Job, object]] = []
+        # Replicas that run now, per running inference service a place scales up (one query for them all).
+        scaling_pks = [
+            pk
+            for pk, job in self.jobs.items()
+            if job.kind == JobKind.INFERENCE and job.state in (JobState.ADMITTED, JobState.RUNNING)
+        ]
+        self.running: dict[int, set[int]] = defaultdict(set)
+        for job_pk, replica in (
+            Allocation.objects.active().filter(AnyOf("job_id", scaling_pks)).values_list("job_id", "replica")
+        ):
+            self.running[job_pk].add(replica)
 
 
-def _place(place: core.Place, *, batch: _PlaceBatch, now: datetime, outcome: PersistOutcome) -> None:
+def _check_place(place: core.Place, *, batch: _Batch, now: datetime) -> _PlaceWrite:
+    """Check ``place`` against the locked rows and build what it writes; raises PlaceRejected. Changes nothing
+    (``_accept`` counts an accepted place's usage)."""
     job = batch.jobs.get(_job_id(place.job_id))
     scaling = job is not None and job.kind == JobKind.INFERENCE and job.state in (JobState.ADMITTED, JobState.RUNNING)
     if job is None or (job.state != JobState.QUEUED and not scaling):
         raise PlaceRejected(f"job is {job.state if job else 'gone'}, not queued")
-    running = set(Allocation.objects.active().filter(job=job).values_list("replica", flat=True)) if scaling else set()
+    running = batch.running[job.pk] if scaling else set()
     if scaling and not running:
         raise PlaceRejected("the service has no running replica to scale")
     by_replica = _check_shape(job, place, running)
@@ -173,10 +257,10 @@ def _place(place: core.Place, *, batch: _PlaceBatch, now: datetime, outcome: Per
     for replica in sorted(by_replica):
         for assignment in sorted(by_replica[replica], key=lambda a: a.device_uuid):
             device = batch.devices[assignment.device_uuid]
-            if device.node.name != assignment.node:
-                raise PlaceRejected(f"device {device.uuid} is on {device.node.name}, not {assignment.node}")
-            if device.node.status != NodeStatus.READY:
-                raise PlaceRejected(f"node {device.node.name} is {device.node.status}")
+            if device.node_name != assignment.node:
+                raise PlaceRejected(f"device {device.uuid} is on {device.node_name}, not {assignment.node}")
+            if device.node_status != NodeStatus.READY:
+                raise PlaceRejected(f"node {device.node_name} is {device.node_status}")
             if device.health != DeviceHealth.HEALTHY or device.flavor_id != flavor.pk:
                 raise PlaceRejected(f"device {device.uuid} is {device.health} / not {flavor.name}")
             memory = _memory_taken(device, assignment)
@@ -195,10 +279,10 @@ def _place(place: core.Place, *, batch: _PlaceBatch, now: datetime, outcome: Per
                 Allocation(
                     job=job,
                     replica=replica,
-                    tenant=job.tenant,
+                    tenant_id=job.tenant_id,
                     flavor=flavor,
-                    device=device,
-                    node=device.node,
+                    device_id=device.pk,
+                    node_id=device.node_id,
                     millis=assignment.millis,
                     memory_mib=memory,
                     borrowed_millis=borrowed,
@@ -222,31 +306,7 @@ def _place(place: core.Place, *, batch: _PlaceBatch, now: datetime, outcome: Per
         if held_memory + new_memory > device.memory_mib:
             raise PlaceRejected(f"device {device.uuid} has {device.memory_mib - held_memory} MiB free")
 
-    for reservation in consumed:  # the service's replica takes over its reserved capacity
-        reservation.delete()
-    Allocation.objects.bulk_create(rows)
-    nodes = sorted({row.node.name for row in rows})
-    details = {"devices": uuids, "borrowed_millis": place.borrowed_millis}
-    if scaling:
-        new = sorted(by_replica)
-        JobEvent.objects.create(
-            job=job,
-            from_state=job.state,
-            to_state=job.state,
-            reason="scaled_up",
-            message=f"Replicas {', '.join(map(str, new))} placed on {', '.join(nodes)}.",
-            details={**details, "replicas": new},
-        )
-    else:
-        job_transition(
-            job=job,
-            to_state=JobState.ADMITTED,
-            actor=None,
-            reason="placed",
-            message=f"Placed on {', '.join(nodes)}.",
-            details=details,
-        )
-    # Only now (nothing above raised) does the batch count the new usage and the commands to send.
+    # Only now (nothing above raised) does the batch count the new usage.
     for device_pk, (new_millis, new_memory) in adding.items():
         batch.used[device_pk][0] += new_millis
         batch.used[device_pk][1] += new_memory
@@ -255,18 +315,29 @@ def _place(place: core.Place, *, batch: _PlaceBatch, now: datetime, outcome: Per
         batch.lent[key][1] += new_memory
     for reservation in consumed:
         batch.reserved[(reservation.device_id, job.pk)].remove(reservation)
-    _reserve(place, job=job, batch=batch)
-    replica_rows: dict[int, list[Allocation]] = defaultdict(list)
-    for row in rows:
-        replica_rows[row.replica].append(row)
-    for replica in sorted(replica_rows):
-        message = outbox.workload_start_message(job=job, replica=replica, allocations=replica_rows[replica])
-        batch.starts.append((replica_rows[replica][0].node_id, job, message))
-    outcome.placed.append(job.pk)
+    nodes = sorted({device.node_name for device in map(batch.by_pk.get, (row.device_id for row in rows))})
+    details = {"devices": uuids, "borrowed_millis": place.borrowed_millis}
+    if scaling:
+        new = sorted(by_replica)
+        message = f"Replicas {', '.join(map(str, new))} placed on {', '.join(nodes)}."
+        details = {**details, "replicas": new}
+        batch.running[job.pk].update(new)
+    else:
+        message = f"Placed on {', '.join(nodes)}."
+        job.state = JobState.ADMITTED  # a second place of the same job in this plan is refused
+    return _PlaceWrite(
+        job=job,
+        scaling=scaling,
+        allocations=rows,
+        consumed=consumed,
+        reserved=_reserve(place, job=job, batch=batch),
+        event_message=message,
+        details=details,
+    )
 
 
 def _own_reservation_row(
-    batch: _PlaceBatch, device: Device, job: Job, millis: int, taken: list[InferenceReservation]
+    batch: _Batch, device: _DeviceRow, job: Job, millis: int, taken: list[InferenceReservation]
 ) -> InferenceReservation:
     """The reservation row of ``job`` on ``device`` its new replica takes over; no borrower may be on it."""
     if batch.lent[(device.pk, job.pk)][0] > 0:
@@ -277,13 +348,14 @@ def _own_reservation_row(
     raise PlaceRejected(f"job {job.pk} has no {millis}-millis reservation on device {device.uuid}")
 
 
-def _reserve(place: core.Place, *, job: Job, batch: _PlaceBatch) -> None:
-    """Reservation rows for ``Place.reserved`` (idle replicas up to ``max_replicas``). One that no longer fits
-    is left out: the service runs anyway, with less room to scale into."""
+def _reserve(place: core.Place, *, job: Job, batch: _Batch) -> list[InferenceReservation]:
+    """Reservation rows for ``Place.reserved`` (idle replicas up to ``max_replicas``), counted in the batch.
+    One that no longer fits is left out: the service runs anyway, with less room to scale into."""
     by_replica: dict[int, list[core.Assignment]] = defaultdict(list)
     for assignment in place.reserved:
         by_replica[assignment.replica].append(assignment)
     flavor = batch.flavors[place.flavor]
+    kept: list[InferenceReservation] = []
     for replica in sorted(by_replica):
         rows = []
         adding: dict[int, list[int]] = defaultdict(lambda: [0, 0])
@@ -298,10 +370,10 @@ def _reserve(place: core.Place, *, job: Job, batch: _PlaceBatch) -> None:
                 InferenceReservation(
                     job=job,
                     replica=replica,
-                    tenant=job.tenant,
+                    tenant_id=job.tenant_id,
                     flavor=flavor,
-                    device=device,
-                    node=device.node,
+                    device_id=device.pk,
+                    node_id=device.node_id,
                     millis=assignment.millis,
                     memory_mib=memory,
                 )
@@ -313,12 +385,150 @@ def _reserve(place: core.Place, *, job: Job, batch: _PlaceBatch) -> None:
         if not fits:
             logger.info("reservation of job %s replica %s no longer fits; left out", job.pk, replica)
             continue
-        InferenceReservation.objects.bulk_create(rows)
+        kept.extend(rows)
         for row in rows:
             batch.reserved[(row.device_id, job.pk)].append(row)
         for pk, (m, mem) in adding.items():
             batch.used[pk][0] += m
             batch.used[pk][1] += mem
+    return kept
+
+
+def _write(writes: Sequence[_PlaceWrite], *, now: datetime) -> None:
+    """The rows of accepted places, a few statements for all of them."""
+    consumed = [reservation.pk for write in writes for reservation in write.consumed]
+    if consumed:  # the service's replicas take over their reserved capacity
+        InferenceReservation.objects.filter(AnyOf("pk", consumed)).delete()
+    insert_rows(
+        Allocation,
+        ALLOCATION_COLUMNS,
+        [
+            (
+                row.job_id,
+                row.replica,
+                row.tenant_id,
+                row.flavor_id,
+                row.device_id,
+                row.node_id,
+                row.millis,
+                row.memory_mib,
+                row.borrowed_millis,
+                row.reservation_of_id,
+                row.started_at,
+            )
+            for write in writes
+            for row in write.allocations
+        ],
+    )
+    InferenceReservation.objects.bulk_create(
+        [row for write in writes for row in write.reserved], batch_size=WRITE_BATCH
+    )
+    admitted = [write for write in writes if not write.scaling]
+    _admit(admitted, now=now)
+    insert_rows(
+        JobEvent,
+        ("job_id", "from_state", "to_state", "reason", "message", "actor_id", "details", "created_at"),
+        [
+            (
+                write.job.pk,
+                str(write.job.state if write.scaling else JobState.QUEUED),
+                str(write.job.state),
+                "scaled_up" if write.scaling else "placed",
+                write.event_message[:500],
+                None,
+                write.details,
+                now,
+            )
+            for write in writes
+        ],
+    )
+    for write in admitted:
+        # As ``job_transition`` records it (``audit_record`` buffers the records; they are inserted at commit).
+        audit_record(
+            action="job.transition",
+            actor=None,
+            tenant=write.job.tenant,
+            target=f"job:{write.job.pk}",
+            details={
+                "before": {"state": JobState.QUEUED},
+                "after": {"state": JobState.ADMITTED},
+                "reason": "placed",
+                **write.details,
+            },
+        )
+
+
+ALLOCATION_COLUMNS = (
+    "job_id",
+    "replica",
+    "tenant_id",
+    "flavor_id",
+    "device_id",
+    "node_id",
+    "millis",
+    "memory_mib",
+    "borrowed_millis",
+    "reservation_of_id",
+    "started_at",
+)
+
+
+def _admit(writes: Sequence[_PlaceWrite], *, now: datetime) -> None:
+    """The ``queued → admitted`` transition of many jobs in one UPDATE per batch, with the same fields as
+    ``scheduler.services.job_transition`` sets (it writes one row per call: ~9 ms a job with its event and
+    audit record). The caller holds the rows' locks and has checked each job is queued."""
+    if not writes:
+        return
+    if JobState.ADMITTED not in ALLOWED_TRANSITIONS[JobState.QUEUED]:  # the rules changed: say so loudly
+        raise RuntimeError("queued → admitted is no longer an allowed transition; persist must follow")
+    for write in writes:
+        job = write.job
+        job.state = JobState.ADMITTED
+        job.admitted_at = job.updated_at = now
+        job.state_message = write.event_message[:500]
+        job.pending_reason_code = job.pending_message = ""
+        job.position_in_tenant = job.position_overall = None
+    at = connection.ops.adapt_datetimefield_value(now)
+    update_rows(
+        Job,
+        columns=(("id", "bigint"), ("message", "text")),
+        rows=[(write.job.pk, write.job.state_message) for write in writes],
+        set_sql=(
+            "state = %s, admitted_at = %s, updated_at = %s, state_message = v.message, "
+            "pending_reason_code = '', pending_message = '', position_in_tenant = NULL, position_overall = NULL"
+        ),
+        set_params=[JobState.ADMITTED.value, at, at],
+    )
+
+
+def _write_places(writes: list[_PlaceWrite], *, now: datetime, outcome: PersistOutcome) -> list[_PlaceWrite]:
+    """Write every accepted place in bulk; returns those written. When the database refuses the bulk insert (the
+    PostgreSQL trigger saw a double booking the checks did not), the places are written one by one, each in a
+    savepoint, and only the refused ones are skipped."""
+    if not writes:
+        return []
+    try:
+        with transaction.atomic():  # a savepoint: a refusal leaves the rest of the cycle intact
+            _write(writes, now=now)
+        return writes
+    except IntegrityError as exc:
+        logger.warning(
+            "the database refused the bulk write of %d places (%s); writing them one by one", len(writes), exc
+        )
+    written = []
+    for write in writes:
+        for row in (*write.allocations, *write.reserved):  # rolled back: insert afresh
+            row.pk = None
+            row._state.adding = True
+        try:
+            with transaction.atomic():
+                _write([write], now=now)
+        except IntegrityError as exc:
+            logger.warning("place of job %s refused by the database: %s", write.job.pk, exc)
+            _skipped(str(write.job.pk), "refused by the database", outcome=outcome)
+            continue
+        written.append(write)
+    return written
 
 
 def _holds_replace(holds: tuple[core.Hold, ...], *, now: datetime) -> None:
@@ -342,8 +552,8 @@ def _holds_replace(holds: tuple[core.Hold, ...], *, now: datetime) -> None:
     CapacityHold.objects.bulk_create(rows.values())
 
 
-def _preempt(preempt: core.Preempt, *, outcome: PersistOutcome) -> None:
-    job = Job.objects.select_for_update().select_related("tenant").filter(pk=_job_id(preempt.job_id)).first()
+def _preempt(preempt: core.Preempt, *, batch: _Batch, outcome: PersistOutcome) -> None:
+    job = batch.jobs.get(_job_id(preempt.job_id))  # locked by the batch (FOR NO KEY UPDATE, not its tenant)
     if job is None or job.state not in (JobState.ADMITTED, JobState.RUNNING):
         return  # already stopping, finished or gone
     preemptor = _job_id(preempt.victim_of)
@@ -363,85 +573,96 @@ def _preempt(preempt: core.Preempt, *, outcome: PersistOutcome) -> None:
     outcome.preempted.append(job.pk)
 
 
-def _explain(explanations: tuple[core.Explain, ...], *, outcome: PersistOutcome) -> None:
+def _changed_explanations(
+    explanations: tuple[core.Explain, ...], *, stored: Mapping[int, StoredExplanation] | None
+) -> list[tuple[int, str, str, int | None, int | None]]:
+    """The explanations that differ from what the jobs show, as ``(pk, code, message, in tenant, overall)``.
+    ``stored`` is what the snapshot read (``build_snapshot(stored_explanations=...)``); without it the jobs
+    are read here. Only jobs still pending take an explanation (a running service scaling up does not)."""
     by_pk = {pk: e for e in explanations if (pk := _job_id(e.job_id)) is not None}
     if not by_pk:
-        return
+        return []
+    if stored is None:
+        stored = {
+            pk: (code, message, in_tenant, overall)
+            for pk, code, message, in_tenant, overall in Job.objects.filter(
+                AnyOf("pk", by_pk), state__in=[JobState.QUEUED, JobState.PENDING_APPROVAL]
+            ).values_list("pk", "pending_reason_code", "pending_message", "position_in_tenant", "position_overall")
+        }
     changed = []
-    jobs = Job.objects.filter(pk__in=list(by_pk), state__in=[JobState.QUEUED, JobState.PENDING_APPROVAL]).only(
-        "pk", "pending_reason_code", "pending_message", "position_in_tenant", "position_overall"
-    )
-    for job in jobs:
-        explain = by_pk[job.pk]
+    for pk, explain in by_pk.items():
         values = (str(explain.code), explain.message[:500], explain.position_in_tenant, explain.position_overall)
-        current = (job.pending_reason_code, job.pending_message, job.position_in_tenant, job.position_overall)
-        if values != current:
-            job.pending_reason_code, job.pending_message, job.position_in_tenant, job.position_overall = values
-            changed.append(job)
-    _write_explanations(changed)
-    outcome.explained = len(changed)
+        current = stored.get(pk)
+        if current is not None and values != current:
+            changed.append((pk, *values))
+    changed.sort()
+    return changed
 
 
-EXPLAIN_BATCH = 500
+def _write_explanations(rows: list[tuple[int, str, str, int | None, int | None]]) -> int:
+    """The changed explanations in one UPDATE; a job that stopped pending meanwhile keeps its fields."""
+    return update_rows(
+        Job,
+        columns=(
+            ("id", "bigint"),
+            ("code", "text"),
+            ("message", "text"),
+            ("in_tenant", "integer"),
+            ("overall", "integer"),
+        ),
+        rows=rows,
+        set_sql=(
+            "pending_reason_code = v.code, pending_message = v.message, position_in_tenant = v.in_tenant, "
+            "position_overall = v.overall"
+        ),
+        where_sql=f"AND state IN ('{JobState.QUEUED.value}', '{JobState.PENDING_APPROVAL.value}')",
+    )
 
 
-def _write_explanations(jobs: list[Job]) -> None:
-    """``UPDATE ... FROM`` a VALUES list, in batches: one statement per 500 jobs. (``bulk_update`` builds a CASE
-    per column that the database evaluates row by row: quadratic, seconds for a few thousand jobs.)"""
-    table = connection.ops.quote_name(Job._meta.db_table)
-    for start in range(0, len(jobs), EXPLAIN_BATCH):
-        chunk = jobs[start : start + EXPLAIN_BATCH]
-        rows = ", ".join(["(%s, %s, %s, %s, %s)"] * len(chunk))
-        params: list = []
-        for job in chunk:
-            params += [
-                job.pk,
-                job.pending_reason_code,
-                job.pending_message,
-                job.position_in_tenant,
-                job.position_overall,
-            ]
-        # A CTE names the VALUES columns the same way on PostgreSQL and SQLite (3.33+ has UPDATE ... FROM).
-        sql = (
-            f"WITH v(id, code, message, in_tenant, overall) AS (VALUES {rows}) "
-            f"UPDATE {table} SET pending_reason_code = v.code, pending_message = v.message, "
-            "position_in_tenant = CAST(v.in_tenant AS integer), position_overall = CAST(v.overall AS integer) "
-            f"FROM v WHERE {table}.id = CAST(v.id AS bigint)"
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-
-
-def _skipped(place: core.Place, reason: str, *, outcome: PersistOutcome) -> None:
-    outcome.skipped.append({"job_id": place.job_id, "reason": reason})
-    Job.objects.filter(pk=_job_id(place.job_id), state=JobState.QUEUED).update(
+def _skipped(job_id: str, reason: str, *, outcome: PersistOutcome) -> None:
+    outcome.skipped.append({"job_id": job_id, "reason": reason})
+    Job.objects.filter(pk=_job_id(job_id), state=JobState.QUEUED).update(
         pending_reason_code=str(core.PendingReason.INSUFFICIENT_CAPACITY),
         pending_message="The devices chosen for this job were taken a moment ago; it is tried again next cycle.",
     )
 
 
-def persist_plan(plan: core.Plan, *, now: datetime | None = None) -> PersistOutcome:
+def persist_plan(
+    plan: core.Plan,
+    *,
+    now: datetime | None = None,
+    stored_explanations: Mapping[int, StoredExplanation] | None = None,
+) -> PersistOutcome:
     """Write ``plan``: allocations and ``workload.start`` for each place that still fits, ``workload.stop`` for
-    each preemption, pending reasons for the rest. Runs in one transaction (the caller's, or its own)."""
+    each preemption, pending reasons for the rest (only those that changed; ``stored_explanations`` is what
+    the snapshot read, so they need not be read again). Runs in one transaction (the caller's, or its own)."""
     now = now or timezone.now()
     outcome = PersistOutcome()
     with transaction.atomic():
+        explained = _changed_explanations(plan.explanations, stored=stored_explanations)
+        batch = _Batch(plan, also_lock=[row[0] for row in explained])
         for preempt in plan.preemptions:
-            _preempt(preempt, outcome=outcome)
-        batch = _PlaceBatch(plan.places) if plan.places else None
+            _preempt(preempt, batch=batch, outcome=outcome)
+        accepted = []
         for place in plan.places:
             try:
-                with transaction.atomic():  # a savepoint: a rejected place leaves the others intact
-                    _place(place, batch=batch, now=now, outcome=outcome)
+                accepted.append(_check_place(place, batch=batch, now=now))
             except PlaceRejected as exc:
                 logger.info("place of job %s skipped: %s", place.job_id, exc)
-                _skipped(place, str(exc), outcome=outcome)
-            except IntegrityError as exc:
-                # The database refused a double booking the checks above did not see: same outcome.
-                logger.warning("place of job %s refused by the database: %s", place.job_id, exc)
-                _skipped(place, "refused by the database", outcome=outcome)
-        if batch is not None:
-            outbox.commands_bulk_create(batch.starts)
+                _skipped(place.job_id, str(exc), outcome=outcome)
+        starts = []
+        for write in _write_places(accepted, now=now, outcome=outcome):
+            replica_devices: dict[int, list[tuple[int, str, int, int]]] = defaultdict(list)
+            replica_node: dict[int, int] = {}
+            for row in write.allocations:
+                device = batch.by_pk[row.device_id]
+                replica_devices[row.replica].append((device.index, device.uuid, row.millis, row.memory_mib))
+                replica_node[row.replica] = row.node_id  # a replica's devices are all on one node
+            for replica in sorted(replica_devices):
+                message = outbox.workload_start_frame(job=write.job, replica=replica, devices=replica_devices[replica])
+                starts.append((replica_node[replica], write.job, message))
+            outcome.placed.append(write.job.pk)
+        outbox.commands_bulk_create(starts)
         _holds_replace(plan.holds, now=now)
-        _explain(plan.explanations, outcome=outcome)
+        outcome.explained = _write_explanations(explained)
     return outcome

@@ -28,6 +28,7 @@ from scheduler.models import (
     JobState,
     Node,
     NodeStatus,
+    ResourceFlavor,
 )
 
 logger = logging.getLogger(__name__)
@@ -59,117 +60,200 @@ def _topology_lookup(topology: dict, key: str) -> dict[str, str]:
     return lookup
 
 
-def _device(device: Device, node: Node, nvlink: dict[str, str], pcie: dict[str, str]) -> core.Device:
-    def group(explicit: str, lookup: dict[str, str]) -> str | None:
-        if explicit:
-            return explicit
-        found = lookup.get(device.uuid) or lookup.get(str(device.index))
-        # Scope fallback names to the node: "nvlink_domains-0" on two nodes are different domains.
-        return f"{node.name}:{found}" if found else None
+class _Names:
+    """Ids → the names the snapshot uses (node name, device uuid, tenant slug, flavor name), each table read
+    once with ``values_list`` (tens of thousands of model instances cost more than the whole plan)."""
 
-    return core.Device(
-        uuid=device.uuid,
-        node=node.name,
-        index=device.index,
-        flavor=device.flavor.name,
-        memory_mib=device.memory_mib,
-        healthy=device.health == DeviceHealth.HEALTHY,
-        nvlink_domain=group(device.nvlink_domain, nvlink),
-        pcie_switch=group(device.pcie_switch, pcie),
-        numa_node=device.numa_node,
-    )
+    def __init__(self) -> None:
+        from tenants.models import Tenant
+
+        self.tenants = dict(Tenant.objects.values_list("pk", "slug"))
+        self.flavors = dict(ResourceFlavor.objects.values_list("pk", "name"))
+        self.nodes = list(Node.objects.order_by("name").values_list("pk", "name", "status", "labels", "topology"))
+        self.node_names = {pk: name for pk, name, *_rest in self.nodes}
+        self.devices = list(
+            Device.objects.order_by("node_id", "index").values_list(
+                "pk",
+                "node_id",
+                "uuid",
+                "index",
+                "flavor_id",
+                "memory_mib",
+                "health",
+                "nvlink_domain",
+                "pcie_switch",
+                "numa_node",
+            )
+        )
+        self.device_uuids = {row[0]: row[2] for row in self.devices}
 
 
-def _nodes() -> tuple[core.Node, ...]:
+def _group(explicit: str, lookup: dict[str, str], node: str, uuid: str, index: int) -> str | None:
+    """A device's NVLink domain or PCIe switch: its own field, else the node's topology map."""
+    if explicit:
+        return explicit
+    found = lookup.get(uuid) or lookup.get(str(index)) if lookup else None
+    # Scope fallback names to the node: "nvlink_domains-0" on two nodes are different domains.
+    return f"{node}:{found}" if found else None
+
+
+def _nodes(names: _Names) -> tuple[core.Node, ...]:
+    by_node: dict[int, list[tuple]] = defaultdict(list)
+    for row in names.devices:
+        by_node[row[1]].append(row)
+    healthy = DeviceHealth.HEALTHY
     nodes = []
-    for node in Node.objects.prefetch_related("devices__flavor").order_by("name"):
-        topology = node.topology or {}
+    for pk, name, status, labels, topology in names.nodes:
+        topology = topology or {}
         nvlink = _topology_lookup(topology, "nvlink_domains")
         pcie = _topology_lookup(topology, "pcie_switches")
+
         devices = tuple(
-            _device(device, node, nvlink, pcie)
-            for device in sorted(node.devices.all(), key=lambda d: d.index)
-            if device.flavor is not None  # a device no flavor describes cannot be asked for
+            core.Device(
+                uuid=uuid,
+                node=name,
+                index=index,
+                flavor=names.flavors[flavor_id],
+                memory_mib=memory_mib,
+                healthy=health == healthy,
+                nvlink_domain=_group(nvlink_domain, nvlink, name, uuid, index),
+                pcie_switch=_group(pcie_switch, pcie, name, uuid, index),
+                numa_node=numa_node,
+            )
+            for _pk, _node, uuid, index, flavor_id, memory_mib, health, nvlink_domain, pcie_switch, numa_node in (
+                by_node[pk]
+            )
+            if flavor_id is not None  # a device no flavor describes cannot be asked for
         )
         nodes.append(
             core.Node(
-                name=node.name,
+                name=name,
                 devices=devices,
-                schedulable=node.status == NodeStatus.READY,
-                labels={str(k): str(v) for k, v in (node.labels or {}).items()},
+                schedulable=status == NodeStatus.READY,
+                labels={str(k): str(v) for k, v in (labels or {}).items()},
             )
         )
     return tuple(nodes)
 
 
-def _allocations() -> tuple[core.Allocation, ...]:
-    rows = (
+def _allocation_rows() -> list[tuple]:
+    """Active allocations with what the engine needs of their jobs, as plain rows (names resolved later)."""
+    return list(
         Allocation.objects.active()
-        .select_related("job", "device", "node", "tenant", "flavor")
         .order_by("job_id", "replica", "device_id")
+        .values_list(
+            "job_id",
+            "replica",
+            "device_id",
+            "node_id",
+            "tenant_id",
+            "flavor_id",
+            "millis",
+            "memory_mib",
+            "borrowed_millis",
+            "started_at",
+            "reservation_of_id",
+            "job__priority_class",
+            "job__preemptible",
+            "job__state",
+            "job__last_checkpoint_at",
+            "job__kind",
+            "job__max_runtime_s",
+            "job__runtime_estimate_s",
+        )
     )
+
+
+def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...]:
     result = []
-    for row in rows:
-        job = row.job
-        started = _epoch(row.started_at) or 0.0
+    kinds = {kind.value: kind for kind in core.JobKind}
+    preempting = JobState.PREEMPTING
+    for (
+        job_id,
+        replica,
+        device_id,
+        node_id,
+        tenant_id,
+        flavor_id,
+        millis,
+        memory_mib,
+        borrowed_millis,
+        started_at,
+        reservation_of_id,
+        priority,
+        preemptible,
+        state,
+        last_checkpoint_at,
+        kind,
+        max_runtime_s,
+        runtime_estimate_s,
+    ) in rows:
+        started = _epoch(started_at) or 0.0
         expected_end = None
-        if job.max_runtime_s:
-            expected_end = started + job.max_runtime_s
-        elif job.runtime_estimate_s:
-            expected_end = started + job.runtime_estimate_s
+        if max_runtime_s:
+            expected_end = started + max_runtime_s
+        elif runtime_estimate_s:
+            expected_end = started + runtime_estimate_s
         result.append(
             core.Allocation(
-                job_id=str(job.pk),
-                replica=row.replica,
-                device_uuid=row.device.uuid,
-                node=row.node.name,
-                tenant=row.tenant.slug,
-                flavor=row.flavor.name,
-                millis=row.millis,
-                memory_mib=row.memory_mib,
-                priority=job.priority_class,
-                preemptible=job.preemptible and job.state != JobState.PREEMPTING,
-                borrowed_millis=row.borrowed_millis,
+                job_id=str(job_id),
+                replica=replica,
+                device_uuid=names.device_uuids[device_id],
+                node=names.node_names[node_id],
+                tenant=names.tenants[tenant_id],
+                flavor=names.flavors[flavor_id],
+                millis=millis,
+                memory_mib=memory_mib,
+                priority=priority,
+                preemptible=preemptible and state != preempting,
+                borrowed_millis=borrowed_millis,
                 started_at=started,
-                last_checkpoint_at=_epoch(job.last_checkpoint_at),
-                kind=core.JobKind(job.kind),
-                reservation_of=str(row.reservation_of_id) if row.reservation_of_id else None,
+                last_checkpoint_at=_epoch(last_checkpoint_at),
+                kind=kinds[kind],
+                reservation_of=str(reservation_of_id) if reservation_of_id else None,
                 expected_end_at=expected_end,
             )
         )
     return tuple(result)
 
 
-def _reservations() -> tuple[core.Reservation, ...]:
+def _reservation_rows() -> list[tuple]:
     """Inference reservations. Read *after* the allocations: a replica that stops on scale-down turns its
     allocation into a reservation in one transaction, so reading in this order can only see both (too
     little free capacity for a cycle), never neither (a device that looks free but is reserved)."""
-    rows = InferenceReservation.objects.select_related("tenant", "flavor", "device", "node").order_by(
-        "job_id", "replica", "device_id"
+    return list(
+        InferenceReservation.objects.order_by("job_id", "replica", "device_id").values_list(
+            "job_id", "tenant_id", "node_id", "device_id", "flavor_id", "millis", "memory_mib"
+        )
     )
+
+
+def _reservations(rows: list[tuple], names: _Names) -> tuple[core.Reservation, ...]:
     return tuple(
         core.Reservation(
-            job_id=str(row.job_id),
-            tenant=row.tenant.slug,
-            node=row.node.name,
-            device_uuid=row.device.uuid,
-            flavor=row.flavor.name,
-            millis=row.millis,
-            memory_mib=row.memory_mib,
+            job_id=str(job_id),
+            tenant=names.tenants[tenant_id],
+            node=names.node_names[node_id],
+            device_uuid=names.device_uuids[device_id],
+            flavor=names.flavors[flavor_id],
+            millis=millis,
+            memory_mib=memory_mib,
         )
-        for row in rows
+        for job_id, tenant_id, node_id, device_id, flavor_id, millis, memory_mib in rows
     )
 
 
-def _holds() -> tuple[core.Hold, ...]:
+def _holds(names: _Names) -> tuple[core.Hold, ...]:
     return tuple(
         core.Hold(
-            job_id=str(row.job_id),
-            device_uuid=row.device.uuid,
-            victims=tuple(sorted(str(v) for v in row.victim_ids or ())),
-            since=row.since.timestamp(),
+            job_id=str(job_id),
+            device_uuid=names.device_uuids[device_id],
+            victims=tuple(sorted(str(v) for v in victim_ids or ())),
+            since=since.timestamp(),
         )
-        for row in CapacityHold.objects.select_related("device").order_by("job_id", "device_id")
+        for job_id, device_id, victim_ids, since in CapacityHold.objects.order_by("job_id", "device_id").values_list(
+            "job_id", "device_id", "victim_ids", "since"
+        )
     )
 
 
@@ -177,8 +261,8 @@ def _tenants() -> tuple[core.Tenant, ...]:
     from tenants.models import Tenant
 
     return tuple(
-        core.Tenant(name=t.slug, parent=t.parent.slug if t.parent else None)
-        for t in Tenant.objects.select_related("parent").order_by("slug")
+        core.Tenant(name=slug, parent=parent)
+        for slug, parent in Tenant.objects.order_by("slug").values_list("slug", "parent__slug")
     )
 
 
@@ -261,39 +345,93 @@ def decayed_usage(
     return result
 
 
-def pending_job(job: Job) -> core.PendingJob:
+#: The Job columns a pending job is built from (``_pending_job``), then its stored explanation.
+PENDING_COLUMNS = (
+    "pk",
+    "tenant_id",
+    "flavors",
+    "millis_per_replica",
+    "memory_mib_per_replica",
+    "priority_class",
+    "preemptible",
+    "submitted_at",
+    "kind",
+    "replicas",
+    "topology",
+    "min_replicas",
+    "max_replicas",
+    "node_selector",
+    "preempted_by",
+    "state",
+    "runtime_estimate_s",
+    "last_checkpoint_at",
+)
+EXPLANATION_COLUMNS = ("pending_reason_code", "pending_message", "position_in_tenant", "position_overall")
+
+
+def _pending_job(row: tuple, tenants: dict[int, str]) -> core.PendingJob:
+    (
+        pk,
+        tenant_id,
+        flavors,
+        millis,
+        memory_mib,
+        priority,
+        preemptible,
+        submitted_at,
+        kind,
+        replicas,
+        topology,
+        min_replicas,
+        max_replicas,
+        node_selector,
+        preempted_by,
+        state,
+        runtime_estimate_s,
+        last_checkpoint_at,
+    ) = row[: len(PENDING_COLUMNS)]
     return core.PendingJob(
-        job_id=str(job.pk),
-        tenant=job.tenant.slug,
-        request=core.ReplicaRequest(
-            flavors=tuple(job.flavors), millis=job.millis_per_replica, memory_mib=job.memory_mib_per_replica
-        ),
-        priority=job.priority_class,
-        preemptible=job.preemptible,
-        submitted_at=_epoch(job.submitted_at) or 0.0,
-        kind=core.JobKind(job.kind),
-        replicas=job.replicas,
-        topology=core.Topology(job.topology),
-        min_replicas=job.min_replicas,
-        max_replicas=job.max_replicas,
-        node_selector={str(k): str(v) for k, v in (job.node_selector or {}).items()},
-        preempted_by=frozenset(str(pk) for pk in job.preempted_by or ()),
-        awaiting_approval=job.state == JobState.PENDING_APPROVAL,
-        runtime_estimate_s=float(job.runtime_estimate_s) if job.runtime_estimate_s else None,
-        last_checkpoint_at=_epoch(job.last_checkpoint_at),
+        job_id=str(pk),
+        tenant=tenants[tenant_id],
+        request=core.ReplicaRequest(flavors=tuple(flavors), millis=millis, memory_mib=memory_mib),
+        priority=priority,
+        preemptible=preemptible,
+        submitted_at=_epoch(submitted_at) or 0.0,
+        kind=_KINDS[kind],
+        replicas=replicas,
+        topology=_TOPOLOGIES[topology],
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        node_selector={str(k): str(v) for k, v in node_selector.items()} if node_selector else {},
+        preempted_by=frozenset(str(pk) for pk in preempted_by) if preempted_by else frozenset(),
+        awaiting_approval=state == JobState.PENDING_APPROVAL,
+        runtime_estimate_s=float(runtime_estimate_s) if runtime_estimate_s else None,
+        last_checkpoint_at=_epoch(last_checkpoint_at),
     )
 
 
-def _pending(allocations: tuple[core.Allocation, ...]) -> tuple[core.PendingJob, ...]:
-    jobs = (
+_KINDS = {kind.value: kind for kind in core.JobKind}
+_TOPOLOGIES = {topology.value: topology for topology in core.Topology}
+
+
+def _pending(
+    allocations: tuple[core.Allocation, ...], names: _Names, stored_explanations: dict[int, tuple] | None
+) -> tuple[core.PendingJob, ...]:
+    rows = (
         Job.objects.filter(state__in=[JobState.QUEUED, JobState.PENDING_APPROVAL])
-        .select_related("tenant")
         .order_by("submitted_at", "id")
+        .values_list(*PENDING_COLUMNS, *EXPLANATION_COLUMNS)
     )
-    return tuple(pending_job(job) for job in jobs) + _scale_ups(allocations)
+    pending = []
+    width = len(PENDING_COLUMNS)
+    for row in rows:
+        pending.append(_pending_job(row, names.tenants))
+        if stored_explanations is not None:
+            stored_explanations[row[0]] = row[width:]
+    return tuple(pending) + _scale_ups(allocations, names)
 
 
-def _scale_ups(allocations: tuple[core.Allocation, ...]) -> tuple[core.PendingJob, ...]:
+def _scale_ups(allocations: tuple[core.Allocation, ...], names: _Names) -> tuple[core.PendingJob, ...]:
     """Running inference services that want more replicas than run: their missing replicas, as pending work
     under the service's own id (so they go onto its reservation first), each replica on its own."""
     replicas: dict[str, set[int]] = defaultdict(set)
@@ -301,18 +439,18 @@ def _scale_ups(allocations: tuple[core.Allocation, ...]) -> tuple[core.PendingJo
         replicas[allocation.job_id].add(allocation.replica)
     services = (
         Job.objects.filter(kind=JobKind.INFERENCE, state__in=[JobState.ADMITTED, JobState.RUNNING])
-        .select_related("tenant")
         .order_by("submitted_at", "id")
+        .values_list(*PENDING_COLUMNS)
     )
     out = []
-    for job in services:
-        running = replicas.get(str(job.pk), set())
-        missing = job.replicas - len(running)
+    for row in services:
+        running = replicas.get(str(row[0]), set())
+        missing = row[PENDING_COLUMNS.index("replicas")] - len(running)
         if missing <= 0 or not running:
             continue
         out.append(
             replace(
-                pending_job(job),
+                _pending_job(row, names.tenants),
                 replicas=missing,
                 min_replicas=1,
                 first_replica=max(running) + 1,
@@ -321,15 +459,26 @@ def _scale_ups(allocations: tuple[core.Allocation, ...]) -> tuple[core.PendingJo
     return tuple(out)
 
 
-def build_snapshot(*, now: datetime | None = None, previous_usage: dict | None = None) -> core.Snapshot:
+def build_snapshot(
+    *,
+    now: datetime | None = None,
+    previous_usage: dict | None = None,
+    stored_explanations: dict[int, tuple] | None = None,
+) -> core.Snapshot:
     """The state of the pool as the engine sees it: every node (unschedulable ones keep their allocations),
     active allocations, the tenant tree, quotas, fair-share usage and the pending jobs.
 
     ``previous_usage`` (what the last cycle stored, see ``decayed_usage``) turns the usage into a
-    time-decayed average; without it the usage is the millis held now.
+    time-decayed average; without it the usage is the millis held now. ``stored_explanations``, when given, is
+    filled with each pending job's stored explanation (pk → reason code, message, position in its tenant,
+    overall), so that ``persist_plan`` writes only those that change without reading them again.
+
+    Reads each table once, as plain values (no model instances), about ten queries whatever the pool's size.
     """
-    allocations = _allocations()
-    reservations = _reservations()
+    allocation_rows = _allocation_rows()
+    reservation_rows = _reservation_rows()
+    names = _Names()  # after the rows above: every node, device, tenant and flavor they name exists by now
+    allocations = _allocations(allocation_rows, names)
     now_s = (now or timezone.now()).timestamp()
     usage = decayed_usage(
         held_millis(allocations),
@@ -339,14 +488,14 @@ def build_snapshot(*, now: datetime | None = None, previous_usage: dict | None =
     )
     return core.Snapshot(
         now=now_s,
-        nodes=_nodes(),
+        nodes=_nodes(names),
         allocations=allocations,
         tenants=_tenants(),
         quotas=_quotas(),
         usage=usage,
-        pending=_pending(allocations),
-        reservations=reservations,
-        holds=_holds(),
+        pending=_pending(allocations, names, stored_explanations),
+        reservations=_reservations(reservation_rows, names),
+        holds=_holds(names),
     )
 
 
