@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -112,12 +113,20 @@ class Gpupool:
     name = "gpupool"
 
     def __init__(
-        self, *, database_url: str, redis_url: str, root: Path, web_workers: int, web_server: str, conn_max_age: int
+        self,
+        *,
+        database_url: str,
+        redis_url: str,
+        root: Path,
+        web_workers: list[int],
+        web_server: str,
+        conn_max_age: int,
     ) -> None:
         self.admin_url = database_url
         self.redis_url = redis_url
         self.root = root
-        self.web_workers = web_workers
+        self.configs = web_workers
+        self.web_workers = web_workers[0]
         self.web_server = web_server
         self.conn_max_age = conn_max_age
         base = urlsplit(database_url).path.lstrip("/") or "gpupool"
@@ -126,12 +135,26 @@ class Gpupool:
         self.deadlocks_before = 0
 
     def describe(self) -> str:
+        workers = " and ".join(str(count) for count in self.configs)
         return (
-            f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --workers "
-            f"{self.web_workers} --server {self.web_server} (GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), "
-            "celery worker (solo) + beat, "
-            f"{AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards"
+            f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --server "
+            f"{self.web_server} --workers {workers} (GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), "
+            f"celery worker (solo) + beat, {AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards"
         )
+
+    def label(self, workers: int) -> str:
+        return f"gpupool {workers} web"
+
+    def configure(self, workers: int) -> None:
+        """Run the web tier with ``workers`` processes (restarted if it runs with another count); the agents
+        reconnect on their own (the warm-up batch after this waits for them)."""
+        assert self.cluster is not None
+        if workers == self.web_workers and self.cluster.web is not None and self.cluster.web.alive():
+            return
+        self.cluster.web.kill(signal.SIGTERM, wait_s=30)
+        self.web_workers = self.cluster.web_workers = workers
+        self.cluster.start_web()
+        self.cluster.wait_web()
 
     def start(self) -> None:
         from recovery import scratch_database  # benchmarks/ is on sys.path when a script runs
@@ -250,6 +273,18 @@ class Gpupool:
                 parts.append(f"{label} p50 {ms(statistics.median(values))} p99 {ms(percentile(values, 0.99))}")
         return "; ".join(parts) or "no finished job with timestamps"
 
+    def server_errors(self, limit: int = 5) -> list[str]:
+        """The exceptions behind the web tier's 5xx answers (last line of each traceback in its log), counted."""
+        assert self.cluster is not None
+        try:
+            lines = (self.cluster.root / "logs" / "web.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        # The exception lines of the tracebacks (chained ones too: a cause and what it became).
+        exception = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Timeout|Deadlock\w*)\b(:|$)")
+        found = Counter(line[:300] for line in lines if exception.match(line))
+        return [f"{count}x {text}" for text, count in found.most_common(limit)]
+
     def array(self, count: int) -> ArrayResult:
         assert self.cluster is not None
         spec = {**self.spec("array"), "array": {"count": count}}
@@ -352,6 +387,14 @@ class Slurm:
     @property
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
+
+    configs = [0]
+
+    def label(self, _config: int) -> str:
+        return "Slurm"
+
+    def configure(self, _config: int) -> None:
+        pass
 
     def start(self) -> None:
         from benchmarks._agents import free_port
@@ -631,12 +674,11 @@ def phase_line(label: str, phase: Phase) -> str:
 
 @dataclass
 class SystemResult:
-    name: str
+    label: str
+    kind: str  # "gpupool" or "Slurm"
     rounds: list[tuple[Phase, Phase]] = field(default_factory=list)
     array: ArrayResult | None = None
     skipped: str = ""
-    deadlocks: int | None = None
-    notes: list[str] = field(default_factory=list)
 
     def median(self, which: int, metric: Callable[[Phase], float | None]) -> float | None:
         values = [metric(pair[which]) for pair in self.rounds]
@@ -647,16 +689,24 @@ class SystemResult:
         return sum(phase.server_errors for pair in self.rounds for phase in pair)
 
 
-METRICS: list[tuple[str, int, Callable[[Phase], float | None], str, bool]] = [
-    # label, phase (0 serial, 1 clients), metric, unit, higher is better
-    ("serial submit rate", 0, lambda p: p.rate, "jobs/s", True),
-    ("serial submit p50", 0, lambda p: statistics.median(p.latencies) if p.latencies else None, "ms", False),
-    ("serial submit p99", 0, lambda p: percentile(p.latencies, 0.99) if p.latencies else None, "ms", False),
-    ("N-client submit rate", 1, lambda p: p.rate, "jobs/s", True),
-    ("N-client submit p50", 1, lambda p: statistics.median(p.latencies) if p.latencies else None, "ms", False),
-    ("N-client submit p99", 1, lambda p: percentile(p.latencies, 0.99) if p.latencies else None, "ms", False),
-    ("serial: first submit → all finished", 0, lambda p: p.finished_s, "s", False),
-    ("N-client: first submit → all finished", 1, lambda p: p.finished_s, "s", False),
+def p50(phase: Phase) -> float | None:
+    return statistics.median(phase.latencies) if phase.latencies else None
+
+
+def p99(phase: Phase) -> float | None:
+    return percentile(phase.latencies, 0.99) if phase.latencies else None
+
+
+#: label, phase (0: one client, 1: N clients), metric, unit, higher is better, a target row
+METRICS: list[tuple[str, int, Callable[[Phase], float | None], str, bool, bool]] = [
+    ("serial submit rate", 0, lambda phase: phase.rate, "jobs/s", True, True),
+    ("serial submit p50", 0, p50, "ms", False, False),
+    ("serial submit p99", 0, p99, "ms", False, False),
+    ("N-client submit rate", 1, lambda phase: phase.rate, "jobs/s", True, True),
+    ("N-client submit p50", 1, p50, "ms", False, False),
+    ("N-client submit p99", 1, p99, "ms", False, False),
+    ("serial: first submit → all finished", 0, lambda phase: phase.finished_s, "s", False, True),
+    ("N-client: first submit → all finished", 1, lambda phase: phase.finished_s, "s", False, True),
 ]
 
 
@@ -670,97 +720,104 @@ def fmt(value: float | None, unit: str) -> str:
     return f"{value:.1f} {unit}"
 
 
-def print_table(results: list[SystemResult], clients: int, jobs: int) -> None:
-    gp = next((r for r in results if r.name == "gpupool" and r.rounds), None)
-    sl = next((r for r in results if r.name == "Slurm" and r.rounds), None)
-    print(f"\n== medians of {max((len(r.rounds) for r in results), default=0)} round(s), {jobs} jobs per phase")
-    print(f"  {'':<40} {'gpupool':>14} {'Slurm':>14} {'gpupool vs Slurm':>18}")
-    for label, which, metric, unit, higher in METRICS:
-        label = label.replace("N-client", f"{clients}-client")
-        a = gp.median(which, metric) if gp else None
-        b = sl.median(which, metric) if sl else None
-        ratio = "-"
-        if a and b:
-            ratio = f"{(a / b if higher else b / a):.2f}x"
-        print(f"  {label:<40} {fmt(a, unit):>14} {fmt(b, unit):>14} {ratio:>18}")
-    arrays = {r.name: r.array for r in results}
+def better(a: float | None, b: float | None, higher: bool) -> str:
+    """How many times ``a`` is better than ``b``."""
+    if not a or not b:
+        return "-"
+    return f"{(a / b if higher else b / a):.2f}x"
+
+
+def print_table(results: list[SystemResult], *, clients: int, jobs: int, array: int) -> None:
+    shown = [result for result in results if result.rounds]
+    slurm = next((result for result in shown if result.kind == "Slurm"), None)
+    ours = [result for result in shown if result.kind == "gpupool"]
+    rounds = max((len(result.rounds) for result in shown), default=0)
+    print(f"\n== medians of {rounds} round(s), {jobs} jobs per phase, {clients} clients in the second")
+    header = [result.label for result in shown]
+    if slurm is not None:
+        header += [f"{result.label.removeprefix('gpupool ')} ÷ Slurm" for result in ours]
+    print(f"  {'':<38}" + "".join(f"{name:>16}" for name in header))
+    for label, which, metric, unit, higher, _target in METRICS:
+        cells = [fmt(result.median(which, metric), unit) for result in shown]
+        if slurm is not None:
+            cells += [better(result.median(which, metric), slurm.median(which, metric), higher) for result in ours]
+        print(f"  {label.replace('N-client', f'{clients}-client'):<38}" + "".join(f"{cell:>16}" for cell in cells))
     cells = []
-    for name in ("gpupool", "Slurm"):
-        array = arrays.get(name)
-        if array is None:
+    for result in shown:
+        if result.array is None:
             cells.append("-")
-        elif not array.available:
+        elif not result.array.available:
             cells.append("not available")
         else:
-            cells.append(f"{array.seconds:.2f} s")
-    a, b = arrays.get("gpupool"), arrays.get("Slurm")
-    ratio = f"{b.seconds / a.seconds:.2f}x" if a and b and a.available and b.available and a.seconds else "-"
-    count = next((arr.count for arr in arrays.values() if arr), 0)
-    print(f"  {f'array submit of {count:,}':<40} {cells[0]:>14} {cells[1]:>14} {ratio:>18}")
-    print("  (gpupool vs Slurm: how many times gpupool's figure is better; < 1 = Slurm better)")
+            cells.append(f"{result.array.seconds:.2f} s")
+    if slurm is not None:
+        for result in ours:
+            a, b = result.array, slurm.array
+            ok = a and b and a.available and b.available and a.seconds
+            cells.append(f"{b.seconds / a.seconds:.2f}x" if ok else "-")
+    print(f"  {f'array submit of {array:,}':<38}" + "".join(f"{cell:>16}" for cell in cells))
+    if slurm is not None:
+        print("  (X ÷ Slurm: how many times gpupool's figure is better than Slurm's; below 1: Slurm is better)")
     for result in results:
         if result.skipped:
-            print(f"  {result.name}: {result.skipped}")
-        for note in result.notes:
-            print(f"  {result.name}: {note}")
+            print(f"  {result.label}: {result.skipped}")
+        if result.array is not None and result.array.note:
+            print(f"  {result.label} array: {result.array.note}")
 
 
-def check_targets(results: list[SystemResult]) -> list[str]:
-    """Issue 14's targets that this run missed."""
-    gp = next((r for r in results if r.name == "gpupool" and r.rounds), None)
-    sl = next((r for r in results if r.name == "Slurm" and r.rounds), None)
-    if gp is None:
-        return []
+def check_targets(results: list[SystemResult], deadlocks: int | None) -> list[str]:
+    """Issue 14's targets that this run missed, for each gpupool configuration."""
+    slurm = next((result for result in results if result.kind == "Slurm" and result.rounds), None)
     missed = []
-    serial = gp.median(0, lambda p: p.rate) or 0.0
-    parallel = gp.median(1, lambda p: p.rate) or 0.0
-    if serial < SERIAL_TARGET_PER_S:
-        missed.append(f"serial submit {serial:.1f} jobs/s < {SERIAL_TARGET_PER_S:.0f}")
-    if parallel < CLIENTS_TARGET_PER_S:
-        missed.append(f"N-client submit {parallel:.1f} jobs/s < {CLIENTS_TARGET_PER_S:.0f}")
-    if sl is not None:
-        for label, which, metric, _unit, higher in METRICS:
-            a, b = gp.median(which, metric), sl.median(which, metric)
-            if a is None or b is None:
-                if a is None and "finished" in label:
-                    missed.append(f"{label}: gpupool did not finish every job")
+    for result in (result for result in results if result.kind == "gpupool" and result.rounds):
+        name = result.label
+        serial = result.median(0, lambda phase: phase.rate) or 0.0
+        parallel = result.median(1, lambda phase: phase.rate) or 0.0
+        if serial < SERIAL_TARGET_PER_S:
+            missed.append(f"{name}: serial submit {serial:.1f} jobs/s < {SERIAL_TARGET_PER_S:.0f}")
+        if parallel < CLIENTS_TARGET_PER_S:
+            missed.append(f"{name}: N-client submit {parallel:.1f} jobs/s < {CLIENTS_TARGET_PER_S:.0f}")
+        for label, which, metric, _unit, higher, target in METRICS:
+            a = result.median(which, metric)
+            if target and a is None and "finished" in label:
+                missed.append(f"{name}: {label}: not every job finished")
+            b = slurm.median(which, metric) if slurm else None
+            if not target or a is None or b is None:
                 continue
-            if "p50" in label or "p99" in label:
-                continue  # latency is reported, the targets are on rates and completion
             if (a < b) if higher else (a > b):
-                missed.append(f"{label}: gpupool {a:.2f} vs Slurm {b:.2f}")
-        if gp.array and sl.array and sl.array.available:
-            if not gp.array.available:
-                missed.append("array submit: not available in gpupool")
-            elif gp.array.seconds > sl.array.seconds:
-                missed.append(f"array submit: gpupool {gp.array.seconds:.2f} s vs Slurm {sl.array.seconds:.2f} s")
-    if gp.deadlocks:
-        missed.append(f"{gp.deadlocks} deadlocks in PostgreSQL")
-    if gp.server_errors():
-        missed.append(f"{gp.server_errors()} HTTP 5xx")
+                missed.append(f"{name}: {label} {a:.2f} vs Slurm {b:.2f}")
+        if slurm is not None and slurm.array and slurm.array.available and result.array:
+            if not result.array.available:
+                missed.append(f"{name}: array submit not available")
+            elif result.array.seconds > slurm.array.seconds:
+                missed.append(f"{name}: array submit {result.array.seconds:.2f} s vs Slurm {slurm.array.seconds:.2f} s")
+        if result.server_errors():
+            missed.append(f"{name}: {result.server_errors()} HTTP 5xx")
+    if deadlocks:
+        missed.append(f"gpupool: {deadlocks} deadlocks in PostgreSQL")
     return missed
 
 
-def where_the_time_goes(system: Gpupool, result: SystemResult, profile: list[str]) -> None:
+def where_the_time_goes(results: list[SystemResult], profile: list[str]) -> None:
     print("\n== where gpupool's time goes")
     for line in profile:
         print(f"  {line}")
-    for label, which in (("serial", 0), ("N clients", 1)):
-        phases = [pair[which] for pair in result.rounds]
-        phase = phases[-1]
-        jobs = max(1, len(phase.ids))
-        if phase.latencies:
+    for result in (result for result in results if result.kind == "gpupool" and result.rounds):
+        for label, which in (("serial", 0), ("N clients", 1)):
+            phase = result.rounds[-1][which]
+            jobs = max(1, len(phase.ids))
             print(
-                f"  {label} (last round): HTTP p50 {ms(statistics.median(phase.latencies))} per submit; "
+                f"  {result.label}, {label} (last round): HTTP p50 {fmt(p50(phase), 'ms')} per submit; "
                 f"{phase.xacts / jobs:.1f} PostgreSQL transactions per job (submit to finish, every process)"
             )
-        cpu = ", ".join(
-            f"{name} {1000 * seconds / jobs:.1f}" for name, seconds in sorted(phase.cpu.items(), key=lambda i: -i[1])
-        )
-        print(f"    CPU ms per job: {cpu}  (machine CPU busy {phase.machine_busy_pct:.0f} % of 2 cores x the phase)")
-        print(f"    job steps: {phase.steps}")
-        ran = [cycle for cycle in phase.cycles if cycle.ran]
-        if ran:
+            by_cpu = sorted(phase.cpu.items(), key=lambda item: -item[1])
+            cpu = ", ".join(f"{name} {1000 * seconds / jobs:.1f}" for name, seconds in by_cpu)
+            print(f"    CPU ms per job: {cpu}  (the whole machine was {phase.machine_busy_pct:.0f} % busy)")
+            print(f"    job steps: {phase.steps}")
+            ran = [cycle for cycle in phase.cycles if cycle.ran]
+            if not ran:
+                print("    scheduling cycles: none reported by the worker")
+                continue
             times = [cycle.seconds for cycle in ran]
             placed = [cycle.placed for cycle in ran if cycle.placed is not None]
             placements = f", placed median {statistics.median(placed):.0f} / max {max(placed)} jobs" if placed else ""
@@ -768,38 +825,46 @@ def where_the_time_goes(system: Gpupool, result: SystemResult, profile: list[str
                 f"    scheduling cycles: {len(ran)} ran ({len(phase.cycles) - len(ran)} found the lock taken), "
                 f"median {ms(statistics.median(times))}, max {ms(max(times))}, {sum(times):.1f} s in all{placements}"
             )
-        else:
-            print("    scheduling cycles: none reported by the worker")
 
 
-def run_system(system, args: argparse.Namespace) -> SystemResult:
-    result = SystemResult(name=system.name)
+def run_system(system, args: argparse.Namespace) -> list[SystemResult]:
+    """Start ``system``; per round and per configuration (gpupool: web process counts), a warm-up batch, then
+    the serial and the N-client phase; then the array with the last configuration; stop is the caller's."""
+    results = {config: SystemResult(label=system.label(config), kind=system.name) for config in system.configs}
     print(f"\n== {system.describe()}", flush=True)
     started = time.monotonic()
     system.start()
     print(f"  started in {time.monotonic() - started:.0f} s", flush=True)
-    warm = Phase()
-    system.submit(warm, jobs=args.clients, clients=args.clients, tag="warmup")
-    wait_drained(system, warm.ids, args.finish_timeout)
     for number in range(args.rounds):
-        tag = f"r{number}"
-        serial = run_phase(system, jobs=args.jobs, clients=1, tag=f"{tag}-serial", finish_timeout_s=args.finish_timeout)
-        print(f"  round {number + 1}:\n{phase_line('serial', serial)}", flush=True)
-        wait_drained(system, serial.ids, args.finish_timeout)
-        parallel = run_phase(
-            system, jobs=args.jobs, clients=args.clients, tag=f"{tag}-clients", finish_timeout_s=args.finish_timeout
-        )
-        print(phase_line(f"{args.clients} clients", parallel), flush=True)
-        wait_drained(system, parallel.ids, args.finish_timeout)
-        result.rounds.append((serial, parallel))
+        for config, result in results.items():
+            system.configure(config)
+            warm = Phase()
+            system.submit(warm, jobs=args.clients, clients=args.clients, tag=f"warmup-{number}-{config}")
+            wait_drained(system, warm.ids, args.finish_timeout)
+            tag = f"r{number}-{config}"
+            timeout = args.finish_timeout
+            serial = run_phase(system, jobs=args.jobs, clients=1, tag=f"{tag}-serial", finish_timeout_s=timeout)
+            print(f"  round {number + 1}, {result.label}:\n{phase_line('serial', serial)}", flush=True)
+            wait_drained(system, serial.ids, timeout)
+            clients = run_phase(
+                system, jobs=args.jobs, clients=args.clients, tag=f"{tag}-clients", finish_timeout_s=timeout
+            )
+            print(phase_line(f"{args.clients} clients", clients), flush=True)
+            wait_drained(system, clients.ids, timeout)
+            result.rounds.append((serial, clients))
     if args.array:
-        result.array = system.array(args.array)
-        array = result.array
-        state = (
-            f"{array.seconds:.2f} s ({array.count / array.seconds:.0f} jobs/s)" if array.available else "not available"
-        )
-        print(f"  array of {args.array:,}: {state}{' — ' + array.note if array.note else ''}", flush=True)
-    return result
+        last = results[system.configs[-1]]
+        last.array = array = system.array(args.array)
+        state = f"{array.seconds:.2f} s ({array.count / array.seconds:.0f} jobs/s)" if array.available else ""
+        print(f"  array of {args.array:,} ({last.label}): {state or 'not available'} {array.note}", flush=True)
+    return list(results.values())
+
+
+def parse_counts(raw: str) -> list[int]:
+    counts = [int(item) for item in raw.split(",") if item.strip()]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"--web-workers {raw!r}: give one or more counts >= 1, e.g. 1,2")
+    return counts
 
 
 def main() -> int:
@@ -810,7 +875,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of both phases per system (medians printed)")
     parser.add_argument("--quick", action="store_true", help="200 jobs, array of 1,000, one round")
     parser.add_argument("--systems", default="gpupool,slurm", help="comma-separated: gpupool, slurm")
-    parser.add_argument("--web-workers", type=int, default=max(2, os.cpu_count() or 1), help="gpupool web processes")
+    parser.add_argument(
+        "--web-workers",
+        type=parse_counts,
+        default=[max(2, os.cpu_count() or 1)],
+        help="gpupool web processes; several counts (e.g. 1,2) alternate within each round on the same stack",
+    )
     parser.add_argument(
         "--web-server", choices=["uvicorn", "daphne"], default="uvicorn", help="daphne: one process (--web-workers 1)"
     )
@@ -827,30 +897,31 @@ def main() -> int:
     systems = [name.strip().lower() for name in args.systems.split(",") if name.strip()]
     if "gpupool" in systems and (not args.database_url.startswith("postgres") or not args.redis_url):
         parser.error("gpupool runs on PostgreSQL and Redis: give --database-url/GPUPOOL_DATABASE_URL and --redis-url")
+    if args.web_server == "daphne" and args.web_workers != [1]:
+        parser.error("daphne serves from one process: --web-server daphne --web-workers 1")
 
     print("command:", " ".join([os.path.relpath(sys.executable, ROOT), *sys.argv]))
     load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    print(
-        f"machine: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min); {time.strftime('%Y-%m-%d %H:%M:%S %Z')}"
-    )
+    now = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load} (1, 5, 15 min); {now}")
     print(
         f"workload: {args.rounds} round(s) of {args.jobs} trivial 1-GPU jobs (`true`) from 1 client, then from "
         f"{args.clients} clients; then an array of {args.array:,}; {GPUS} GPUs"
     )
     results: list[SystemResult] = []
     root = Path(tempfile.mkdtemp(prefix="gpupool-vs-slurm-"))
-    gpupool: Gpupool | None = None
     profile: list[str] = []
+    deadlocks: int | None = None
     try:
         if "slurm" in systems:
             why_not = slurm_installed()
             if why_not:
-                results.append(SystemResult(name="Slurm", skipped=why_not))
+                results.append(SystemResult(label="Slurm", kind="Slurm", skipped=why_not))
                 print(f"\n== Slurm: {why_not}")
             else:
                 slurm = Slurm(root / "slurm")
                 try:
-                    results.append(run_system(slurm, args))
+                    results.extend(run_system(slurm, args))
                 finally:
                     slurm.stop()
         if "gpupool" in systems:
@@ -863,21 +934,23 @@ def main() -> int:
                 conn_max_age=args.db_conn_max_age,
             )
             try:
-                result = run_system(gpupool, args)
-                result.deadlocks = gpupool.pg_stat()["deadlocks"] - gpupool.deadlocks_before
-                result.notes.append(
-                    f"deadlocks counted by PostgreSQL during the run: {result.deadlocks}; HTTP 5xx: "
-                    f"{result.server_errors()}"
-                )
-                results.append(result)
-                if check_targets(results) or args.explain:
+                results.extend(run_system(gpupool, args))
+                time.sleep(1.0)  # PostgreSQL publishes its counters about once a second
+                deadlocks = gpupool.pg_stat()["deadlocks"] - gpupool.deadlocks_before
+                if any(result.server_errors() for result in results if result.kind == "gpupool"):
+                    errors = gpupool.server_errors()
+                    print("\n== exceptions behind the HTTP 5xx (web log):\n  " + "\n  ".join(errors or ["none logged"]))
+                if check_targets(results, deadlocks) or args.explain:
                     profile = gpupool.submit_profile()  # while the stack still runs
             finally:
                 gpupool.stop()
-        print_table(results, args.clients, args.jobs)
-        if profile and gpupool is not None:
-            where_the_time_goes(gpupool, results[-1], profile)
-        missed = check_targets(results)
+        print_table(results, clients=args.clients, jobs=args.jobs, array=args.array)
+        if deadlocks is not None:
+            errors = sum(result.server_errors() for result in results if result.kind == "gpupool")
+            print(f"  gpupool: {deadlocks} deadlocks counted by PostgreSQL during the run; HTTP 5xx: {errors}")
+        if profile:
+            where_the_time_goes(results, profile)
+        missed = check_targets(results, deadlocks)
         print("\n== targets missed: " + ("; ".join(missed) if missed else "none"))
         return 0
     finally:
