@@ -6,6 +6,7 @@ import logging
 import os
 
 from celery import Celery
+from celery.signals import worker_ready
 
 from portal.env import env_int
 
@@ -57,9 +58,20 @@ app.conf.beat_schedule.update(
         "fleet-telemetry-purge": {"task": "fleet.telemetry_purge", "schedule": 6 * 3600.0},
     }
 )
-# The scheduling cycle (events trigger extra ones, debounced; only one runs at a time).
+# The scheduling cycle. Changes start one at once (``scheduler.services.request_cycle``: a dirty flag and one
+# ``scheduler.cycle_requested`` task that runs again while more are asked for); this periodic one is the safety
+# net for a request lost with Redis or a worker. Only one cycle runs at a time.
 app.conf.beat_schedule.update(
     {"scheduler-run-cycle": {"task": "scheduler.run_cycle", "schedule": float(CYCLE_INTERVAL_S)}}
 )
 # Approval requests past their expiry (quota changes, job admissions).
 app.conf.beat_schedule.update({"tenants-approvals-expire": {"task": "tenants.approvals_expire", "schedule": 300.0}})
+
+
+@worker_ready.connect
+def _release_the_cycle_claim_of_a_dead_worker(**_kwargs) -> None:
+    """A worker killed mid-cycle leaves the cycle claim behind (until its TTL): drop it as a worker starts, so
+    prompt cycles resume at once rather than after ``CYCLE_CLAIM_TTL_S``."""
+    from scheduler.services import cycle_claim_release
+
+    cycle_claim_release()

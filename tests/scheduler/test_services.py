@@ -217,20 +217,6 @@ def test_drain_asks_jobs_to_stop_and_cordons_the_node(submitted, node):
         services.node_cordon(node=node, actor=UserFactory(username="nobody"))
 
 
-def test_request_cycle_is_debounced(monkeypatch):
-    from django.core.cache import cache
-
-    from scheduler import tasks
-
-    queued = []
-    monkeypatch.setattr(tasks.run_cycle, "apply_async", lambda **kw: queued.append(kw))
-    cache.delete(services.CYCLE_REQUEST_KEY)
-    assert services.request_cycle() is True
-    assert services.request_cycle() is False
-    assert len(queued) == 1
-    cache.delete(services.CYCLE_REQUEST_KEY)
-
-
 def test_commands_are_announced_only_after_commit(submitted, node, monkeypatch, django_capture_on_commit_callbacks):
     from django.db import transaction
 
