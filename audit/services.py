@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F, Max, Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -497,12 +497,42 @@ def _remember_signer_key() -> None:
     )
 
 
+CHECKPOINT_LOCK_TIMEOUT_MS = 1000
+
+
+def _lock_head_briefly(stream: str) -> ChainHead | None:
+    """The stream's head row FOR UPDATE, waiting at most ``CHECKPOINT_LOCK_TIMEOUT_MS``: an append holds it only
+    for its COMMIT, so a longer wait means something holds it for long, and a checkpoint run (on the worker, every
+    few seconds) must not queue the worker's other tasks behind it. None when it stays locked: the next run
+    retries. Call inside a transaction."""
+    query = ChainHead.objects.select_for_update().filter(stream=stream)
+    if connection.vendor != "postgresql":
+        return query.first()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+            [f"{CHECKPOINT_LOCK_TIMEOUT_MS}ms"],
+        )
+        previous = cursor.fetchone()[0]
+    try:
+        with transaction.atomic():  # a savepoint: a lock timeout rolls back only this statement
+            return query.first()
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        logger.info("audit: the head of %s stayed locked; it is checkpointed on the next run", stream)
+        return None
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
 def _checkpoint_stream(stream: str) -> Checkpoint | None:
     """Sign the head of ``stream`` and the Merkle root of its records since the previous checkpoint, in its own
     transaction (the head row locked FOR UPDATE for that moment only). None when nothing was appended since."""
     signer = get_signer()
     with transaction.atomic():
-        head = ChainHead.objects.select_for_update().filter(stream=stream).first()
+        head = _lock_head_briefly(stream)
         if head is None or head.seq <= head.checkpoint_seq:
             return None
         from_seq = head.checkpoint_seq + 1

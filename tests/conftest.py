@@ -35,3 +35,14 @@ def postgres() -> None:
     """Require the PostgreSQL backend for this test."""
     if not settings.IS_POSTGRES:
         skip_or_fail("GPUPOOL_DATABASE_URL does not point at PostgreSQL")
+
+
+@pytest.fixture(autouse=True)
+def audit_witness_per_test(settings, tmp_path_factory, monkeypatch):
+    """Every test gets its own audit witness file, also for the processes it starts (workers inherit the
+    environment): a real worker seals the chain heads to the witness when it shuts down, and a witness shared
+    across tests would hold checkpoints of a test database that a later test's flush has emptied."""
+    path = str(tmp_path_factory.mktemp("audit-witness") / "witness.jsonl")
+    settings.GPUPOOL_AUDIT_WITNESS_PATH = path
+    monkeypatch.setenv("GPUPOOL_AUDIT_WITNESS_PATH", path)
+    return path
