@@ -84,6 +84,7 @@ class HeadReservations:
         req = job.request
         need_mem = req.memory_mib
         fraction = req.millis < MILLIS_PER_DEVICE
+        per_replica = 1 if fraction else req.device_count
         now = self.now
         free_at = self.free_at
         best: tuple[tuple, list[int]] | None = None
@@ -92,6 +93,10 @@ class HeadReservations:
             devs = c.node_devs[n][flavor]
             if len(devs) < n_devices or not self.placer.node_matches(n, job.node_selector):
                 continue
+            if c.node_cpu[n] < req.cpu_millicores * n_devices // max(1, per_replica) or (
+                c.node_host_mem[n] < req.host_memory_mib * n_devices // max(1, per_replica)
+            ):
+                continue  # the node can never give the replica(s) their host CPU and memory
             ready = [
                 (now if fraction and c.dev_free_millis[d] >= req.millis else free_at[d], d)
                 for d in devs

@@ -9,6 +9,11 @@ per flavor keep the lookups cheap:
 - ``whole[flavor][k]``: nodes with exactly ``k`` fully free devices of the flavor (k >= 1). A multi-card
   request scans k upwards (best fit: the node with the fewest free cards that still has enough).
 
+Host CPU (millicores) and host memory (MiB) are kept per node (``node_free_cpu``, ``node_free_host_mem``); a
+replica's host resources are taken with its first card, on the same node, and a node that does not state
+them has ``UNLIMITED``. The indices are about cards only: a placement skips a card whose node lacks the host
+resources beside it.
+
 Only usable devices (healthy, on a schedulable node) are indexed. A device can be *held* (kept out of the
 indices) for a job that waits for preemption or a queue head with capacity reserved for it.
 Every change goes through ``take``/``give``/``hold``/``release`` and can be undone in reverse order, which
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .types import FRACTION_STEP_MILLIS, MILLIS_PER_DEVICE, Snapshot
+from .types import FRACTION_STEP_MILLIS, MILLIS_PER_DEVICE, UNLIMITED, Snapshot
 
 _BUCKETS = MILLIS_PER_DEVICE // FRACTION_STEP_MILLIS  # 10: fully free
 
@@ -50,8 +55,12 @@ class Cluster:
         "frac",
         "max_group",
         "node_busy",
+        "node_cpu",
         "node_devs",
+        "node_free_cpu",
+        "node_free_host_mem",
         "node_free_whole",
+        "node_host_mem",
         "node_id",
         "node_labels",
         "node_name",
@@ -79,6 +88,10 @@ class Cluster:
         self.node_devs: list[dict[str, list[int]]] = []
         self.node_free_whole: dict[str, list[int]] = {}
         self.node_busy: list[int] = []  # devices of the node with anything allocated
+        self.node_cpu: list[int] = []  # allocatable host CPU millicores (UNLIMITED when not stated)
+        self.node_host_mem: list[int] = []
+        self.node_free_cpu: list[int] = []
+        self.node_free_host_mem: list[int] = []
         self.capacity_millis: dict[str, int] = {}  # usable millis per flavor
         self._max_k: dict[str, int] = {}
         # Per flavor, the most cards of one node sharing an NVLink domain, a PCIe switch, a NUMA node.
@@ -91,6 +104,12 @@ class Cluster:
             self.node_id[node.name] = n
             self.node_labels.append(node.labels)
             self.node_busy.append(0)
+            cpu = UNLIMITED if node.cpu_millicores is None else node.cpu_millicores
+            host_mem = UNLIMITED if node.host_memory_mib is None else node.host_memory_mib
+            self.node_cpu.append(cpu)
+            self.node_host_mem.append(host_mem)
+            self.node_free_cpu.append(cpu)
+            self.node_free_host_mem.append(host_mem)
             per_flavor: dict[str, list[int]] = {}
             self.node_devs.append(per_flavor)
             for dev in sorted(node.devices, key=lambda d: (d.index, d.uuid)):
@@ -132,6 +151,10 @@ class Cluster:
                 # counts that capacity (below); on one that is gone, the allocation counts for itself.
                 continue
             self._consume(d, alloc.millis, alloc.memory_mib)
+            if alloc.cpu_millicores or alloc.host_memory_mib:
+                n = self.dev_node[d]
+                self.node_free_cpu[n] -= alloc.cpu_millicores
+                self.node_free_host_mem[n] -= alloc.host_memory_mib
         for res in snapshot.reservations:
             d = self.dev_id.get(res.device_uuid)
             if d is not None:
@@ -204,11 +227,22 @@ class Cluster:
 
     # -- changes (each has an inverse) -----------------------------------------------------------------------
 
-    def take(self, d: int, millis: int, memory_mib: int) -> None:
-        """Allocate on device ``d``; whole-card requests (>= 1000 millis) take the card exclusively."""
+    def host_fits(self, n: int, cpu_millicores: int, host_memory_mib: int) -> bool:
+        """Node ``n`` has ``cpu_millicores`` CPU and ``host_memory_mib`` host memory free."""
+        return self.node_free_cpu[n] >= cpu_millicores and self.node_free_host_mem[n] >= host_memory_mib
+
+    def take(self, d: int, millis: int, memory_mib: int, cpu_millicores: int = 0, host_memory_mib: int = 0) -> None:
+        """Allocate on device ``d`` (and host CPU and memory on its node); whole-card requests (>= 1000 millis)
+        take the card exclusively."""
         free_millis = self.dev_free_millis[d]
         if millis > free_millis or memory_mib > self.dev_free_mem[d]:
             raise AssertionError(f"over-allocating device {self.dev_uuid[d]}")  # a bug in the engine
+        if cpu_millicores or host_memory_mib:
+            n = self.dev_node[d]
+            if not self.host_fits(n, cpu_millicores, host_memory_mib):
+                raise AssertionError(f"over-allocating host of node {self.node_name[n]}")  # a bug in the engine
+            self.node_free_cpu[n] -= cpu_millicores
+            self.node_free_host_mem[n] -= host_memory_mib
         indexed = self.indexed(d)
         if indexed:
             self._index_remove(d)
@@ -219,8 +253,12 @@ class Cluster:
         if indexed:
             self._index_add(d)
 
-    def give(self, d: int, millis: int, memory_mib: int) -> None:
+    def give(self, d: int, millis: int, memory_mib: int, cpu_millicores: int = 0, host_memory_mib: int = 0) -> None:
         """Return capacity to device ``d`` (undo of ``take``; also a victim's capacity in a what-if)."""
+        if cpu_millicores or host_memory_mib:
+            n = self.dev_node[d]
+            self.node_free_cpu[n] += cpu_millicores
+            self.node_free_host_mem[n] += host_memory_mib
         indexed = self.indexed(d)
         if indexed:
             self._index_remove(d)

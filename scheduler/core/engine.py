@@ -49,6 +49,7 @@ _CAPACITY_REASONS = frozenset(
     {
         PendingReason.INSUFFICIENT_CAPACITY,
         PendingReason.INSUFFICIENT_MEMORY,
+        PendingReason.INSUFFICIENT_HOST,
         PendingReason.TOPOLOGY,
         PendingReason.GANG,
     }
@@ -77,6 +78,8 @@ def validate(job: PendingJob) -> str | None:
         return "more than one card must be a whole number of cards (a multiple of 1000 millis)"
     if req.memory_mib < 0:
         return "memory_mib cannot be negative"
+    if req.cpu_millicores < 0 or req.host_memory_mib < 0:
+        return "host CPU and host memory cannot be negative"
     return None
 
 
@@ -108,6 +111,8 @@ class _Cycle:
                 book=self.book,
                 min_runtime_s=policy.min_runtime_before_preempt_s,
                 stopping=self.holds.stopping,
+                restart_cost_s=policy.restart_cost_s,
+                max_doublings=policy.max_protection_doublings,
             )
             if policy.preemption
             else None
@@ -132,7 +137,7 @@ class _Cycle:
 
     def run(self) -> Plan:
         cap = self.p.max_jobs_per_cycle
-        for i, job in enumerate(ordered(self.s, self.p, self.fair)):
+        for i, job in enumerate(ordered(self.s, self.p, self.fair, self._within)):
             if cap is not None and i >= cap:
                 self._wait(job, PendingReason.CYCLE_LIMIT, f"not looked at this cycle (at most {cap} jobs a cycle)")
                 continue
@@ -148,6 +153,15 @@ class _Cycle:
             holds=self.holds.result(),
             stats=dict(self.stats),
         )
+
+    def _within(self, job: PendingJob) -> bool:
+        """The job fits in its tenant's unused guarantee on one of its flavors (it would borrow nothing)."""
+        millis = job.request.millis * job.gang_min
+        for flavor in job.request.flavors:
+            node = self.book.account(job.tenant, flavor)
+            if node is not None and self.book.usage(node, flavor) + millis <= self.book.guaranteed(node, flavor):
+                return True
+        return False
 
     def _wait(self, job: PendingJob, code: PendingReason, message: str) -> None:
         self.pending.append(Pending(job, code, message))
@@ -230,6 +244,8 @@ class _Cycle:
             flavor,
             req.millis,
             req.memory_mib,
+            req.cpu_millicores,
+            req.host_memory_mib,
             count,
             job.topology,
             tuple(sorted(job.node_selector.items())),
@@ -248,6 +264,8 @@ class _Cycle:
             topology=job.topology,
             selector=job.node_selector,
             log=log,
+            cpu_millicores=req.cpu_millicores,
+            host_memory_mib=req.host_memory_mib,
         )
         if failure is not None:
             if not holder:
@@ -301,20 +319,32 @@ class _Cycle:
                 topology=job.topology,
                 selector=job.node_selector,
                 log=replica_log,
+                cpu_millicores=req.cpu_millicores,
+                host_memory_mib=req.host_memory_mib,
             ):
                 break
             self.book.charge(node=node, flavor=flavor, millis=req.millis, jobs=0)
             borrowed += extra.borrowed_millis
             placed_millis += req.millis
             log.extend(replica_log)
-        assignments = tuple(self._assignment(r, d, m, mem) for r, d, m, mem in log)
+        assignments = tuple(self._assignment(r, d, m, mem, cpu=cpu, host_mem=hm) for r, d, m, mem, cpu, hm in log)
         reserved = self._reserve_idle_replicas(job, flavor, node, len({a.replica for a in assignments}))
         self.fair.add(job.tenant, flavor, placed_millis)
         self.places.append(Place(job.job_id, job.tenant, flavor, assignments, borrowed, reserved))
 
-    def _assignment(self, replica: int, d: int, millis: int, memory_mib: int, of: str | None = None) -> Assignment:
+    def _assignment(
+        self,
+        replica: int,
+        d: int,
+        millis: int,
+        memory_mib: int,
+        of: str | None = None,
+        *,
+        cpu: int = 0,
+        host_mem: int = 0,
+    ) -> Assignment:
         c = self.cluster
-        return Assignment(replica, c.node_name[c.dev_node[d]], c.dev_uuid[d], millis, memory_mib, of)
+        return Assignment(replica, c.node_name[c.dev_node[d]], c.dev_uuid[d], millis, memory_mib, of, cpu, host_mem)
 
     def _reserve_idle_replicas(self, job: PendingJob, flavor: str, node: str, placed: int) -> tuple[Assignment, ...]:
         """Inference: hold capacity for replicas up to ``max_replicas`` (charged to the tenant's quota)."""
@@ -340,10 +370,12 @@ class _Cycle:
                 topology=job.topology,
                 selector=job.node_selector,
                 log=log,
+                cpu_millicores=req.cpu_millicores,
+                host_memory_mib=req.host_memory_mib,
             ):
                 break
             self.book.charge(node=node, flavor=flavor, millis=req.millis, jobs=0)
-            out.extend(self._assignment(r, d, m, mem) for r, d, m, mem in log)
+            out.extend(self._assignment(r, d, m, mem, cpu=cpu, host_mem=hm) for r, d, m, mem, cpu, hm in log)
         return tuple(out)
 
     # -- reservations ----------------------------------------------------------------------------------------
@@ -414,6 +446,7 @@ class _Cycle:
             return False
         req = job.request
         shape = ("backfill", head, attempt.flavor, req.millis, req.memory_mib, attempt.count, job.topology)
+        shape += (req.cpu_millicores, req.host_memory_mib)
         shape += (tuple(sorted(job.node_selector.items())),)
         if shape in self.failed_shapes:
             return False
@@ -429,6 +462,8 @@ class _Cycle:
             topology=job.topology,
             selector=job.node_selector,
             log=log,
+            cpu_millicores=req.cpu_millicores,
+            host_memory_mib=req.host_memory_mib,
         )
         for d in devices:
             self.cluster.hold(d, head)
@@ -478,16 +513,20 @@ class _Cycle:
         return False
 
     def _preempt_for(self, job: PendingJob, attempt: _Attempt) -> bool:
-        if self.preemptor is None or self.searches >= self.p.max_preemption_searches:
+        borrowing = attempt.admission.borrowed_millis > 0
+        # A job within its tenant's guarantee reclaims whatever the cap says: the guarantee is a promise, and
+        # a search cap must not leave the lender waiting while others borrow (its searches still count).
+        if self.preemptor is None or (borrowing and self.searches >= self.p.max_preemption_searches):
             return False
         node = attempt.admission.accounted_to
         assert node is not None
-        borrowing = attempt.admission.borrowed_millis > 0
         req = job.request
         key = (
             attempt.flavor,
             req.millis,
             req.memory_mib,
+            req.cpu_millicores,
+            req.host_memory_mib,
             attempt.count,
             job.topology,
             tuple(sorted(job.node_selector.items())),

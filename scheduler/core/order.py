@@ -1,4 +1,5 @@
-"""Step 1, order: priority class, then tenant fair share, then submit time.
+"""Step 1, order: priority class, then aged gangs, then jobs within their tenant's guarantee, then tenant fair
+share, then submit time (ties: a stable numeric order of the job ids).
 
 Fair share is dominant-resource fairness (DRF): a tenant's share is the largest, over flavors, of
 ``max(millis held now, time-decayed usage) / usable millis of the flavor``, divided by the tenant's
@@ -10,12 +11,25 @@ along the tenant tree, so departments are balanced before the teams inside them.
 the queue is served tenant by tenant, always from the tenant with the lowest share, and a tenant's share
 grows as its jobs are placed during the cycle — so two tenants with equal weight alternate instead of the
 first submitter taking everything.
+
+Two promises come before fair share inside a priority class:
+
+- **guarantees**: a tenant whose next job fits in its unused guarantee is served before any tenant whose next
+  job would borrow (``within`` callable from the engine), so capacity that frees up goes to the lender first
+  and borrowers only ever get what no guarantee wants now;
+- **gangs not starved**: a gang of at least ``Policy.gang_aging_cards`` cards that has waited
+  ``Policy.gang_aging_s`` is served before both (oldest first), so it becomes the head of its flavor's queue
+  and gets capacity held for it (``backfill.py``) instead of losing every freed node to small jobs.
+
+Ties on the submit time break on the job id in *numeric* order (``job-9`` before ``job-10``), never on the
+string: a trace with thousands of jobs submitted in the same second must not be ordered by naming.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import re
 from collections.abc import Callable, Iterator
 
 from .types import MILLIS_PER_DEVICE, Ordering, PendingJob, Policy, Snapshot
@@ -33,8 +47,25 @@ def decay_usage(previous_millis: float, current_millis: float, elapsed_s: float,
     return previous_millis * keep + current_millis * (1.0 - keep)
 
 
-def job_key(job: PendingJob) -> tuple[float, str]:
-    return (job.submitted_at, job.job_id)
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(job_id: str) -> tuple[tuple[int, int, str], ...]:
+    """``"job-10"`` → parts compared numerically where they are digits: ``job-9`` < ``job-10`` < ``job-10a``."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(job_id) if part)
+
+
+def job_key(job: PendingJob) -> tuple[float, tuple[tuple[int, int, str], ...]]:
+    """Submit time, then a stable numeric order of the job id (see the module docstring)."""
+    return (job.submitted_at, natural_key(job.job_id))
+
+
+def aged_gang(job: PendingJob, policy: Policy, now: float) -> bool:
+    """A big gang that has waited long enough to go first in its priority class (``Policy.gang_aging_*``)."""
+    if policy.gang_aging_s is None:
+        return False
+    cards = job.gang_min * max(1, job.request.millis // MILLIS_PER_DEVICE)
+    return cards >= policy.gang_aging_cards and now - job.submitted_at >= policy.gang_aging_s
 
 
 class FairShare:
@@ -99,8 +130,16 @@ class FairShare:
             bucket[flavor] = bucket.get(flavor, 0.0) + millis
 
 
-def ordered(snapshot: Snapshot, policy: Policy, fair: FairShare) -> Iterator[PendingJob]:
-    """Yield pending jobs in the order the cycle serves them (lazily: fair share moves as jobs are placed)."""
+def ordered(
+    snapshot: Snapshot,
+    policy: Policy,
+    fair: FairShare,
+    within: Callable[[PendingJob], bool] | None = None,
+) -> Iterator[PendingJob]:
+    """Yield pending jobs in the order the cycle serves them (lazily: fair share moves as jobs are placed).
+
+    ``within(job)``: the job would fit in its tenant's unused guarantee now (the engine asks its quota book);
+    None treats every job alike."""
     jobs = sorted(snapshot.pending, key=job_key)
     if policy.ordering == Ordering.FIFO:
         yield from jobs
@@ -110,29 +149,44 @@ def ordered(snapshot: Snapshot, policy: Policy, fair: FairShare) -> Iterator[Pen
         by_priority.setdefault(int(job.priority), []).append(job)
     for priority in sorted(by_priority, reverse=True):
         group = by_priority[priority]
+        aged = [j for j in group if aged_gang(j, policy, snapshot.now)]
+        if aged:
+            yield from aged
+            taken = {j.job_id for j in aged}
+            group = [j for j in group if j.job_id not in taken]
         if not policy.fair_share:
             yield from group
             continue
-        yield from _round_robin_by_share(group, fair.share)
+        yield from _round_robin_by_share(group, fair.share, within)
 
 
-def _round_robin_by_share(group: list[PendingJob], share: Callable[[str], tuple[float, ...]]) -> Iterator[PendingJob]:
+def _round_robin_by_share(
+    group: list[PendingJob],
+    share: Callable[[str], tuple[float, ...]],
+    within: Callable[[PendingJob], bool] | None = None,
+) -> Iterator[PendingJob]:
     queues: dict[str, list[PendingJob]] = {}
     for job in group:
         queues.setdefault(job.tenant, []).append(job)
-    # heap of (share, head submit time, tenant, index of the tenant's next job)
-    heap = [(share(t), job_key(q[0]), t, 0) for t, q in queues.items()]
+
+    def rank(job: PendingJob) -> tuple[int, tuple[float, ...]]:
+        # 0: fits in its tenant's unused guarantee; 1: would borrow. Both only grow as the cycle places jobs.
+        borrows = 0 if within is None or within(job) else 1
+        return (borrows, share(job.tenant))
+
+    # heap of ((borrows, share), head submit time, tenant, index of the tenant's next job)
+    heap = [(rank(q[0]), job_key(q[0]), t, 0) for t, q in queues.items()]
     heapq.heapify(heap)
     while heap:
         stored, key, tenant, i = heapq.heappop(heap)
-        # Placing a job raises the shares of its tenant's ancestors too, so other tenants' entries go
-        # stale; shares only grow, so re-checking the popped entry (and pushing it back if it grew) is enough.
-        fresh = share(tenant)
+        queue = queues[tenant]
+        # Placing a job raises the shares (and usage) of its tenant's ancestors too, so other tenants' entries
+        # go stale; ranks only grow, so re-checking the popped entry (and pushing it back if it grew) is enough.
+        fresh = rank(queue[i])
         if fresh > stored:
             heapq.heappush(heap, (fresh, key, tenant, i))
             continue
-        queue = queues[tenant]
         yield queue[i]  # the consumer may place it, which raises the tenant's share
         i += 1
         if i < len(queue):
-            heapq.heappush(heap, (share(tenant), job_key(queue[i]), tenant, i))
+            heapq.heappush(heap, (rank(queue[i]), job_key(queue[i]), tenant, i))

@@ -1,7 +1,8 @@
 """Step 3, filter → score → gang: find devices for a job on one flavor, all replicas or none.
 
 - *filter*: only indexed devices (healthy, schedulable node, not held) of the flavor, on nodes whose labels
-  match the job's node selector, with enough free millis and memory.
+  match the job's node selector, with enough free millis and memory — and, beside them on the same node,
+  the replica's host CPU and memory (``ReplicaRequest.cpu_millicores``, ``host_memory_mib``).
 - *score*: a fraction goes to the fullest card that still fits (best fit; ``worst_fit`` and seeded
   ``random`` are policy options), and a fresh card is taken from the busiest node. Whole cards go to the node
   with the fewest free cards that still has enough (keeps big holes for big jobs), preferring the best link
@@ -26,7 +27,9 @@ from .types import FRACTION_STEP_MILLIS, MILLIS_PER_DEVICE, FractionalStrategy, 
 # possible link ends the search at once. Bounds the work per replica on large clusters.
 CANDIDATE_NODES = 24
 
-Take = tuple[int, int, int, int]  # (replica, device id, millis, memory_mib)
+# (replica, device id, millis, memory_mib, host cpu millicores, host memory MiB); a replica's host resources are
+# on the take of its first device, 0 on the others.
+Take = tuple[int, int, int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +39,19 @@ class Failure:
 
 
 def rollback(cluster: Cluster, log: list[Take]) -> None:
-    for _, d, millis, memory_mib in reversed(log):
-        cluster.give(d, millis, memory_mib)
+    for _, d, millis, memory_mib, cpu, host_mem in reversed(log):
+        cluster.give(d, millis, memory_mib, cpu, host_mem)
     log.clear()
+
+
+def host_text(cpu_millicores: int, host_memory_mib: int) -> str:
+    """``16 free CPU cores and 64 GiB host memory`` for messages (only the parts asked for)."""
+    parts = []
+    if cpu_millicores:
+        parts.append(f"{cpu_millicores / 1000:g} free CPU cores")
+    if host_memory_mib:
+        parts.append(f"{host_memory_mib / 1024:g} GiB free host memory")
+    return " and ".join(parts)
 
 
 class Placer:
@@ -83,11 +96,14 @@ class Placer:
         topology: Topology,
         selector: Mapping[str, str],
         log: list[Take],
+        cpu_millicores: int = 0,
+        host_memory_mib: int = 0,
     ) -> Failure | None:
         """Place ``count`` replicas; on success the takes are in ``log``, on failure nothing changed."""
         start = len(log)
+        host = (cpu_millicores, host_memory_mib)
         if topology == Topology.SAME_NODE and count > 1:
-            ok = self._place_same_node(flavor, millis, memory_mib, count, first_replica, selector, log)
+            ok = self._place_same_node(flavor, millis, memory_mib, count, first_replica, selector, log, host)
             if ok:
                 return None
             return self.diagnose(
@@ -100,10 +116,11 @@ class Placer:
                 count=count,
                 same_node=True,
                 fraction_count=count if millis < MILLIS_PER_DEVICE else 0,
+                host=(cpu_millicores * count, host_memory_mib * count),
             )
         for i in range(count):
             replica = first_replica + i
-            ok = self.place_replica(flavor, millis, memory_mib, replica, topology, selector, log)
+            ok = self.place_replica(flavor, millis, memory_mib, replica, topology, selector, log, None, host)
             if not ok:
                 placed = i
                 del_log = log[start:]
@@ -117,6 +134,7 @@ class Placer:
                     selector=selector,
                     placed=placed,
                     count=count,
+                    host=host,
                 )
         return None
 
@@ -130,22 +148,25 @@ class Placer:
         selector: Mapping[str, str],
         log: list[Take],
         only_node: int | None = None,
+        host: tuple[int, int] = (0, 0),
     ) -> bool:
         c = self.c
+        cpu, host_mem = host
         if millis < MILLIS_PER_DEVICE:
-            d = self._pick_fraction(flavor, millis, memory_mib, selector, only_node)
+            d = self._pick_fraction(flavor, millis, memory_mib, selector, only_node, host)
             if d is None:
                 return False
-            c.take(d, millis, memory_mib)
-            log.append((replica, d, millis, memory_mib))
+            c.take(d, millis, memory_mib, cpu, host_mem)
+            log.append((replica, d, millis, memory_mib, cpu, host_mem))
             return True
-        devs = self._pick_cards(flavor, millis // MILLIS_PER_DEVICE, memory_mib, topology, selector, only_node)
+        devs = self._pick_cards(flavor, millis // MILLIS_PER_DEVICE, memory_mib, topology, selector, only_node, host)
         if devs is None:
             return False
-        for d in devs:
+        for i, d in enumerate(devs):
             mem = c.dev_mem[d]
-            c.take(d, MILLIS_PER_DEVICE, mem)
-            log.append((replica, d, MILLIS_PER_DEVICE, mem))
+            cpu_here, mem_here = (cpu, host_mem) if i == 0 else (0, 0)
+            c.take(d, MILLIS_PER_DEVICE, mem, cpu_here, mem_here)
+            log.append((replica, d, MILLIS_PER_DEVICE, mem, cpu_here, mem_here))
         return True
 
     def _place_same_node(
@@ -157,24 +178,30 @@ class Placer:
         first_replica: int,
         selector: Mapping[str, str],
         log: list[Take],
+        host: tuple[int, int] = (0, 0),
     ) -> bool:
         c = self.c
+        cpu, host_mem = host
         if millis >= MILLIS_PER_DEVICE:
             per = millis // MILLIS_PER_DEVICE
-            devs = self._pick_cards(flavor, per * count, memory_mib, Topology.NONE, selector, None)
+            total = (cpu * count, host_mem * count)
+            devs = self._pick_cards(flavor, per * count, memory_mib, Topology.NONE, selector, None, total)
             if devs is None:
                 return False
             for i, d in enumerate(devs):
                 mem = c.dev_mem[d]
-                c.take(d, MILLIS_PER_DEVICE, mem)
-                log.append((first_replica + i // per, d, MILLIS_PER_DEVICE, mem))
+                cpu_here, mem_here = (cpu, host_mem) if i % per == 0 else (0, 0)
+                c.take(d, MILLIS_PER_DEVICE, mem, cpu_here, mem_here)
+                log.append((first_replica + i // per, d, MILLIS_PER_DEVICE, mem, cpu_here, mem_here))
             return True
         # Fractions on one node: try the nodes that have any capacity, fullest first.
         start = len(log)
         for n in self._nodes_with_capacity(flavor, selector):
             ok = True
             for i in range(count):
-                if not self.place_replica(flavor, millis, memory_mib, first_replica + i, Topology.NONE, {}, log, n):
+                if not self.place_replica(
+                    flavor, millis, memory_mib, first_replica + i, Topology.NONE, {}, log, n, host
+                ):
                     ok = False
                     break
             if ok:
@@ -197,10 +224,22 @@ class Placer:
     # -- score: fractions ------------------------------------------------------------------------------------
 
     def _pick_fraction(
-        self, flavor: str, millis: int, memory_mib: int, selector: Mapping[str, str], only_node: int | None
+        self,
+        flavor: str,
+        millis: int,
+        memory_mib: int,
+        selector: Mapping[str, str],
+        only_node: int | None,
+        host: tuple[int, int] = (0, 0),
     ) -> int | None:
         c = self.c
+        cpu, host_mem = host
+        wants_host = bool(cpu or host_mem)
+        free_cpu = c.node_free_cpu
+        free_host_mem = c.node_free_host_mem
         if only_node is not None:
+            if wants_host and not c.host_fits(only_node, cpu, host_mem):
+                return None
             best = None
             for d in c.node_devs[only_node].get(flavor, ()):
                 if c.indexed(d) and c.dev_free_millis[d] >= millis and c.dev_free_mem[d] >= memory_mib:
@@ -218,16 +257,21 @@ class Placer:
             pool: list[int] = []
             for b in range(lowest, len(frac)):
                 for d in frac[b]:
-                    if free_mem[d] >= memory_mib and self.node_matches(dev_node[d], selector):
+                    n = dev_node[d]
+                    if (
+                        free_mem[d] >= memory_mib
+                        and self.node_matches(n, selector)
+                        and (not wants_host or (free_cpu[n] >= cpu and free_host_mem[n] >= host_mem))
+                    ):
                         pool.append(d)
                         if len(pool) >= 64:
                             break
-            fresh = self._fresh_card(flavor, memory_mib, selector, busiest=True)
+            fresh = self._fresh_card(flavor, memory_mib, selector, busiest=True, host=host)
             if fresh is not None:
                 pool.append(fresh)
             return self.rng.choice(pool) if pool else None
         if self.strategy == FractionalStrategy.WORST_FIT:
-            fresh = self._fresh_card(flavor, memory_mib, selector, busiest=False)
+            fresh = self._fresh_card(flavor, memory_mib, selector, busiest=False, host=host)
             if fresh is not None:
                 return fresh
             buckets = range(len(frac) - 1, lowest - 1, -1)
@@ -236,12 +280,24 @@ class Placer:
         for b in buckets:
             for d in frac[b]:
                 if free_mem[d] >= memory_mib and (not selector or self.node_matches(dev_node[d], selector)):
+                    if wants_host:
+                        n = dev_node[d]
+                        if free_cpu[n] < cpu or free_host_mem[n] < host_mem:
+                            continue
                     return d
         if self.strategy == FractionalStrategy.WORST_FIT:
             return None
-        return self._fresh_card(flavor, memory_mib, selector, busiest=True)
+        return self._fresh_card(flavor, memory_mib, selector, busiest=True, host=host)
 
-    def _fresh_card(self, flavor: str, memory_mib: int, selector: Mapping[str, str], *, busiest: bool) -> int | None:
+    def _fresh_card(
+        self,
+        flavor: str,
+        memory_mib: int,
+        selector: Mapping[str, str],
+        *,
+        busiest: bool,
+        host: tuple[int, int] = (0, 0),
+    ) -> int | None:
         """A fully free card: on the node with the fewest free cards (``busiest``) or the most."""
         c = self.c
         buckets = c.whole.get(flavor)
@@ -250,7 +306,7 @@ class Placer:
         ks = range(1, len(buckets)) if busiest else range(len(buckets) - 1, 0, -1)
         for k in ks:
             for n in buckets[k]:
-                if not self.node_matches(n, selector):
+                if not self.node_matches(n, selector) or not c.host_fits(n, *host):
                     continue
                 for d in c.node_devs[n][flavor]:
                     if c.indexed(d) and c.is_free(d) and c.dev_mem[d] >= memory_mib:
@@ -267,8 +323,10 @@ class Placer:
         topology: Topology,
         selector: Mapping[str, str],
         only_node: int | None,
+        host: tuple[int, int] = (0, 0),
     ) -> list[int] | None:
         c = self.c
+        cpu, host_mem = host
         buckets = c.whole.get(flavor)
         if not buckets or n_cards >= len(buckets):
             return None
@@ -280,7 +338,7 @@ class Placer:
         def consider(k: int, n: int) -> bool:
             """Returns True when the search can stop."""
             nonlocal best, examined
-            if not self.node_matches(n, selector):
+            if not self.node_matches(n, selector) or not c.host_fits(n, cpu, host_mem):
                 return False
             devs = [d for d in c.node_devs[n][flavor] if c.indexed(d) and c.is_free(d) and c.dev_mem[d] >= memory_mib]
             if len(devs) < n_cards:
@@ -347,6 +405,43 @@ class Placer:
 
     # -- why not ---------------------------------------------------------------------------------------------
 
+    def _host_short(
+        self,
+        flavor: str,
+        millis: int,
+        memory_mib: int,
+        selector: Mapping[str, str],
+        host: tuple[int, int],
+        skip: bool,
+    ) -> Failure | None:
+        """``INSUFFICIENT_HOST`` when the cards the request needs are free on some node but no such node has
+        the host CPU and memory beside them; None otherwise (or when no host resources are asked for)."""
+        cpu, host_mem = host
+        if not (cpu or host_mem) or skip:
+            return None
+        c = self.c
+        need_cards = max(1, millis // MILLIS_PER_DEVICE)
+        card_room = False
+        for n in range(len(c.node_name)):
+            devs = c.node_devs[n].get(flavor)
+            if not devs or not self.node_matches(n, selector):
+                continue
+            if millis < MILLIS_PER_DEVICE:
+                fits = any(
+                    c.indexed(d) and c.dev_free_millis[d] >= millis and c.dev_free_mem[d] >= memory_mib for d in devs
+                )
+            else:
+                fits = sum(1 for d in devs if c.indexed(d) and c.is_free(d)) >= need_cards
+            if not fits:
+                continue
+            if c.host_fits(n, cpu, host_mem):
+                return None  # some node has both: the failure is something else
+            card_room = True
+        if not card_room:
+            return None
+        what = f"{cards(millis)} free {flavor} card{'s' if millis > MILLIS_PER_DEVICE else ''}"
+        return Failure(PendingReason.INSUFFICIENT_HOST, f"no node has {host_text(cpu, host_mem)} beside {what}")
+
     def diagnose(
         self,
         *,
@@ -359,9 +454,13 @@ class Placer:
         count: int,
         same_node: bool = False,
         fraction_count: int = 0,
+        host: tuple[int, int] = (0, 0),
     ) -> Failure:
         """Explain in words why a job does not fit right now."""
         c = self.c
+        short = self._host_short(flavor, millis, memory_mib, selector, host, bool(fraction_count))
+        if short is not None and placed == 0:
+            return short
         if not c.has_flavor(flavor):
             return Failure(PendingReason.NO_SUCH_FLAVOR, f"no healthy, schedulable {flavor} device in the pool")
         if selector and not self.selector_has_nodes(flavor, selector):

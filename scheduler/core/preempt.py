@@ -2,7 +2,10 @@
 
 Who may be a victim of job J (all must hold):
 - the victim is preemptible, runs on the flavor J is trying, and has run at least
-  ``Policy.min_runtime_before_preempt_s`` (fresh work is protected);
+  ``Policy.min_runtime_before_preempt_s`` (fresh work is protected); against *priority* preemption the
+  protection doubles with every earlier preemption of the victim (``Allocation.preemptions``, at most
+  ``Policy.max_protection_doublings`` times), so one job is not stopped again and again just past its minimum
+  runtime. Reclaim keeps the base minimum runtime: a lender's wait for its guarantee stays bounded;
 - J was not preempted by the victim before (``J.preempted_by``): no preemption loops;
 - and one of the rules:
   * **reclaim** (``RECLAIM_BORROWED``): J is within its tenant's guarantee and the victim is borrowing
@@ -11,8 +14,11 @@ Who may be a victim of job J (all must hold):
     to J's own quota node. Work within another tenant's guarantee is never taken by priority, and nothing is
     ever preempted for a job of equal or lower priority within a guarantee.
 
-Victim sets are compared by ``(highest victim priority, victims not borrowing, work lost since their last
-checkpoint, number of victims)`` — lowest priority first, borrowed first, least work lost, fewest victims.
+Victim sets are compared by ``(highest victim priority, victims not borrowing, earlier preemptions of the
+victims, GPU-seconds lost, number of victims)`` — lowest priority first, borrowed first, jobs preempted
+fewer times first (churn is spread, never piled on one job), then the least work lost: the work since each
+victim's last checkpoint *plus* ``Policy.restart_cost_s`` (the reload a restart costs), times its cards. A
+freshly restarted job has little work since its checkpoint but still costs a restart.
 The search is per node: on each node with candidates (cheapest first, at most ``MAX_NODES``), add victims
 in cost order until the job fits there, prune the ones not needed, and keep the cheapest node's set. A gang
 across nodes does this replica by replica (replicas that fit on free capacity take no victims).
@@ -34,6 +40,8 @@ from .types import MILLIS_PER_DEVICE, Allocation, JobKind, PendingJob, PreemptRe
 # fit checks while pruning.
 MAX_NODES = 48
 MAX_PRUNE_CHECKS = 32
+# A job within its guarantee reclaiming borrowed capacity looks further: the reclaim must be complete.
+MAX_RECLAIM_NODES = 512
 
 
 @dataclass(slots=True)
@@ -48,11 +56,20 @@ class Victim:
     work_since_checkpoint_s: float
     kind: JobKind
     reservation_of: str | None
-    rows: list[tuple[int, int, int]] = field(default_factory=list)  # (device id, millis, memory) held now
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0  # (work since checkpoint + restart cost) x cards, set once its rows are known
+    # (device id, millis, memory, host cpu millicores, host memory MiB) held now
+    rows: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     nodes: list[int] = field(default_factory=list)
 
     def cost(self) -> tuple:
-        return (self.priority, 0 if self.borrowed_millis > 0 else 1, self.work_since_checkpoint_s, self.job_id)
+        return (
+            self.priority,
+            0 if self.borrowed_millis > 0 else 1,
+            self.preemptions,
+            self.lost_gpu_s,
+            self.job_id,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +82,13 @@ def set_cost(chosen: list[tuple[Victim, PreemptReason]]) -> tuple:
     return (
         max(v.priority for v, _ in chosen),
         sum(1 for v, _ in chosen if v.borrowed_millis <= 0),
-        sum(v.work_since_checkpoint_s for v, _ in chosen),
+        sum(v.preemptions for v, _ in chosen),
+        sum(v.lost_gpu_s for v, _ in chosen),
         len(chosen),
     )
 
 
-def build_victims(snapshot: Snapshot, cluster: Cluster) -> dict[str, Victim]:
+def build_victims(snapshot: Snapshot, cluster: Cluster, restart_cost_s: float = 0.0) -> dict[str, Victim]:
     by_job: dict[str, list[Allocation]] = {}
     for alloc in snapshot.allocations:
         by_job.setdefault(alloc.job_id, []).append(alloc)
@@ -99,16 +117,26 @@ def build_victims(snapshot: Snapshot, cluster: Cluster) -> dict[str, Victim]:
                     reservation_of=alloc.reservation_of,
                 )
                 victims[job_id] = v
+            v.preemptions = max(v.preemptions, alloc.preemptions)
             v.borrowed_millis += alloc.borrowed_millis
             if alloc.started_at < v.started_at:
                 v.started_at = alloc.started_at
             whole = alloc.millis >= MILLIS_PER_DEVICE
             v.rows.append(
-                (d, MILLIS_PER_DEVICE if whole else alloc.millis, cluster.dev_mem[d] if whole else alloc.memory_mib)
+                (
+                    d,
+                    MILLIS_PER_DEVICE if whole else alloc.millis,
+                    cluster.dev_mem[d] if whole else alloc.memory_mib,
+                    alloc.cpu_millicores,
+                    alloc.host_memory_mib,
+                )
             )
             n = cluster.dev_node[d]
             if n not in v.nodes:
                 v.nodes.append(n)
+    for v in victims.values():
+        card_count = sum(m for _, m, _, _, _ in v.rows) / MILLIS_PER_DEVICE
+        v.lost_gpu_s = (v.work_since_checkpoint_s + restart_cost_s) * card_count
     return victims
 
 
@@ -122,13 +150,16 @@ class Preemptor:
         book: QuotaBook,
         min_runtime_s: float,
         stopping: frozenset[str] = frozenset(),
+        restart_cost_s: float = 0.0,
+        max_doublings: int = 0,
     ) -> None:
         self.now = snapshot.now
         self.c = cluster
         self.placer = placer
         self.book = book
         self.min_runtime_s = min_runtime_s
-        self.victims = build_victims(snapshot, cluster)
+        self.max_doublings = max(0, max_doublings)
+        self.victims = build_victims(snapshot, cluster, restart_cost_s)
         self.taken: set[str] = set()  # victims already chosen this cycle
         self.quota_searches = 0
         # Only preemptible victims past the minimum runtime can ever be chosen. Per flavor they are kept in
@@ -173,9 +204,14 @@ class Preemptor:
         own = v_account is not None and self.book.in_subtree(v_account, accounted_to)
         if not borrowing and v.borrowed_millis > 0 and not own:
             return PreemptReason.RECLAIM_BORROWED
-        if lower and (v.borrowed_millis > 0 or own):
+        if lower and (v.borrowed_millis > 0 or own) and self.now - v.started_at >= self.protection_s(v):
             return PreemptReason.PRIORITY
         return None
+
+    def protection_s(self, v: Victim) -> float:
+        """How long ``v`` is protected from priority preemption after it (re)started: the minimum runtime,
+        doubled for each earlier preemption of the job (churn protection)."""
+        return self.min_runtime_s * (2 ** min(v.preemptions, self.max_doublings))
 
     def search(
         self,
@@ -192,9 +228,10 @@ class Preemptor:
         cands = self._candidates(flavor, job, accounted_to, borrowing, eligible)
         if not cands:
             return None
+        max_nodes = MAX_NODES if borrowing else MAX_RECLAIM_NODES
         if count == 1 or job.topology == Topology.SAME_NODE:
-            return self._search_per_node(job, flavor, count, cands)
-        return self._search_gang(job, flavor, count, cands)
+            return self._search_per_node(job, flavor, count, cands, max_nodes)
+        return self._search_gang(job, flavor, count, cands, max_nodes)
 
     def search_quota(
         self,
@@ -225,7 +262,7 @@ class Preemptor:
             for v, r in cands:
                 account = self._victim_account(v)
                 assert account is not None
-                millis = sum(m for _, m, _ in v.rows)
+                millis = sum(m for _, m, _, _, _ in v.rows)
                 self.book.charge(node=account, flavor=flavor, millis=-millis, jobs=-1)
                 uncharged.append((account, millis))
                 chosen.append((v, r))
@@ -247,17 +284,17 @@ class Preemptor:
 
     # -- what-if helpers -------------------------------------------------------------------------------------
 
-    def _free(self, victims: list[Victim]) -> list[tuple[int, int, int]]:
+    def _free(self, victims: list[Victim]) -> list[tuple[int, int, int, int, int]]:
         given = []
         for v in victims:
-            for d, millis, memory in v.rows:
-                self.c.give(d, millis, memory)
-                given.append((d, millis, memory))
+            for row in v.rows:
+                self.c.give(*row)
+                given.append(row)
         return given
 
-    def _unfree(self, given: list[tuple[int, int, int]]) -> None:
-        for d, millis, memory in reversed(given):
-            self.c.take(d, millis, memory)
+    def _unfree(self, given: list[tuple[int, int, int, int, int]]) -> None:
+        for row in reversed(given):
+            self.c.take(*row)
 
     def _fits(self, job: PendingJob, flavor: str, count: int, only_node: int | None) -> list[int] | None:
         """Devices the job would get now (then rolled back), or None."""
@@ -273,23 +310,27 @@ class Preemptor:
                 topology=job.topology,
                 selector=job.node_selector,
                 log=log,
+                cpu_millicores=req.cpu_millicores,
+                host_memory_mib=req.host_memory_mib,
             )
             ok = failure is None
         else:
             ok = True
             millis = req.millis
             topology = job.topology
+            host = (req.cpu_millicores, req.host_memory_mib)
             if job.topology == Topology.SAME_NODE and req.millis >= MILLIS_PER_DEVICE:
                 millis, count_here, topology = req.millis * count, 1, Topology.NONE
+                host = (req.cpu_millicores * count, req.host_memory_mib * count)
             else:
                 count_here = count
             for i in range(count_here):
                 if not self.placer.place_replica(
-                    flavor, millis, req.memory_mib, i, topology, job.node_selector, log, only_node
+                    flavor, millis, req.memory_mib, i, topology, job.node_selector, log, only_node, host
                 ):
                     ok = False
                     break
-        devices = [d for _, d, _, _ in log]
+        devices = [d for _, d, *_ in log]
         rollback(self.c, log)
         return devices if ok else None
 
@@ -341,7 +382,12 @@ class Preemptor:
         return out
 
     def _search_per_node(
-        self, job: PendingJob, flavor: str, count: int, cands: list[tuple[Victim, PreemptReason]]
+        self,
+        job: PendingJob,
+        flavor: str,
+        count: int,
+        cands: list[tuple[Victim, PreemptReason]],
+        max_nodes: int = MAX_NODES,
     ) -> VictimChoice | None:
         per_node: dict[int, list[tuple[Victim, PreemptReason]]] = {}
         for v, r in cands:  # cheapest first, so each node's list is sorted
@@ -353,7 +399,7 @@ class Preemptor:
             if self.placer.node_matches(n, job.node_selector)
         )
         best: tuple[tuple, list[tuple[Victim, PreemptReason]], list[int]] | None = None
-        for _, n, cands in nodes[:MAX_NODES]:
+        for _, n, cands in nodes[:max_nodes]:
 
             def check(victims: list[Victim], n: int = n) -> list[int] | None:
                 given = self._free(victims)
@@ -380,35 +426,42 @@ class Preemptor:
         return VictimChoice(tuple(best[1]), tuple(best[2]))
 
     def _search_gang(
-        self, job: PendingJob, flavor: str, count: int, cands: list[tuple[Victim, PreemptReason]]
+        self,
+        job: PendingJob,
+        flavor: str,
+        count: int,
+        cands: list[tuple[Victim, PreemptReason]],
+        max_nodes: int = MAX_NODES,
     ) -> VictimChoice | None:
         """Replica by replica: place it on free capacity if it fits, else on the node whose victims are
         cheapest (a per-node search), with the earlier replicas' devices taken and victims freed meanwhile."""
         req = job.request
+        host = (req.cpu_millicores, req.host_memory_mib)
         log: list[Take] = []
-        freed: list[tuple[int, int, int]] = []
+        freed: list[tuple[int, int, int, int, int]] = []
         chosen: list[tuple[Victim, PreemptReason]] = []
         try:
             for i in range(count):
                 replica = job.first_replica + i
                 if self.placer.place_replica(
-                    flavor, req.millis, req.memory_mib, replica, job.topology, job.node_selector, log
+                    flavor, req.millis, req.memory_mib, replica, job.topology, job.node_selector, log, None, host
                 ):
                     continue
                 picked = {v.job_id for v, _ in chosen}
-                choice = self._search_per_node(job, flavor, 1, [(v, r) for v, r in cands if v.job_id not in picked])
+                rest = [(v, r) for v, r in cands if v.job_id not in picked]
+                choice = self._search_per_node(job, flavor, 1, rest, max_nodes)
                 if choice is None:
                     return None
                 freed.extend(self._free([v for v, _ in choice.victims]))
                 chosen.extend(choice.victims)
                 node = self.c.dev_node[choice.devices[0]]
                 if not self.placer.place_replica(
-                    flavor, req.millis, req.memory_mib, replica, job.topology, job.node_selector, log, node
+                    flavor, req.millis, req.memory_mib, replica, job.topology, job.node_selector, log, node, host
                 ):
                     return None
             if not chosen:
                 return None
-            return VictimChoice(tuple(chosen), tuple(d for _, d, _, _ in log))
+            return VictimChoice(tuple(chosen), tuple(d for _, d, *_ in log))
         finally:
             rollback(self.c, log)
             self._unfree(freed)

@@ -99,11 +99,16 @@ class Reservations:
         out: list[Assignment] = []
         blockers: list[str] = []
         used: list[tuple[Slot, int, int]] = []
+        host_taken: list[int] = []  # devices whose node gave the replica's host CPU and memory
+        cpu, host_mem = req.cpu_millicores, req.host_memory_mib
         for i in range(count):
-            pick = self._pick(slots, req.millis, req.memory_mib, for_service=for_service)
+            pick = self._pick(slots, req.millis, req.memory_mib, for_service=for_service, host=(cpu, host_mem))
             if pick is None:
                 break
-            for slot, millis, memory in pick:
+            if cpu or host_mem:  # the reservation holds cards; the node's host resources are taken as usual
+                self.c.take(pick[0][0].d, 0, 0, cpu, host_mem)
+                host_taken.append(pick[0][0].d)
+            for j, (slot, millis, memory) in enumerate(pick):
                 if for_service:
                     free_millis, free_memory = slot.free(for_service=False)
                     if free_millis < millis or free_memory < memory:
@@ -122,9 +127,13 @@ class Reservations:
                         millis=millis,
                         memory_mib=memory,
                         reservation_of=service,
+                        cpu_millicores=cpu if j == 0 else 0,
+                        host_memory_mib=host_mem if j == 0 else 0,
                     )
                 )
         if blockers or len({a.replica for a in out}) < count:
+            for d in host_taken:
+                self.c.give(d, 0, 0, cpu, host_mem)
             for slot, millis, memory in used:  # all or none: undo
                 if for_service:
                     slot.own_millis -= millis
@@ -135,11 +144,12 @@ class Reservations:
             return [], blockers
         return out, []
 
-    def _pick(self, slots: list[Slot], millis: int, memory_mib: int, *, for_service: bool):
+    def _pick(self, slots: list[Slot], millis: int, memory_mib: int, *, for_service: bool, host=(0, 0)):
+        host_fits = self.c.host_fits
         if millis < MILLIS_PER_DEVICE:
             for s in slots:
                 free_millis, free_memory = s.free(for_service=for_service)
-                if free_millis >= millis and free_memory >= memory_mib:
+                if free_millis >= millis and free_memory >= memory_mib and host_fits(s.node, *host):
                     return [(s, millis, memory_mib)]
             return None
         n = millis // MILLIS_PER_DEVICE
@@ -148,8 +158,8 @@ class Reservations:
             free_millis, free_memory = s.free(for_service=for_service)
             if free_millis >= MILLIS_PER_DEVICE and free_memory >= s.memory_mib and s.memory_mib >= memory_mib:
                 by_node.setdefault(s.node, []).append(s)
-        for group in by_node.values():
-            if len(group) >= n:
+        for node, group in by_node.items():
+            if len(group) >= n and host_fits(node, *host):
                 return [(s, MILLIS_PER_DEVICE, s.memory_mib) for s in group[:n]]
         return None
 

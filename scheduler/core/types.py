@@ -7,6 +7,8 @@ Units, everywhere:
 - compute in *millis* (milli-devices): 1000 is one whole card, a fraction is 100..900 in steps of 100;
   a request of N whole cards is ``N * 1000`` and takes N cards exclusively;
 - device memory in MiB;
+- host CPU in *millicores* (1000 is one core) and host memory in MiB, per node and per replica; a node that
+  states neither (``None``) is not limited on that dimension (older snapshots, tests);
 - time in seconds as a float (``Snapshot.now`` is the only clock the engine sees).
 """
 
@@ -70,6 +72,10 @@ class PreemptReason(StrEnum):
     RESERVATION_RECLAIM = "reservation_reclaim"  # an inference service scales up into its reservation
 
 
+# A node that does not state its CPU or host memory is not limited on that dimension.
+UNLIMITED = 1 << 62
+
+
 class PendingReason(StrEnum):
     """Why a job is still pending after a cycle; ``Explain.message`` says it in words."""
 
@@ -84,6 +90,7 @@ class PendingReason(StrEnum):
     NO_MATCHING_NODE = "no_matching_node"  # node selector matches no node with the flavor
     INSUFFICIENT_CAPACITY = "insufficient_capacity"
     INSUFFICIENT_MEMORY = "insufficient_memory"
+    INSUFFICIENT_HOST = "insufficient_host"  # cards are free, but not the CPU cores or host memory beside them
     TOPOLOGY = "topology"
     GANG = "gang"  # some replicas would fit, but not all at once
     WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # victims were asked to stop; placed next cycle
@@ -110,6 +117,8 @@ class Node:
     devices: tuple[Device, ...]
     schedulable: bool = True  # False when not_ready, cordoned or draining
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    cpu_millicores: int | None = None  # allocatable host CPU; None: not limited (not stated)
+    host_memory_mib: int | None = None  # allocatable host memory; None: not limited (not stated)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +141,10 @@ class Allocation:
     kind: JobKind = JobKind.TRAINING
     reservation_of: str | None = None  # runs on this inference service's idle reservation
     expected_end_at: float | None = None  # from max runtime or an estimate; helps backfill
+    # Host resources of the replica, stated on one row of the replica (its first device), 0 on the others.
+    cpu_millicores: int = 0
+    host_memory_mib: int = 0
+    preemptions: int = 0  # times this job was preempted before (protection grows with it, ``preempt.py``)
 
     @property
     def exclusive(self) -> bool:
@@ -202,6 +215,8 @@ class ReplicaRequest:
     flavors: tuple[str, ...]  # any of these, in order of preference
     millis: int = MILLIS_PER_DEVICE
     memory_mib: int = 0  # required for a fraction; for whole cards the minimum card memory (0 = any)
+    cpu_millicores: int = 0  # host CPU beside the replica's cards, on the same node (0: none asked)
+    host_memory_mib: int = 0  # host memory beside the replica's cards, on the same node (0: none asked)
 
     @property
     def fractional(self) -> bool:
@@ -212,12 +227,40 @@ class ReplicaRequest:
         return 1 if self.fractional else self.millis // MILLIS_PER_DEVICE
 
     @classmethod
-    def cards(cls, count: int, flavors: tuple[str, ...] | str, memory_mib: int = 0) -> ReplicaRequest:
-        return cls(flavors=_flavors(flavors), millis=count * MILLIS_PER_DEVICE, memory_mib=memory_mib)
+    def cards(
+        cls,
+        count: int,
+        flavors: tuple[str, ...] | str,
+        memory_mib: int = 0,
+        *,
+        cpu_millicores: int = 0,
+        host_memory_mib: int = 0,
+    ) -> ReplicaRequest:
+        return cls(
+            flavors=_flavors(flavors),
+            millis=count * MILLIS_PER_DEVICE,
+            memory_mib=memory_mib,
+            cpu_millicores=cpu_millicores,
+            host_memory_mib=host_memory_mib,
+        )
 
     @classmethod
-    def fraction(cls, millis: int, memory_mib: int, flavors: tuple[str, ...] | str) -> ReplicaRequest:
-        return cls(flavors=_flavors(flavors), millis=millis, memory_mib=memory_mib)
+    def fraction(
+        cls,
+        millis: int,
+        memory_mib: int,
+        flavors: tuple[str, ...] | str,
+        *,
+        cpu_millicores: int = 0,
+        host_memory_mib: int = 0,
+    ) -> ReplicaRequest:
+        return cls(
+            flavors=_flavors(flavors),
+            millis=millis,
+            memory_mib=memory_mib,
+            cpu_millicores=cpu_millicores,
+            host_memory_mib=host_memory_mib,
+        )
 
 
 def _flavors(flavors: tuple[str, ...] | str) -> tuple[str, ...]:
@@ -243,6 +286,7 @@ class PendingJob:
     awaiting_approval: bool = False
     runtime_estimate_s: float | None = None
     last_checkpoint_at: float | None = None
+    preemptions: int = 0  # times this job was preempted before (it keeps the count when it runs again)
 
     @property
     def gang_min(self) -> int:
@@ -281,6 +325,16 @@ class Policy:
     max_jobs_per_cycle: int | None = None  # work cap: jobs beyond it get CYCLE_LIMIT (None = all)
     max_preemption_searches: int = 64  # victim searches per cycle (each is the costly part)
     max_head_reservations: int = 8  # blocked queue heads that get capacity held for them
+    # Churn: a job preempted k times is protected for min_runtime_before_preempt_s * 2**k from priority
+    # preemption, and its restarts count in victim choice (``restart_cost_s`` of every card it holds is lost
+    # on top of the work since its last checkpoint). Reclaim of borrowed capacity keeps the base minimum
+    # runtime (the guarantee's bound), but prefers victims preempted fewer times.
+    restart_cost_s: float = 60.0
+    max_protection_doublings: int = 4
+    # Gangs: a job of at least ``gang_aging_cards`` cards that has waited ``gang_aging_s`` is served first in
+    # its priority class and gets capacity held for it even when it is not the head of its flavor's queue.
+    gang_aging_cards: int = 16
+    gang_aging_s: float | None = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +345,8 @@ class Assignment:
     millis: int
     memory_mib: int
     reservation_of: str | None = None  # placed on this inference service's idle reservation
+    cpu_millicores: int = 0  # the replica's host CPU, on its first device's row (0 on the others)
+    host_memory_mib: int = 0
 
 
 @dataclass(frozen=True, slots=True)

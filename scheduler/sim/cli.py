@@ -20,23 +20,41 @@ from scheduler.core.types import Policy
 
 from . import policies
 from .loaders import load_alibaba, load_philly
-from .metrics import summarize
+from .metrics import per_tenant, summarize
 from .simulator import SimConfig, SimResult, simulate
 from .workload import Workload
 
 COLUMNS = (
-    ("gpu_allocation", "alloc", "{:.1%}"),
     ("gpu_allocation_window", "alloc(win)", "{:.1%}"),
     ("gpu_utilisation", "util", "{:.1%}"),
-    ("queue_delay_avg_s", "wait avg s", "{:,.0f}"),
-    ("queue_delay_p95_s", "wait p95 s", "{:,.0f}"),
-    ("jct_avg_s", "JCT avg s", "{:,.0f}"),
-    ("makespan_s", "makespan d", "days"),
+    ("queue_delay_avg_s", "1st start avg", "{:,.0f}"),
+    ("queued_avg_s", "queued avg", "{:,.0f}"),
+    ("queued_p95_s", "queued p95", "{:,.0f}"),
+    ("jct_avg_s", "JCT avg", "{:,.0f}"),
+    ("jct_p95_s", "JCT p95", "{:,.0f}"),
+    ("big_gang_queued_p95_s", "gang32+ q p95", "{:,.0f}"),
     ("preemptions", "preempt", "{:,}"),
-    ("jain_fairness", "Jain", "{:.3f}"),
+    ("preemptions_per_job_p99", "p99/job", "{:.0f}"),
+    ("preemptions_per_job_max", "max/job", "{:,}"),
+    ("preempted_3plus", "3+", "{:,}"),
+    ("preemptions_per_hour_max", "max/h", "{:,}"),
     ("within_guarantee", "in-guar.", "{:.1%}"),
+    ("starved_while_borrowed", "starved", "{:.1%}"),
+    ("starved_while_borrowed_beyond_tol", "starved>tol", "{:.1%}"),
+    ("jain_fairness", "Jain", "{:.3f}"),
     ("never_started", "stuck", "{:,}"),
     ("wall_s", "wall s", "{:.0f}"),
+)
+TENANT_COLUMNS = (
+    ("jobs", "jobs", "{:,}"),
+    ("guarantee_gpus", "guar. GPUs", "{:,.0f}"),
+    ("within_guarantee", "in-guar.", "{:.1%}"),
+    ("longest_starved_s", "longest starved", "{:,.0f}"),
+    ("queued_avg_s", "queued avg", "{:,.0f}"),
+    ("queued_p95_s", "queued p95", "{:,.0f}"),
+    ("jct_avg_s", "JCT avg", "{:,.0f}"),
+    ("preemptions", "preempt", "{:,}"),
+    ("preemptions_max", "max/job", "{:,}"),
 )
 
 
@@ -55,6 +73,13 @@ def add_workload_arguments(
         "load:0.9 (mean demand is 90%% of it) or a GPU count (default peak)",
     )
     parser.add_argument("--pods", choices=("default", "gpushare100"), default="default", help="Alibaba pod list")
+    parser.add_argument(
+        "--guarantees-from",
+        choices=("window", "trace"),
+        default="window",
+        help="Philly: size each tenant's guarantee from its GPU time in the replayed window (default; the static "
+        "baseline's best fair setting) or over the whole trace",
+    )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +112,14 @@ def build_workload(args: argparse.Namespace) -> Workload:
     cluster: str | int = int(args.cluster) if str(args.cluster).isdigit() else args.cluster
     days = args.days if args.days is not None else (None if args.jobs else 31)
     start = datetime.fromisoformat(args.start) if args.start else None
-    return load_philly(args.traces, start=start, days=days, max_jobs=args.jobs, cluster=cluster)
+    return load_philly(
+        args.traces,
+        start=start,
+        days=days,
+        max_jobs=args.jobs,
+        cluster=cluster,
+        guarantees_from=getattr(args, "guarantees_from", "window"),
+    )
 
 
 def build_config(args: argparse.Namespace) -> SimConfig:
@@ -160,9 +192,9 @@ def _cell(value: object, fmt: str) -> str:
     return fmt.format(value)
 
 
-def format_table(summaries: Sequence[dict]) -> str:
-    header = ["policy", *(title for _, title, _ in COLUMNS)]
-    rows = [[str(s["policy"]), *(_cell(s[key], fmt) for key, _, fmt in COLUMNS)] for s in summaries]
+def format_table(summaries: Sequence[dict], columns=COLUMNS, first: str = "policy") -> str:
+    header = [first, *(title for _, title, _ in columns)]
+    rows = [[str(s[first]), *(_cell(s[key], fmt) for key, _, fmt in columns)] for s in summaries]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = [
         "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
@@ -190,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policy", default="gpupool", help=f"one of {', '.join(policies.POLICIES)}, a comma list, or all"
     )
     parser.add_argument("--out", type=Path, help="write the figures (and hourly allocation) as JSON here")
+    parser.add_argument("--per-tenant", action="store_true", help="print a table per tenant for each policy")
     args = parser.parse_args(argv)
     names = policy_names(args.policy)
     workload = build_workload(args)
@@ -197,6 +230,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{workload.name}: {workload.meta.get('jobs')} jobs on {workload.meta.get('gpus')} GPUs", file=sys.stderr)
     runs = run_policies(workload, names, config, policy_overrides(args.set), echo=lambda m: print(m, file=sys.stderr))
     print(format_table([s for s, _ in runs]))
+    if args.per_tenant:
+        for summary, result in runs:
+            print(f"\n{summary['policy']} per tenant")
+            print(format_table(per_tenant(result), TENANT_COLUMNS, "tenant"))
     if args.out:
         args.out.write_text(json.dumps(results_json(workload, config, runs), indent=1, default=str))
     return 0

@@ -155,21 +155,27 @@ def load_philly(
     max_jobs: int | None = None,
     cluster: str | int = "peak",
     gpus_per_node: int = PHILLY_GPUS_PER_NODE,
+    guarantees_from: str = "window",
 ) -> Workload:
     """Philly as a multi-tenant workload: one tenant per virtual cluster.
 
     ``cluster``: ``"peak"`` (the window's peak demand, rounded up to whole nodes), ``"helios"`` (the Helios
     artifact's node counts x 8 GPUs), ``"load:0.9"`` (sized so the window's mean demand is 90 % of it) or a
-    GPU count. Each tenant's guarantee is proportional to its share of the window's GPU time and the guarantees
-    sum to the cluster; every tenant's limit is the whole cluster.
+    GPU count. Each tenant's guarantee is proportional to its share of the GPU time of the jobs replayed
+    (``guarantees_from="window"``, the default: the static partition's best fair setting, sized from what it is
+    replayed on) or of the whole trace (``"trace"``); the guarantees sum to the cluster; every tenant's limit
+    is the whole cluster.
     """
+    if guarantees_from not in ("window", "trace"):
+        raise ValueError(f"guarantees_from must be 'window' or 'trace', not {guarantees_from!r}")
     base = traces_dir(path)
     rows = read_philly_rows(_open(base, PHILLY_CSV))
     jobs, t0 = philly_jobs(rows, start=start, days=days, max_jobs=max_jobs, gpus_per_node=gpus_per_node)
-    # Shares from the whole trace, not the window: a window's GPU time is dominated by its few long jobs.
-    weights: dict[str, float] = defaultdict(float)
-    for row in rows:
-        weights[row["cluster"]] += float(row["gpu_time"] or 0)
+    weights: dict[str, float] | None = None  # None: the replayed jobs' GPU time
+    if guarantees_from == "trace":
+        weights = defaultdict(float)
+        for row in rows:
+            weights[row["cluster"]] += float(row["gpu_time"] or 0)
     if cluster == "helios":
         gpus = sum(read_vc_nodes(_open(base, PHILLY_VC_NODES)).values()) * gpus_per_node
     elif cluster == "peak":
@@ -179,7 +185,12 @@ def load_philly(
     else:
         gpus = int(cluster)
     return multi_tenant_workload(
-        "philly", jobs, gpus, gpus_per_node=gpus_per_node, weights=weights, meta={"start_epoch": t0, "cluster": cluster}
+        "philly",
+        jobs,
+        gpus,
+        gpus_per_node=gpus_per_node,
+        weights=weights,
+        meta={"start_epoch": t0, "cluster": cluster, "guarantees_from": guarantees_from},
     )
 
 

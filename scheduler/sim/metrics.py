@@ -10,6 +10,8 @@ from scheduler.core.types import MILLIS_PER_DEVICE
 
 from .simulator import SimResult
 
+BIG_GANG_GPUS = 32  # "big gangs" in the figures: jobs of at least this many GPUs
+
 
 def percentile(values: Sequence[float], p: float) -> float:
     """The ``p``-th percentile with linear interpolation between closest ranks (numpy's default); NaN if empty."""
@@ -45,7 +47,16 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
       ``gpu_allocation_window``: the same over the submission window only (first to last arrival);
     - ``gpu_utilisation``: useful work (GPU-seconds of the jobs that finished, each counted once) over the
       capacity in the same span — allocation minus restarts and work redone after a stop;
-    - ``queue_delay``: first start - submit; ``jct``: finish - submit; ``makespan``: last finish - first arrival;
+    - ``queue_delay``: time to first start (first start - submit) — it hides the waits of a requeued job;
+    - ``queued``: *total* time queued, every stay in the queue (after each preemption or failure too), over all
+      jobs (a job that never started counts its wait until the end of the run);
+    - ``jct``: finish - submit (mean, p95); ``makespan``: last finish - first arrival;
+    - ``preemptions_per_job``: p50/p99/max over all jobs; ``preempted_3plus``: jobs preempted 3 times or
+      more; ``preemptions_per_hour_max``: the most preemptions in one simulated hour;
+    - ``starved_while_borrowed``: share of the run (first arrival to end) during which some tenant had a job
+      waiting that fit in its unused guarantee while another tenant held more than its guarantee;
+      ``..._beyond_tol``: the part when such a job had already waited longer than ``guarantee_tolerance_s``;
+    - ``big_gang_*``: jobs of at least ``BIG_GANG_GPUS`` GPUs: total time queued, mean and p95;
     - ``jain_fairness``: Jain's index across tenants of each tenant's mean job speed (run time / JCT);
     - ``within_guarantee``: share of jobs that never waited longer than ``guarantee_tolerance_s`` while their
       tenant held less than its guarantee minus the job's size (i.e. the job would have fit in it).
@@ -64,6 +75,12 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         speed[j.tenant].append(j.duration_s / max(j.finish_s - j.submit_s, 1e-9))
     tenant_speed = [mean(v) for _, v in sorted(speed.items())]
     within = [j for j in jobs if j.starved_s <= result.guarantee_tolerance_s]
+    queued = [j.queued_s for j in jobs]
+    preempted = [float(j.preemptions) for j in jobs]
+    gangs = [j.queued_s for j in jobs if j.gpus >= BIG_GANG_GPUS]
+    per_hour: dict[int, int] = defaultdict(int)
+    for t in result.preemption_times:
+        per_hour[int(t // 3600)] += 1
     return {
         "policy": result.policy,
         "workload": result.workload,
@@ -77,9 +94,22 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "queue_delay_avg_s": mean(delays),
         "queue_delay_p50_s": percentile(delays, 50),
         "queue_delay_p95_s": percentile(delays, 95),
+        "queued_avg_s": mean(queued),
+        "queued_p95_s": percentile(queued, 95),
         "jct_avg_s": mean(jct),
+        "jct_p95_s": percentile(jct, 95),
         "makespan_s": (max(j.finish_s for j in finished) - first) if finished else math.nan,
         "preemptions": result.preemptions,
+        "preemptions_per_job_p50": percentile(preempted, 50),
+        "preemptions_per_job_p99": percentile(preempted, 99),
+        "preemptions_per_job_max": int(max(preempted, default=0)),
+        "preempted_3plus": sum(1 for p in preempted if p >= 3),
+        "preemptions_per_hour_max": max(per_hour.values(), default=0),
+        "starved_while_borrowed": result.starved_while_borrowed_s / span,
+        "starved_while_borrowed_beyond_tol": result.starved_while_borrowed_beyond_tolerance_s / span,
+        "big_gangs": len(gangs),
+        "big_gang_queued_avg_s": mean(gangs),
+        "big_gang_queued_p95_s": percentile(gangs, 95),
         "failure_requeues": result.failure_requeues,
         "node_failures": result.node_failures,
         "lost_gpu_hours": result.lost_gpu_s / 3600.0,
@@ -91,6 +121,31 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "plan_ms_per_cycle": 1000.0 * result.plan_wall_s / result.plan_calls if result.plan_calls else 0.0,
         "wall_s": result.wall_s,
     }
+
+
+def per_tenant(result: SimResult) -> list[dict[str, float | int | str]]:
+    """One row per tenant: jobs, guarantee (GPUs), share within guarantee, time queued, JCT, preemptions."""
+    by_tenant: dict[str, list] = defaultdict(list)
+    for j in result.jobs:
+        by_tenant[j.tenant].append(j)
+    rows = []
+    for tenant, jobs in sorted(by_tenant.items()):
+        jct = [j.finish_s - j.submit_s for j in jobs if j.finish_s is not None]
+        rows.append(
+            {
+                "tenant": tenant,
+                "jobs": len(jobs),
+                "guarantee_gpus": result.guarantee_millis.get(tenant, 0) / MILLIS_PER_DEVICE,
+                "within_guarantee": sum(1 for j in jobs if j.starved_s <= result.guarantee_tolerance_s) / len(jobs),
+                "longest_starved_s": max(j.longest_starved_s for j in jobs),
+                "queued_avg_s": mean([j.queued_s for j in jobs]),
+                "queued_p95_s": percentile([j.queued_s for j in jobs], 95),
+                "jct_avg_s": mean(jct),
+                "preemptions": sum(j.preemptions for j in jobs),
+                "preemptions_max": max(j.preemptions for j in jobs),
+            }
+        )
+    return rows
 
 
 def window_allocation(result: SimResult, first_s: float) -> float:

@@ -105,6 +105,7 @@ class JobRecord:
     preemptions: int = 0
     failures: int = 0
     starved_s: float = 0.0  # time waiting while its tenant was below its guarantee (job would have fit in it)
+    longest_starved_s: float = 0.0  # the longest single such wait
 
 
 @dataclass(slots=True)
@@ -130,6 +131,11 @@ class SimResult:
     wall_s: float
     guarantee_tolerance_s: float
     guarantee_millis: dict[str, int] = field(default_factory=dict)
+    # Time some tenant had a job waiting that fit in its unused guarantee while another tenant held more than
+    # its guarantee; and the part of it when such a job had already waited longer than the tolerance.
+    starved_while_borrowed_s: float = 0.0
+    starved_while_borrowed_beyond_tolerance_s: float = 0.0
+    preemption_times: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -199,6 +205,11 @@ class Simulator:
         self.node_failures = 0
         self.plan_wall_s = 0.0
         self.rng = random.Random(self.c.seed)
+        self.starve_at: float | None = None  # last _flag_starved time
+        self.starve_flags = (False, False)  # (starved while borrowed, beyond tolerance) since then
+        self.starved_while_borrowed_s = 0.0
+        self.starved_beyond_s = 0.0
+        self.preemption_times: list[float] = []
         self.tolerance = (
             self.c.guarantee_tolerance_s
             if self.c.guarantee_tolerance_s is not None
@@ -263,6 +274,7 @@ class Simulator:
             if run.state == St.QUEUED:
                 run.record.queued_s += end - run.queued_at
                 self._unflag(run, end)
+        self._account_starvation(end)
         window = max((r.job.submit_s for r in self.runs), default=0.0)
         return SimResult(
             policy=self.sp.name,
@@ -286,6 +298,9 @@ class Simulator:
             wall_s=wallclock.perf_counter() - started,
             guarantee_tolerance_s=self.tolerance,
             guarantee_millis=dict(self.guarantee),
+            starved_while_borrowed_s=self.starved_while_borrowed_s,
+            starved_while_borrowed_beyond_tolerance_s=self.starved_beyond_s,
+            preemption_times=list(self.preemption_times),
         )
 
     def _advance(self, t: float) -> None:
@@ -327,7 +342,14 @@ class Simulator:
         return PendingJob(
             job_id=j.job_id,
             tenant=j.tenant,
-            request=ReplicaRequest(flavors=j.flavors, millis=j.millis, memory_mib=j.memory_mib),
+            request=ReplicaRequest(
+                flavors=j.flavors,
+                millis=j.millis,
+                memory_mib=j.memory_mib,
+                cpu_millicores=j.cpu_millicores,
+                host_memory_mib=j.host_memory_mib,
+            ),
+            preemptions=run.record.preemptions,
             priority=j.priority,
             preemptible=j.preemptible,
             submitted_at=j.submit_s,
@@ -373,6 +395,9 @@ class Simulator:
                     started_at=t,
                     last_checkpoint_at=run.productive_from,
                     expected_end_at=expected,
+                    cpu_millicores=a.cpu_millicores,
+                    host_memory_mib=a.host_memory_mib,
+                    preemptions=rec.preemptions,
                 )
             )
             held += min(a.millis, MILLIS_PER_DEVICE)
@@ -440,6 +465,7 @@ class Simulator:
         run.preempted_by = run.preempted_by | {victim_of}
         run.record.preemptions += 1
         self.preemptions += 1
+        self.preemption_times.append(t)
         self._push(t + grace_s, Ev.STOP, self.index[victim_id], run.epoch)
 
     # -- failures --------------------------------------------------------------------------------------------
@@ -493,6 +519,7 @@ class Simulator:
         self.last_cycle = t
         self._decay_usage(t)
         if not self.pending:
+            self._flag_starved(t)  # nobody waits: nobody starves from now on
             return
         if not self.p.preemption and self._cannot_place():
             self.skipped_cycles += 1
@@ -559,7 +586,11 @@ class Simulator:
         self.usage = usage
 
     def _flag_starved(self, t: float) -> None:
-        """A waiting job 'starves' while it would fit in its tenant's unused guarantee."""
+        """A waiting job 'starves' while it would fit in its tenant's unused guarantee; the cluster is 'starved
+        while borrowed' while some tenant starves and another holds more than its guarantee."""
+        self._account_starvation(t)
+        starving: set[str] = set()
+        beyond: set[str] = set()
         for run in self.pending.values():
             j = run.job
             within = self.tenant_held[j.tenant] + j.charged_millis <= self.guarantee.get(j.tenant, 0)
@@ -567,10 +598,31 @@ class Simulator:
                 run.starved_since = t
             elif not within:
                 self._unflag(run, t)
+            if run.starved_since is not None:
+                starving.add(j.tenant)
+                if t - run.starved_since > self.tolerance:
+                    beyond.add(j.tenant)
+        borrowing = {x for x, held in self.tenant_held.items() if held > self.guarantee.get(x, 0)}
+
+        def other(tenants: set[str]) -> bool:
+            return any(borrowing - {x} for x in tenants)
+
+        self.starve_flags = (other(starving), other(beyond))
+
+    def _account_starvation(self, t: float) -> None:
+        if self.starve_at is not None and t > self.starve_at:
+            starved, beyond = self.starve_flags
+            if starved:
+                self.starved_while_borrowed_s += t - self.starve_at
+            if beyond:
+                self.starved_beyond_s += t - self.starve_at
+        self.starve_at = t
 
     def _unflag(self, run: _Run, t: float) -> None:
         if run.starved_since is not None:
-            run.record.starved_s += t - run.starved_since
+            waited = t - run.starved_since
+            run.record.starved_s += waited
+            run.record.longest_starved_s = max(run.record.longest_starved_s, waited)
             run.starved_since = None
 
 

@@ -27,6 +27,8 @@ class SimJob:
     priority: int = PriorityClass.NORMAL
     preemptible: bool = True
     trace_millis: int | None = None  # per replica as the trace asked, before rounding to the core's 100 steps
+    cpu_millicores: int = 0  # host CPU per replica (0: none asked)
+    host_memory_mib: int = 0  # host memory per replica (0: none asked)
 
     @property
     def gpus(self) -> float:
@@ -69,7 +71,15 @@ def uniform_nodes(
     return tuple(node(f"{prefix}{i:04d}", gpus_per_node, flavor=flavor, memory_mib=memory_mib) for i in range(count))
 
 
-def node(name: str, gpus: int, *, flavor: str = "gpu", memory_mib: int = 16384) -> Node:
+def node(
+    name: str,
+    gpus: int,
+    *,
+    flavor: str = "gpu",
+    memory_mib: int = 16384,
+    cpu_millicores: int | None = None,
+    host_memory_mib: int | None = None,
+) -> Node:
     devices = tuple(
         Device(
             uuid=f"{name}-{flavor}-{i}",
@@ -81,7 +91,7 @@ def node(name: str, gpus: int, *, flavor: str = "gpu", memory_mib: int = 16384) 
         )
         for i in range(gpus)
     )
-    return Node(name=name, devices=devices)
+    return Node(name=name, devices=devices, cpu_millicores=cpu_millicores, host_memory_mib=host_memory_mib)
 
 
 def proportional_split(total: int, weights: Mapping[str, float], *, unit: int = MILLIS_PER_DEVICE) -> dict[str, int]:

@@ -85,11 +85,23 @@ def test_proportional_split_sums_exactly_and_is_deterministic():
 
 @needs_real_traces
 def test_real_philly_has_its_virtual_clusters_as_tenants():
-    w = loaders.load_philly(start=datetime(2017, 10, 1), days=1)
+    w = loaders.load_philly(start=datetime(2017, 10, 1), days=1, guarantees_from="trace")
 
     assert len(w.jobs) > 200
     assert len(w.guarantees) == 15
     assert sum(g["gpu"] for g in w.guarantees.values()) == w.capacity_millis
+
+
+@needs_real_traces
+def test_real_philly_guarantees_are_sized_from_the_replayed_window_by_default():
+    w = loaders.load_philly(start=datetime(2017, 10, 1), days=1)
+
+    # Only the tenants that submit in the window get a guarantee, in proportion to their GPU time there.
+    assert set(w.guarantees) == {j.tenant for j in w.jobs}
+    assert sum(g["gpu"] for g in w.guarantees.values()) == w.capacity_millis
+    gpu_time = {t: sum(j.gpus * j.duration_s for j in w.jobs if j.tenant == t) for t in w.guarantees}
+    biggest = max(gpu_time, key=gpu_time.get)
+    assert w.guarantees[biggest]["gpu"] == max(g["gpu"] for g in w.guarantees.values())
 
 
 @needs_real_traces
