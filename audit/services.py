@@ -214,33 +214,48 @@ class _Pending:
 _tenant_keys: dict[tuple[int | None, str], DataKey] = {}
 
 
+# pg_advisory_xact_lock key taken to create missing chain heads: the first 8 bytes of SHA-256("gpupool-audit-heads").
+HEAD_CREATE_LOCK_KEY = 0x3B1E_0D6A_92C4_7F05
+
+
 def _lock_heads(
     streams: list[str], cached_key_ids: list[str], *, check_deferred: bool
 ) -> tuple[dict[str, ChainHead], set[str]]:
-    """Lock the heads of ``streams`` (creating the missing ones) in stream order, and say which of
+    """Lock the heads of ``streams`` in stream order (creating the missing ones first), and say which of
     ``cached_key_ids`` are still live — one round trip when every head exists.
 
     ``check_deferred`` first fires the transaction's deferred constraint checks (PostgreSQL checks foreign keys
     at COMMIT, taking FOR KEY SHARE locks on the rows they reference): done before the heads are locked, the
-    heads really are the transaction's last locks."""
+    heads really are the transaction's last locks.
+
+    A missing head must not be created while this transaction holds other heads: an insert that conflicts with
+    another transaction's uncommitted insert of the same head waits for it, a lock taken out of stream order.
+    So the locking SELECT locks nothing unless every head exists (its guard counts them first, without locking);
+    otherwise the missing heads are inserted under one advisory lock, before any head is locked, and the SELECT
+    runs again."""
     table = ChainHead._meta.db_table
     postgres = connection.vendor == "postgresql"
-    lock = " FOR UPDATE OF h" if postgres else ""
     in_streams = ", ".join(["%s"] * len(streams))
     live = "''"
     if cached_key_ids:
+        aggregate = "string_agg" if postgres else "group_concat"
         live = (
-            f"(SELECT COALESCE(string_agg(key_id, ','), '') FROM {DataKey._meta.db_table} "
-            f"WHERE key_id IN ({', '.join(['%s'] * len(cached_key_ids))}) AND destroyed_at IS NULL)"
-            if postgres
-            else f"(SELECT COALESCE(group_concat(key_id, ','), '') FROM {DataKey._meta.db_table} "
+            f"(SELECT COALESCE({aggregate}(key_id, ','), '') FROM {DataKey._meta.db_table} "
             f"WHERE key_id IN ({', '.join(['%s'] * len(cached_key_ids))}) AND destroyed_at IS NULL)"
         )
-    query = (
-        f"SELECT h.stream, h.seq, h.hash, h.checkpoint_seq, {live} FROM {table} h "
-        f"WHERE h.stream IN ({in_streams}) ORDER BY h.stream{lock}"
-    )
-    params = [*cached_key_ids, *streams]
+    if postgres:
+        query = (
+            f"SELECT h.stream, h.seq, h.hash, h.checkpoint_seq, {live} FROM {table} h "
+            f"WHERE h.stream IN ({in_streams}) "
+            f"AND (SELECT count(*) FROM {table} WHERE stream IN ({in_streams})) = %s "
+            "ORDER BY h.stream FOR UPDATE OF h"
+        )
+        params = [*cached_key_ids, *streams, *streams, len(streams)]
+    else:  # SQLite runs one write transaction at a time: nothing to order
+        query = (
+            f"SELECT h.stream, h.seq, h.hash, h.checkpoint_seq, {live} FROM {table} h WHERE h.stream IN ({in_streams})"
+        )
+        params = [*cached_key_ids, *streams]
     with connection.cursor() as cursor:
         if check_deferred and postgres:
             # One round trip: psycopg sends both statements; the SELECT's rows are the second result.
@@ -250,6 +265,8 @@ def _lock_heads(
             cursor.execute(query, params)
         rows = cursor.fetchall()
         if len(rows) < len(streams):
+            if postgres:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [HEAD_CREATE_LOCK_KEY])
             now = connection.ops.adapt_datetimefield_value(timezone.now())
             cursor.execute(
                 f"INSERT INTO {table} (stream, seq, hash, checkpoint_seq, updated_at) VALUES "
@@ -259,6 +276,8 @@ def _lock_heads(
             )
             cursor.execute(query, params)
             rows = cursor.fetchall()
+    if len(rows) < len(streams):
+        raise RuntimeError(f"audit chain heads {sorted(set(streams) - {r[0] for r in rows})} could not be created")
     heads = {row[0]: ChainHead(stream=row[0], seq=row[1], hash=row[2], checkpoint_seq=row[3]) for row in rows}
     live_ids = set(rows[0][4].split(",")) - {""} if rows else set()
     return heads, live_ids
