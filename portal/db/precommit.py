@@ -90,14 +90,12 @@ class PreCommitMixin:
                 self.pre_commit_queue = []
                 self.rollback()
                 raise
+        # Handed to Django's on-commit hooks (robust: the commit stands, a failure is logged), which run once
+        # autocommit is back on. Run here, between COMMIT and Atomic.__exit__'s set_autocommit(True), a
+        # follow-up's query (a threshold checkpoint) opens a transaction nobody commits, and the caller gets
+        # "can't change 'autocommit' now" after its change has committed.
+        self.run_on_commit.extend((set(), func, True) for func in after)
         super().commit()
-        for func in after:
-            try:
-                func()
-            except Exception:  # like on_commit(robust=True): the commit stands, the follow-up is logged
-                import logging
-
-                logging.getLogger("portal.db").exception("after-commit follow-up %r failed", func)
 
     def rollback(self) -> None:
         self.pre_commit_queue = []

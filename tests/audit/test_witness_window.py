@@ -84,3 +84,19 @@ def test_a_checkpoint_run_does_not_wait_behind_a_held_head(postgres):
     assert witnessed(stream) == [1]
     line = json.loads(conf.witness_path().read_text().splitlines()[-1])
     assert line["stream"] == stream and line["public_key_pem"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_record_threshold_checkpoint_runs_after_the_commit_and_the_connection_stays_usable(settings):
+    """Regression: the pre-commit hook ran its after-commit follow-ups before autocommit was restored, so the
+    threshold checkpoint's queries left a transaction open and the caller got "can't change 'autocommit' now"."""
+    from django.db import transaction
+
+    settings.GPUPOOL_AUDIT_CHECKPOINT_RECORDS = 2
+    tenant = TenantFactory()
+    with transaction.atomic():
+        for index in range(3):
+            audit_record(action="job.submit", actor=None, tenant=tenant, target=f"job:{index}")
+    assert witnessed(f"tenant:{tenant.pk}") == [3]
+    audit_record(action="job.submit", actor=None, tenant=tenant, target="job:after")  # the connection still works
+    assert ChainHead.objects.get(stream=f"tenant:{tenant.pk}").seq == 4
