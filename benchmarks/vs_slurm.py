@@ -885,7 +885,11 @@ def main() -> int:
         "--web-server", choices=["uvicorn", "daphne"], default="uvicorn", help="daphne: one process (--web-workers 1)"
     )
     parser.add_argument(
-        "--db-conn-max-age", type=int, default=60, help="GPUPOOL_DB_CONN_MAX_AGE of the web processes (0: per request)"
+        "--db-conn-max-age",
+        type=int,
+        default=0,
+        help="GPUPOOL_DB_CONN_MAX_AGE of the web processes (default 0: a connection per request; under ASGI a "
+        "longer age leaves one idle connection per finished request's thread: PostgreSQL runs out of slots)",
     )
     parser.add_argument("--finish-timeout", type=float, default=900.0, help="seconds to wait for a phase's jobs")
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
