@@ -1,27 +1,40 @@
-"""Benchmark: the audit trail's cost per request, its write rate, and verification throughput.
+"""Benchmark: the audit trail's cost per request, its append throughput, the tail window a database administrator
+can cut undetected, and verification throughput.
 
 Prints figures, not assertions:
   1. overhead per request: the write service behind an API request (``tenants.services.tenant_create``) timed
      with auditing on and with its ``audit_record`` replaced by a no-op, median over N iterations (a GET of
      the API root through the test client is printed for scale);
-  2. records/s written by ``audit_record`` (one transaction per record, the way services call it; and batched
-     1,000 per transaction, the way a scheduler cycle writes);
-  3. verification throughput (records/s) of ``audit_verify`` over the whole trail (default 100,000 records),
-     with and without opening every record's seal, and of the offline bundle verifier.
+  2. append throughput under the append-at-commit design (records linked into their per-stream chains just
+     before COMMIT): records/s with one record per transaction from 1 thread, from 8 threads on 8 streams and on
+     one stream (PostgreSQL only: SQLite serialises writers), and with ``--batch`` records in one transaction;
+  3. the tail window: while records are appended at ``--window-rate`` records/s, the checkpoints run as in
+     production (a real ``celery worker -B`` whose beat runs ``audit.checkpoint`` every
+     GPUPOOL_AUDIT_CHECKPOINT_SECONDS, when Redis is configured; else a thread calling the task's function on that
+     interval). Every 100 ms it reads the witness file and the database: the records no witnessed checkpoint
+     covers are what a DBA could delete (and move the head back over) undetected. Prints the maximum, p95 and
+     median in seconds and records, and whether the worker's shutdown sealed the tail;
+  4. verification throughput (records/s) of ``audit_verify`` over the whole trail, with and without opening every
+     record's seal, and of the offline bundle verifier (key pinned).
 
 The database is a fresh SQLite file in a temporary directory unless ``--database-url`` (or
 GPUPOOL_DATABASE_URL) names another (use an empty PostgreSQL database: the benchmark migrates it).
 
     .venv/bin/python benchmarks/audit.py                 # 100,000 records
-    .venv/bin/python benchmarks/audit.py --records 10000 --iterations 200
+    .venv/bin/python benchmarks/audit.py --records 20000 --iterations 100 --window-seconds 30
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -37,11 +50,168 @@ def _per_call(fn, iterations: int) -> float:
     return statistics.median(samples)
 
 
+def _append_one_per_transaction(tenant_ids: list[int], per_thread: int) -> float:
+    """Records/s with one ``audit_record`` per transaction, one thread per entry of ``tenant_ids``."""
+    from django.db import connection
+
+    from audit.services import audit_record
+
+    barrier = threading.Barrier(len(tenant_ids) + 1)
+    errors: list[BaseException] = []
+
+    def writer(tenant_id: int) -> None:
+        try:
+            barrier.wait()
+            for n in range(per_thread):
+                audit_record(action="job.submit", actor=None, tenant=tenant_id, target=f"job:{n}", details={"n": n})
+        except BaseException as exc:  # reported below: a failed append is a failed benchmark
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(tenant_id,)) for tenant_id in tenant_ids]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} writer(s) failed: {errors[0]!r}")
+    return len(tenant_ids) * per_thread / elapsed
+
+
+class _WitnessTail:
+    """Reads the witness file incrementally: the highest witnessed seq of one stream."""
+
+    def __init__(self, path: Path, stream: str, database: str) -> None:
+        self.path, self.stream, self.database = path, stream, database
+        self.offset, self.top = 0, 0
+
+    def witnessed_seq(self) -> int:
+        if not self.path.exists():
+            return self.top
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            entry = json.loads(line)
+            if entry.get("db") == self.database and entry.get("stream") == self.stream and entry.get("seq"):
+                self.top = max(self.top, int(entry["seq"]))
+        return self.top
+
+
+def _start_sealer(use_celery: bool, interval_s: int, data_dir: str):
+    """A real ``celery worker -B`` (beat runs ``audit.checkpoint``) or a thread doing what the task does."""
+    if use_celery:
+        env = {**os.environ, "GPUPOOL_AUDIT_CHECKPOINT_SECONDS": str(interval_s), "GPUPOOL_LOG_LEVEL": "WARNING"}
+        argv = [sys.executable, "-m", "celery", "-A", "portal", "worker", "-B", "--pool", "solo", "--loglevel"]
+        argv += ["WARNING", "-s", str(Path(data_dir) / "beat-schedule"), "--without-mingle", "--without-gossip"]
+        log = open(Path(data_dir) / "worker.log", "wb")  # closed with the process
+        return subprocess.Popen(argv, cwd=Path(__file__).resolve().parent.parent, env=env, stdout=log, stderr=log)
+    from django.db import connection
+
+    from audit.services import checkpoint_all
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            checkpoint_all()
+        connection.close()
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    return stop
+
+
+def _measure_window(args, data_dir: str, tenant_id: int) -> None:
+    from django.conf import settings
+    from django.db import connection
+    from django.utils import timezone
+
+    from audit import conf, witness
+    from audit.models import AuditRecord, ChainHead, tenant_stream
+    from audit.services import audit_record
+
+    interval_s = conf.checkpoint_every_seconds()
+    use_celery = bool(settings.REDIS_URL) and connection.vendor == "postgresql"
+    stream = tenant_stream(tenant_id)
+    tail = _WitnessTail(conf.witness_path(), stream, witness.database_identity())
+    sealer = _start_sealer(use_celery, interval_s, data_dir)
+    stop = threading.Event()
+    written = [0]
+
+    def writer() -> None:
+        pause = 1.0 / args.window_rate
+        next_at = time.monotonic()
+        while not stop.is_set():
+            audit_record(action="job.submit", actor=None, tenant=tenant_id, target="job:w", details={})
+            written[0] += 1
+            next_at += pause
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        connection.close()
+
+    try:
+        thread = threading.Thread(target=writer)
+        thread.start()
+        # Warm-up: until the first witnessed checkpoint of the stream (the worker has started, beat has fired).
+        deadline = time.monotonic() + 60
+        while tail.witnessed_seq() == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if tail.witnessed_seq() == 0:
+            raise RuntimeError(f"no checkpoint reached the witness within 60 s (see {data_dir}/worker.log)")
+        ages: list[float] = []
+        counts: list[int] = []
+        end = time.monotonic() + args.window_seconds
+        while time.monotonic() < end:
+            top = tail.witnessed_seq()
+            head = ChainHead.objects.filter(stream=stream).values_list("seq", flat=True).first() or 0
+            oldest = AuditRecord.objects.filter(stream=stream, seq=top + 1).values_list("created_at", flat=True).first()
+            counts.append(max(0, head - top))
+            ages.append((timezone.now() - oldest).total_seconds() if oldest and head > top else 0.0)
+            time.sleep(0.1)
+        stop.set()
+        thread.join()
+    finally:
+        stop.set()
+        if use_celery:
+            sealer.send_signal(signal.SIGTERM)  # warm shutdown: the worker_shutdown handler seals the tail
+            sealer.wait(timeout=60)
+        else:
+            sealer.set()
+    head = ChainHead.objects.get(stream=stream).seq
+    sealed = tail.witnessed_seq()
+    ages.sort()
+    counts.sort()
+    how = "celery worker -B (beat: audit.checkpoint)" if use_celery else "a thread calling checkpoint_all()"
+    print(
+        f"tail window (GPUPOOL_AUDIT_CHECKPOINT_SECONDS={interval_s}, sealed by {how}; {args.window_rate} records/s "
+        f"for {args.window_seconds} s, {len(ages)} samples): a DBA can delete undetected at most "
+        f"{ages[-1]:.1f} s / {counts[-1]:,} records (p95 {ages[int(len(ages) * 0.95)]:.1f} s / "
+        f"{counts[int(len(counts) * 0.95)]:,}, median {statistics.median(ages):.1f} s / "
+        f"{statistics.median(counts):,.0f}); audit_verify fails on unwitnessed records older than "
+        f"{conf.witness_window_seconds()} s"
+    )
+    if use_celery:
+        print(
+            f"worker shutdown (SIGTERM): witness covers seq {sealed} of head {head} "
+            f"({'tail sealed' if sealed >= head else f'{head - sealed} records unsealed'})"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=100_000, help="records to write and verify")
     parser.add_argument("--iterations", type=int, default=300, help="requests per overhead measurement")
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
+    parser.add_argument("--single", type=int, default=2000, help="records per single-record-transaction run")
+    parser.add_argument("--batch", type=int, default=10_000, help="records in the one-big-transaction run")
+    parser.add_argument("--window-rate", type=int, default=200, help="records/s appended while measuring the window")
+    parser.add_argument("--window-seconds", type=int, default=30, help="how long the window is sampled")
     args = parser.parse_args()
 
     data_dir = tempfile.mkdtemp(prefix="gpupool-audit-bench-")
@@ -91,20 +261,33 @@ def main() -> None:
         f"one operator action on a tenant object (2 records: tenant + platform stream): {operator_cost * 1000:.2f} ms"
     )
 
-    # Records/s: one transaction each, then batched.
-    single = min(args.records // 10, 5000)
+    # Append throughput under the append-at-commit design.
+    rate = _append_one_per_transaction([1000], args.single)
+    print(f"append, one record per transaction, 1 thread: {rate:,.0f} records/s ({args.single:,} records)")
+    if engine == "postgresql":
+        per_thread = max(1, args.single // 8)
+        rate = _append_one_per_transaction(list(range(1001, 1009)), per_thread)
+        print(f"append, one record per transaction, 8 threads on 8 streams: {rate:,.0f} records/s")
+        rate = _append_one_per_transaction([1009] * 8, per_thread)
+        print(f"append, one record per transaction, 8 threads on one stream: {rate:,.0f} records/s")
+    else:
+        print("append from 8 threads: skipped (SQLite serialises writers; use --database-url postgres://…)")
     start = time.perf_counter()
-    for n in range(single):
-        audit_record(action="job.submit", actor=None, tenant=n % 10 + 1000, target=f"job:{n}", details={"n": n})
+    with transaction.atomic():
+        for n in range(args.batch):
+            audit_record(action="job.transition", actor=None, tenant=1010, target=f"job:{n}", details={"n": n})
     elapsed = time.perf_counter() - start
-    print(f"write, one transaction per record: {single / elapsed:,.0f} records/s ({single:,} records)")
+    print(f"append, {args.batch:,} records in one transaction: {args.batch / elapsed:,.0f} records/s")
+    checkpoint_all()
+
+    _measure_window(args, data_dir, tenant_id=1011)
+
+    # Fill up to --records for the verification figures (1,000 records per transaction).
     remaining = args.records - AuditRecord.objects.count()
-    batch = 1000
-    start = time.perf_counter()
     written = 0
     while written < remaining:
         with transaction.atomic():
-            for _ in range(min(batch, remaining - written)):
+            for _ in range(min(1000, remaining - written)):
                 audit_record(
                     action="job.transition",
                     actor=None,
@@ -113,10 +296,8 @@ def main() -> None:
                     details={"from": "queued", "to": "running"},
                 )
                 written += 1
-        if written % 10000 < batch:
+        if written % 10000 < 1000:
             checkpoint_all()
-    elapsed = time.perf_counter() - start
-    print(f"write, {batch} records per transaction: {written / elapsed:,.0f} records/s ({written:,} records)")
     checkpoint_all()
 
     total = AuditRecord.objects.count()
@@ -150,7 +331,7 @@ def main() -> None:
     path = Path(data_dir) / "bundle.zip"
     path.write_bytes(body)
     start = time.perf_counter()
-    summary = verify_bundle(str(path))
+    summary = verify_bundle(str(path), key_id=_manifest["signing_key_id"])
     offline_s = time.perf_counter() - start
     print(
         f"export bundle of {summary['records']:,} records: {export_s:.1f} s ({len(body) / 1e6:.1f} MB); offline "
