@@ -10,6 +10,7 @@ from decimal import Decimal
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from portal import request_limits
 from scheduler.models import JobKind, PriorityClass
 
 FRACTION_CHOICES = [(str(m), f"{m / 1000:.1f}") for m in range(100, 1000, 100)]
@@ -105,7 +106,10 @@ class JobJsonForm(forms.Form):
 
     def clean_spec_json(self) -> dict:
         try:
-            value = json.loads(self.cleaned_data["spec_json"])
+            # The API's limits: no NUL character, nesting within GPUPOOL_MAX_JSON_DEPTH.
+            value = request_limits.loads_checked(self.cleaned_data["spec_json"], where="the job spec")
+        except request_limits.BadInput as exc:
+            raise forms.ValidationError(exc.detail) from None
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(
                 _("This is not valid JSON (line %(line)s, column %(col)s): %(msg)s")

@@ -19,10 +19,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import types
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal, Union
@@ -30,6 +31,9 @@ from typing import Any, ClassVar, Literal, Union
 PROTOCOL_VERSION = 1
 #: Largest frame either side accepts or sends, in bytes of UTF-8.
 MAX_FRAME_BYTES = 1024 * 1024
+#: Deepest nesting of objects and arrays a frame may have (valid frames nest at most 4 levels). Checked before
+#: parsing: ``json.loads`` recurses once per level, and a 6 KB frame nested 3,000 deep exhausted the stack.
+MAX_FRAME_DEPTH = 32
 
 
 class ErrorCode:
@@ -60,6 +64,41 @@ WORKLOAD_STATES: frozenset[str] = frozenset(typing.get_args(WorkloadState))
 #: States after which a workload no longer runs on the node.
 WORKLOAD_FINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "lost"})
 DeviceHealth = Literal["healthy", "degraded", "unhealthy"]
+#: Environment variables a job may not set, checked by the portal at submit and by the agent before it starts a
+#: workload (the portal's ``GPUPOOL_ENV_DENYLIST`` and the agent's ``--env-deny`` may replace it). A name ending in
+#: ``*`` is a prefix. They steer the dynamic loader and libc of every process the workload starts (``LD_PRELOAD``
+#: would replace HAMi-core's memory and SM limiter), or the search path the platform's tools rely on.
+DEFAULT_ENV_DENYLIST: tuple[str, ...] = (
+    "LD_*",
+    "GCONV_PATH",
+    "GETCONF_DIR",
+    "GLIBC_TUNABLES",
+    "HOSTALIASES",
+    "LOCALDOMAIN",
+    "LOCPATH",
+    "MALLOC_TRACE",
+    "NIS_PATH",
+    "NLSPATH",
+    "RESOLV_HOST_CONF",
+    "RES_OPTIONS",
+    "TZDIR",
+    "PATH",
+    "BASH_ENV",
+    "ENV",
+    "PYTHONSTARTUP",
+    "PYTHONINSPECT",
+)
+
+
+def env_denied(names: Iterable[str], denylist: Iterable[str] = DEFAULT_ENV_DENYLIST) -> str | None:
+    """The first of ``names`` (sorted) that ``denylist`` forbids, or None."""
+    exact = {entry for entry in denylist if not entry.endswith("*")}
+    prefixes = tuple(entry[:-1] for entry in denylist if entry.endswith("*"))
+    for name in sorted(names):
+        if name in exact or (prefixes and name.startswith(prefixes)):
+            return name
+    return None
+
 Vendor = Literal["nvidia", "ascend", "amd", "hygon", "cambricon", "simulated"]
 
 _TIMESTAMP = {"timestamp": True}
@@ -207,6 +246,9 @@ class Hello(Message):
     #: report), so the portal may requeue a job it believes runs here that the list lacks. Agents before the
     #: durable outbox leave it false: their list has running workloads only, and nothing is requeued for it.
     workloads_complete: bool = False
+    #: How the agent confines workloads: ``namespaces`` (own uid, namespaces, cgroups), ``none`` (development:
+    #: unconfined), or ``""`` from agents before the sandbox. See ``nodeagent.sandbox``.
+    sandbox: str = ""
 
 
 @dataclass(kw_only=True)
@@ -236,6 +278,10 @@ class WorkloadStatus(Message):
     last_checkpoint_at: str | None = field(default=None, metadata=_TIMESTAMP)
     message: str = ""
     log_tail: str = ""
+    #: Why a final state came about, when the agent knows better than the exit code: ``oom_killed`` (the
+    #: workload's cgroup hit its host memory limit), ``sandbox_failed`` (its sandbox could not be set up),
+    #: ``rejected`` (the start was refused). ``""`` otherwise.
+    reason: str = ""
     #: The agent's id of this report: per agent, increasing, kept in its durable outbox until the portal
     #: answers ``report.ack`` with it. Null from agents before the outbox (those reports are never acked).
     report_id: int | None = None
@@ -268,6 +314,11 @@ class WorkloadStart(Message):
     devices: list[DeviceAssignment] = field(default_factory=list)
     checkpoint_dir: str | None = None
     max_runtime_s: int | None = None
+    #: The job's tenant (the sandbox's uid is chosen per tenant), and its per-replica CPU and host memory limits
+    #: (null or 0: no limit). Null from portals before the sandbox.
+    tenant_id: int | None = None
+    cpu_cores: float | None = None
+    host_memory_mib: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -364,11 +415,48 @@ def decode(text: str | bytes) -> Message:
     size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8"))
     if size > MAX_FRAME_BYTES:
         raise ProtocolError(ErrorCode.TOO_LARGE, f"frame is {size} bytes, over the limit of {MAX_FRAME_BYTES}")
+    _check_depth_and_nul(text)
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(ErrorCode.MALFORMED, f"frame is not valid JSON: {exc}") from exc
     return from_dict(data)
+
+
+# JSON strings (removed whole, so brackets inside them do not count); what is not a bracket; an innermost pair; and
+# a \u0000 escape after an even number of backslashes (after an odd number it is an escaped backslash, not a NUL).
+_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_NOT_BRACKET = r"[^][{}]+"
+_INNERMOST_PAIR = r"\[\]|\{\}"
+_NUL_ESCAPE = r"(?<!\\)(?:\\\\)*\\u0000"
+_PATTERNS = {
+    str: tuple(re.compile(pattern) for pattern in (_STRING, _NOT_BRACKET, _INNERMOST_PAIR, _NUL_ESCAPE)),
+    bytes: tuple(re.compile(pattern.encode()) for pattern in (_STRING, _NOT_BRACKET, _INNERMOST_PAIR, _NUL_ESCAPE)),
+}
+
+
+def _check_depth_and_nul(text: str | bytes) -> None:
+    """Refuse, before parsing, a frame nested deeper than :data:`MAX_FRAME_DEPTH` or carrying a NUL character
+    (the portal's database cannot store one). Regular expressions do the work at C speed: a frame with no more
+    brackets than the limit is not scanned at all; otherwise its brackets, strings removed, lose their innermost
+    pairs once per level."""
+    kind = bytes if isinstance(text, bytes) else str
+    strings, not_brackets, innermost, nul_escape = _PATTERNS[kind]
+    opening = (b"[", b"{") if kind is bytes else ("[", "{")
+    if text.count(opening[0]) + text.count(opening[1]) > MAX_FRAME_DEPTH:
+        marks = not_brackets.sub(kind(), strings.sub(kind(), text))
+        for _level in range(MAX_FRAME_DEPTH):
+            marks, pairs = innermost.subn(kind(), marks)
+            if not marks:
+                break
+            if not pairs:
+                raise ProtocolError(ErrorCode.MALFORMED, "frame is not valid JSON: its brackets do not balance")
+        else:
+            raise ProtocolError(
+                ErrorCode.TOO_LARGE, f"frame nests objects and arrays more than {MAX_FRAME_DEPTH} levels deep"
+            )
+    if (b"\\u0000" if kind is bytes else "\\u0000") in text and nul_escape.search(text):
+        raise ProtocolError(ErrorCode.INVALID_FIELD, "frame contains a NUL character (\\u0000) in a string")
 
 
 def from_dict(data: Any) -> Message:

@@ -56,6 +56,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "portal.security.ContentSecurityPolicyMiddleware",
     "audit.context.RequestIdMiddleware",
+    # Before sessions, CSRF and authentication: NUL bytes, over-deep JSON and oversize bodies are a 400/413.
+    "portal.request_limits.RequestLimitsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
@@ -287,6 +289,8 @@ SPECTACULAR_SETTINGS = {
     },
 }
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GPUPOOL_MAX_BODY_BYTES", 1024 * 1024)
+#: Deepest nesting of objects and arrays a JSON request body may have (portal/request_limits.py).
+GPUPOOL_MAX_JSON_DEPTH = env_int("GPUPOOL_MAX_JSON_DEPTH", 64)
 
 # --- i18n, static -------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en"

@@ -40,6 +40,8 @@ CLOSE_FORBIDDEN = 4403
 
 #: The channel layer alias of live telemetry (Redis pub/sub; see CHANNEL_LAYERS in portal/settings.py).
 TELEMETRY_LAYER = "telemetry"
+#: Largest frame a telemetry viewer may send: its frames are ``{"subscribe": {"node": <id>}}`` and the like.
+MAX_VIEWER_FRAME_CHARS = 4096
 
 
 def node_group(node_id: int) -> str:
@@ -65,9 +67,10 @@ def _peer(scope: dict) -> str:
 
 
 def _frame_id(raw: str | bytes | None) -> str | None:
+    """The id of a refused frame, for the ``error`` frame's ``ref_id``; None when it cannot be read."""
     try:
         data = json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what the parser can take
         return None
     value = data.get("id") if isinstance(data, dict) else None
     return value if isinstance(value, str) else None
@@ -418,6 +421,25 @@ class TelemetryConsumer(WithoutConnectionSweep, AsyncJsonWebsocketConsumer):
                 task.cancel()
         for group in getattr(self, "groups_joined", ()):
             await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs) -> None:
+        """A viewer's frame that is binary, oversized, not JSON or nested past what the parser takes gets an
+        ``error`` frame and the socket stays open (an unhandled parse error would close it with 1011)."""
+        if text_data is None or len(text_data) > MAX_VIEWER_FRAME_CHARS:
+            await self.send_json(
+                {
+                    "type": "error",
+                    "code": "malformed",
+                    "detail": f"send a JSON text frame of at most {MAX_VIEWER_FRAME_CHARS} characters",
+                }
+            )
+            return
+        try:
+            content = await self.decode_json(text_data)
+        except (ValueError, RecursionError):
+            await self.send_json({"type": "error", "code": "malformed", "detail": "send a JSON object"})
+            return
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content: dict, **kwargs) -> None:
         if not isinstance(content, dict):
