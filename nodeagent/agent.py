@@ -355,6 +355,7 @@ class Agent:
             devices=self.backend.inventory(),
             workloads=self.runner.known(),
             workloads_complete=True,
+            sandbox=self.runner.sandbox_mode,
         )
 
     def _lost(self, now: float) -> None:

@@ -25,10 +25,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from nodeagent import __version__
+from nodeagent import __version__, protocol
 from nodeagent.agent import Agent, AgentSettings, websocket_connector, ws_url_for
 from nodeagent.backends import BACKENDS, BackendUnavailable, DeviceBackend, load_backend
 from nodeagent.backends.simulated import MODELS
+from nodeagent.sandbox import DEFAULT_PIDS_MAX, Sandbox, SandboxConfig, SandboxMode, parse_uid_range
 from nodeagent.workloads import WorkloadRunner
 
 log = logging.getLogger("nodeagent")
@@ -167,8 +168,16 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         raise CliError("no --server given and the credential file names none")
     node_name = credential.get("node_name") or socket.gethostname()
     backend = _backend(args, node_name)
+    sandbox = make_sandbox(args)
+    if sandbox.problem:
+        # The agent still runs: the portal sees the node and each workload fails with this reason, where a
+        # refusal to start would only leave the node silently missing.
+        log.error("sandbox: %s; every workload will fail until this is fixed", sandbox.problem)
     runner = WorkloadRunner(
-        work_dir=args.work_dir, device_indices={device.uuid: device.index for device in backend.inventory()}
+        work_dir=args.work_dir,
+        device_indices={device.uuid: device.index for device in backend.inventory()},
+        sandbox=sandbox,
+        env_denylist=_env_denylist(args),
     )
     settings = AgentSettings(
         node_name=node_name,
@@ -182,12 +191,13 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         settings=settings, backend=backend, runner=runner, connector=websocket_connector(url, credential["credential"])
     )
     log.info(
-        "gpupool-agent %s: node %s, backend %s, portal %s, work dir %s",
+        "gpupool-agent %s: node %s, backend %s, portal %s, work dir %s, sandbox %s",
         __version__,
         node_name,
         backend.name,
         url,
         runner.work_dir,
+        sandbox.describe(),
     )
 
     async def main() -> None:
@@ -207,6 +217,30 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
     asyncio.run(main())
     log.info("gpupool-agent stopped; running workloads keep running and are re-adopted on the next start")
     return 0
+
+
+def make_sandbox(args: argparse.Namespace) -> Sandbox:
+    """The sandbox of ``--sandbox`` (namespaces unless told otherwise), hiding the credential file."""
+    try:
+        uid_base, uid_count = parse_uid_range(args.sandbox_uids)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    credential = Path(args.credential_file).resolve()
+    config = SandboxConfig(
+        mode=SandboxMode(args.sandbox),
+        uid_base=uid_base,
+        uid_count=uid_count,
+        pids_max=args.sandbox_pids_max or None,  # 0 means "no limit"
+        hidden_files=(str(credential),),
+        hidden_dirs=tuple(str(Path(path).resolve()) for path in args.sandbox_hide),
+    )
+    return Sandbox(config, work_dir=Path(args.work_dir).resolve())
+
+
+def _env_denylist(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.env_deny is None:
+        return protocol.DEFAULT_ENV_DENYLIST
+    return tuple(name.strip() for name in args.env_deny.split(",") if name.strip())
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -277,6 +311,36 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "--stop-workloads-on-exit",
         action="store_true",
         help="stop running workloads when the agent exits (default: leave them to be re-adopted)",
+    )
+    parser.add_argument(
+        "--sandbox",
+        choices=[mode.value for mode in SandboxMode],
+        default=os.environ.get("GPUPOOL_AGENT_SANDBOX", SandboxMode.NAMESPACES.value),
+        help="namespaces: each workload in its own uid, namespaces and cgroups (needs root); "
+        "none: unconfined, as the agent's user (development only)",
+    )
+    parser.add_argument(
+        "--sandbox-uids",
+        default=os.environ.get("GPUPOOL_AGENT_SANDBOX_UIDS", "200000-265535"),
+        help="uid range of workloads, one uid per tenant (base + tenant id)",
+    )
+    parser.add_argument(
+        "--sandbox-pids-max",
+        type=int,
+        default=DEFAULT_PIDS_MAX,
+        help="most processes and threads one workload may have (0: no limit)",
+    )
+    parser.add_argument(
+        "--sandbox-hide",
+        action="append",
+        default=[],
+        help="a directory workloads must not see, besides the work dir and credential (repeatable)",
+    )
+    parser.add_argument(
+        "--env-deny",
+        default=os.environ.get("GPUPOOL_AGENT_ENV_DENY"),
+        help="comma-separated environment variables a job may not set ('X_*' is a prefix); "
+        "default: LD_*, PATH and the other loader and libc variables",
     )
 
 

@@ -20,6 +20,14 @@ exits 127 or 126 from the wrapper and is reported ``failed`` with that explanati
 
 A SIGTERM that arrives in the instant between the wrapper's fork and the command's exec is lost; the SIGKILL
 after the grace period still ends such a workload.
+
+With a :class:`~nodeagent.sandbox.Sandbox` in mode ``namespaces`` (``gpupool-agent run``'s default) each workload
+runs in its own sandbox instead of as the agent's user: its tenant's uid, its own mount, PID and IPC namespaces,
+the host read-only, the agent's files and other jobs' directories hidden, CPU, memory and pids limits from its
+cgroup, and only its own GPU device nodes. Its exit code is then written by the sandbox's init into the agent's
+control dir (``<work dir>/control/<job>-<replica>/exit_code``), where the workload cannot forge it. A workload
+killed by the kernel for exceeding its memory limit is reported ``failed`` with reason ``oom_killed``; one whose
+sandbox could not be made, ``failed`` with reason ``sandbox_failed`` — it never runs unconfined.
 """
 
 from __future__ import annotations
@@ -38,7 +46,9 @@ from pathlib import Path
 
 from nodeagent import protocol
 from nodeagent.backends.base import WorkloadLoad
+from nodeagent.cgroups import Limits
 from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
+from nodeagent.sandbox import SETUP_FAILED, Sandbox, SandboxError, SandboxMode, hidden_device_nodes
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +87,21 @@ class WorkloadRejected(ValueError):
     """The portal asked for something this agent refuses to run (the ack carries the message)."""
 
 
-def env_problem(env: Mapping[str, str]) -> str | None:
-    """Why ``env`` cannot be passed to a process (names must be POSIX names, values free of NUL), or None.
+def env_problem(
+    env: Mapping[str, str], *, denylist: tuple[str, ...] | None = protocol.DEFAULT_ENV_DENYLIST
+) -> str | None:
+    """Why ``env`` cannot be passed to a process (names must be POSIX names, values free of NUL, no name on the
+    denylist), or None.
 
     The portal validates this at submit; the agent checks again because ``execve`` would fail on it, and an
     older portal (or a job created around the API) may still send it.
     """
+    denied = protocol.env_denied(env, denylist) if denylist else None
+    if denied is not None:
+        return (
+            f"environment variable {denied!r} may not be set by a job (it is on the node's denylist: "
+            "LD_*, PATH and other loader and libc variables are the platform's)"
+        )
     for key, value in env.items():
         if not ENV_NAME_RE.match(key):
             return (
@@ -128,6 +147,15 @@ class WorkloadRecord:
     message: str = ""
     #: The newest checkpoint time already reported to the portal (``checkpointed`` status).
     reported_checkpoint_at: str | None = None
+    #: ``oom_killed``, ``sandbox_failed``, ``rejected`` when the final state has such a cause (``reason`` of the
+    #: status report).
+    reason: str = ""
+    #: The sandbox it runs in: ``none`` or ``namespaces``, with the uid, the cgroup name and the exit code file
+    #: in the agent's control dir (None: ``exit_code`` in the job dir, written by the wrapper).
+    sandbox: str = "none"
+    uid: int | None = None
+    cgroup: str | None = None
+    exit_file: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -179,6 +207,20 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
+def _cgroup_name(job_id: int, replica: int) -> str:
+    return f"job-{job_id}-{replica}"
+
+
+def _give_path(root: Path, path: Path, uid: int, gid: int) -> None:
+    """Hand every directory from ``root`` (exclusive) down to ``path`` to the workload's uid."""
+    current = root
+    for part in path.relative_to(root).parts:
+        current = current / part
+        if current.is_symlink():
+            raise WorkloadRejected(f"{current} is a symbolic link; the job's directories must be plain directories")
+        os.chown(current, uid, gid)
+
+
 def read_log_tail(path: Path, *, lines: int = LOG_TAIL_LINES) -> str:
     try:
         with path.open("rb") as handle:
@@ -201,9 +243,14 @@ class WorkloadRunner:
         device_indices: Mapping[str, int] | None = None,
         max_runtime_grace_s: float = MAX_RUNTIME_GRACE_S,
         checkpoint_scan_s: float = CHECKPOINT_SCAN_S,
+        sandbox: Sandbox | None = None,
+        env_denylist: tuple[str, ...] | None = protocol.DEFAULT_ENV_DENYLIST,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        #: None: workloads run as the agent's own user (``--sandbox none``, and library users such as tests).
+        self.sandbox = sandbox if sandbox is not None and sandbox.mode == SandboxMode.NAMESPACES else None
+        self.env_denylist = env_denylist
         self.clock = clock
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.device_indices = dict(device_indices or {})
@@ -217,6 +264,10 @@ class WorkloadRunner:
         self._adopt()
 
     # --- persistence -------------------------------------------------------------------------------------
+
+    @property
+    def sandbox_mode(self) -> str:
+        return SandboxMode.NAMESPACES if self.sandbox is not None else SandboxMode.NONE
 
     @property
     def state_path(self) -> Path:
@@ -269,10 +320,17 @@ class WorkloadRunner:
         job_dir = self.work_dir / "jobs" / f"{start.job_id}-{start.replica}"
         try:
             self._spawn(start, job_dir)
-        except (WorkloadRejected, OSError, ValueError) as exc:
+        except (WorkloadRejected, SandboxError, OSError, ValueError) as exc:
             # OSError: the working dir cannot be made, permission denied, no /bin/sh; ValueError: what Popen
             # says of an environment execve cannot take (checked first, but a backstop costs nothing).
-            reason = str(exc) if isinstance(exc, WorkloadRejected) else f"could not start: {exc}"
+            if isinstance(exc, SandboxError):
+                reason, cause = f"sandbox: {exc}", "sandbox_failed"
+            elif isinstance(exc, WorkloadRejected):
+                reason, cause = str(exc), "rejected"
+            else:
+                reason, cause = f"could not start: {exc}", "rejected"
+            if self.sandbox is not None:
+                self.sandbox.cleanup(_cgroup_name(start.job_id, start.replica))
             log.warning("workloads: job %s replica %s cannot start: %s", *key, reason)
             record = WorkloadRecord(
                 command_id=start.command_id,
@@ -283,6 +341,8 @@ class WorkloadRunner:
                 checkpoint_dir=None,
                 devices=[asdict(device) for device in start.devices],
                 message=reason,
+                reason=cause,
+                sandbox=self.sandbox_mode,
             )
             self.records[key] = record
             self._finish(record, "failed", None)
@@ -295,14 +355,17 @@ class WorkloadRunner:
         working_dir = self._resolve_inside(job_dir, start.working_dir, "working_dir")
         checkpoint_dir = None
         if start.checkpoint_dir:
-            # An absolute checkpoint dir is shared storage chosen by the portal; a relative one lives in the job dir.
+            # An absolute checkpoint dir is shared storage chosen by the portal (under the tenant's configured
+            # prefixes); a relative one lives in the job dir.
             checkpoint = Path(start.checkpoint_dir)
             checkpoint_dir = (
-                checkpoint if checkpoint.is_absolute() else self._resolve_inside(job_dir, checkpoint, "checkpoint_dir")
+                self._shared_checkpoint_dir(checkpoint, job_dir, start.tenant_id)
+                if checkpoint.is_absolute()
+                else self._resolve_inside(job_dir, checkpoint, "checkpoint_dir")
             )
         # The job's variables only: the agent's own environment may hold names execve takes but POSIX does not
         # (bash exports functions as BASH_FUNC_name%%), and refusing every workload for them would be wrong.
-        problem = env_problem(start.env)
+        problem = env_problem(start.env, denylist=self.env_denylist)
         if problem is not None:
             raise WorkloadRejected(problem)
         for folder in (job_dir, working_dir, checkpoint_dir):
@@ -317,18 +380,52 @@ class WorkloadRunner:
             checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
             devices=[asdict(device) for device in start.devices],
             max_runtime_s=start.max_runtime_s or None,  # 0 means "no limit"
+            sandbox=self.sandbox_mode,
         )
-        exit_file = job_dir / EXIT_CODE_FILE
-        exit_file.unlink(missing_ok=True)
         env = workload_env(
-            start, base_env=self.base_env, checkpoint_dir=record.checkpoint_dir, device_indices=self.device_indices
+            start,
+            base_env=self._base_env(job_dir),
+            checkpoint_dir=record.checkpoint_dir,
+            device_indices=self.device_indices,
         )
-        env["GPUPOOL_EXIT_FILE"] = str(exit_file)
+        if self.sandbox is None:
+            exit_file = job_dir / EXIT_CODE_FILE
+            exit_file.unlink(missing_ok=True)
+            env["GPUPOOL_EXIT_FILE"] = str(exit_file)
+            argv = ["/bin/sh", "-c", _WRAPPER, "gpupool-workload", *start.command]
+            cwd, popen_env = working_dir, env
+        else:
+            name = _cgroup_name(start.job_id, start.replica)
+            plan = self.sandbox.prepare(
+                name=name,
+                tenant_id=start.tenant_id,
+                job_dir=job_dir,
+                working_dir=working_dir,
+                writable=[
+                    job_dir,
+                    *([checkpoint_dir] if checkpoint_dir and not _inside(checkpoint_dir, job_dir) else []),
+                ],
+                command=list(start.command),
+                env=env,
+                limits=Limits(
+                    cpu_cores=start.cpu_cores or None,  # 0 means "no limit"
+                    memory_mib=start.host_memory_mib or None,
+                    pids_max=self.sandbox.config.pids_max,
+                ),
+                hidden_devices=self._hidden_devices(start),
+            )
+            for folder in (working_dir, checkpoint_dir):
+                if folder is not None and _inside(folder, job_dir):
+                    _give_path(job_dir, folder, plan.uid, plan.gid)
+            record.uid, record.cgroup, record.exit_file = plan.uid, plan.cgroup, str(plan.exit_file)
+            # The job's environment goes to the sandbox in its spec file, never to unshare and the init, which
+            # run as root: a job's LD_PRELOAD must not reach them even if the denylist were emptied.
+            argv, cwd, popen_env = plan.argv, "/", {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
         with (job_dir / LOG_FILE).open("ab") as log_file:
             process = subprocess.Popen(
-                ["/bin/sh", "-c", _WRAPPER, "gpupool-workload", *start.command],
-                cwd=working_dir,
-                env=env,
+                argv,
+                cwd=cwd,
+                env=popen_env,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -343,13 +440,65 @@ class WorkloadRunner:
         # state.json first: a workload the agent forgot after a crash would run unseen; a lost "running"
         # report is made good by the next hello, which lists the running workloads.
         self._save()
-        log.info("workloads: started job %s replica %s as pid %s in %s", *key, process.pid, working_dir)
+        log.info(
+            "workloads: started job %s replica %s as pid %s in %s (sandbox %s%s)",
+            *key,
+            process.pid,
+            working_dir,
+            record.sandbox,
+            f", uid {record.uid}" if record.uid is not None else "",
+        )
         self._report(record)
+
+    def _base_env(self, job_dir: Path) -> dict[str, str]:
+        """What a workload inherits before the job's own variables: the agent's environment when unconfined;
+        in a sandbox only a plain PATH, the locale and a HOME in the job's directory (root's HOME, the agent's
+        settings and anything else of the agent's stay with the agent)."""
+        if self.sandbox is None:
+            return self.base_env
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(job_dir), "TMPDIR": "/tmp"}
+        for name in ("LANG", "LC_ALL", "TZ"):
+            if name in self.base_env:
+                env[name] = self.base_env[name]
+        return env
+
+    def _hidden_devices(self, start: protocol.WorkloadStart) -> list[str]:
+        """The device nodes of the node's cards this workload was not given (present ones only)."""
+        given = {self.device_indices[d.uuid] for d in start.devices if d.uuid in self.device_indices}
+        indices = list(self.device_indices.values())
+        npu = any(uuid.startswith("NPU-") for uuid in self.device_indices)
+        return hidden_device_nodes(assigned=given, indices=indices, npu=npu)
+
+    def _shared_checkpoint_dir(self, checkpoint: Path, job_dir: Path, tenant_id: int | None) -> Path:
+        """An absolute checkpoint dir: never the agent's own files or another job's directory, and (sandboxed)
+        never a directory of another owner that the workload would be handed."""
+        resolved = Path(os.path.normpath(checkpoint))
+        if ".." in checkpoint.parts or "\\" in str(checkpoint):
+            raise WorkloadRejected(f"checkpoint_dir {str(checkpoint)!r} must be a plain absolute path (no '..')")
+        if _inside(resolved, self.work_dir) and not _inside(resolved, job_dir):
+            raise WorkloadRejected(
+                f"checkpoint_dir {str(checkpoint)!r} is inside the agent's work dir {self.work_dir} but not the job's "
+                "own directory"
+            )
+        if self.sandbox is not None:
+            hidden = [Path(path) for path in (*self.sandbox.config.hidden_files, *self.sandbox.config.hidden_dirs)]
+            for path in hidden:
+                if _inside(resolved, path) or _inside(resolved, path.parent):
+                    raise WorkloadRejected(f"checkpoint_dir {str(checkpoint)!r} is next to the agent's own files")
+            if resolved.exists():
+                uid, owner = self.sandbox.uid_for(tenant_id), resolved.stat().st_uid
+                if owner != uid and (owner != 0 or any(resolved.iterdir())):
+                    # It would be handed to the workload's uid: only an empty root-owned one, or the tenant's own.
+                    raise WorkloadRejected(
+                        f"checkpoint_dir {str(checkpoint)!r} belongs to uid {owner}, not this tenant's uid {uid}"
+                    )
+        return resolved
 
     def _resolve_inside(self, job_dir: Path, requested: str | Path | None, name: str) -> Path:
         if requested is None or str(requested) == "":
             return job_dir
-        path = Path(requested)
+        # A Windows-style separator is a separator here too: "..\\..\\x" must not pass as one odd file name.
+        path = Path(str(requested).replace("\\", "/"))
         resolved = (path if path.is_absolute() else job_dir / path).resolve()
         if not _inside(resolved, self.work_dir):
             raise WorkloadRejected(f"{name} {str(requested)!r} is outside the agent's work dir {self.work_dir}")
@@ -380,6 +529,8 @@ class WorkloadRunner:
         self._save()
 
     def _signal(self, record: WorkloadRecord, signum: int) -> None:
+        """Signal the workload's process group; a sandbox's init passes SIGTERM on to every process of its PID
+        namespace, and a SIGKILL also goes to every process in its cgroup (those that left the group too)."""
         if record.pid is None:
             return
         try:
@@ -388,6 +539,8 @@ class WorkloadRunner:
             pass
         except PermissionError as exc:
             log.error("workloads: cannot signal job %s (pid %s): %s", record.job_id, record.pid, exc)
+        if signum == signal.SIGKILL and record.cgroup and self.sandbox is not None:
+            self.sandbox.kill(record.cgroup, signum)
 
     # --- the step ----------------------------------------------------------------------------------------
 
@@ -445,16 +598,28 @@ class WorkloadRunner:
         """The process is gone: decide how it ended from its exit code file (or the Popen), else lost."""
         process = self._popen.pop(record.key, None)
         exit_code = None
+        exit_file = Path(record.exit_file) if record.exit_file else Path(record.job_dir) / EXIT_CODE_FILE
         try:
-            exit_code = int((Path(record.job_dir) / EXIT_CODE_FILE).read_text().strip())
+            exit_code = int(exit_file.read_text().strip())
         except (OSError, ValueError):
             if process is not None:
                 exit_code = process.returncode  # negative: killed by that signal before the wrapper could write
-        if exit_code is None and process is None and record.term_sent_at is None:
+        sandbox = self.sandbox if record.cgroup else None
+        setup_error = sandbox.setup_error(record.cgroup) if sandbox is not None and record.cgroup else ""
+        oom = sandbox is not None and record.cgroup is not None and sandbox.oom_killed(record.cgroup)
+        if exit_code is None and process is None and record.term_sent_at is None and not (setup_error or oom):
             record.message = lost_message or "the process vanished"
             self._finish(record, "lost", None)
             return
-        if record.stop_reason == "max_runtime":
+        if setup_error or (exit_code == SETUP_FAILED and sandbox is not None and not record.message):
+            state = "failed"
+            record.reason = "sandbox_failed"
+            record.message = f"sandbox: {setup_error or 'the sandbox could not be set up (see the log)'}"
+        elif oom and record.stop_reason in (None, "max_runtime"):
+            state = "failed"
+            record.reason = "oom_killed"
+            record.message = "killed by the kernel: out of memory (the job's host_memory_mib limit)"
+        elif record.stop_reason == "max_runtime":
             state = "failed"
         elif record.stop_reason is not None:
             state = "stopped"
@@ -471,6 +636,8 @@ class WorkloadRunner:
         record.finished_at = self.clock()
         record.kill_after = None
         self._next_checkpoint_scan.pop(record.key, None)
+        if record.cgroup and self.sandbox is not None:
+            self.sandbox.cleanup(record.cgroup)  # after the OOM and exit code were read
         log.info("workloads: job %s replica %s %s (exit code %s)", record.job_id, record.replica, state, exit_code)
         # The outbox before state.json: killed in between, the next agent finds the workload still active,
         # settles it again and reports it again (a duplicate the portal ignores) instead of never.
@@ -511,6 +678,7 @@ class WorkloadRunner:
             last_checkpoint_at=self.last_checkpoint_at(record),
             message=record.message,
             log_tail=read_log_tail(Path(record.job_dir) / LOG_FILE) if final else "",
+            reason=record.reason if final else "",
         )
 
     def _report(self, record: WorkloadRecord) -> None:

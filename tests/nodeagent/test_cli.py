@@ -18,6 +18,7 @@ from websockets.asyncio.server import serve
 from nodeagent import protocol
 from nodeagent.cli import CliError, load_credential, main, save_credential
 from nodeagent.demo import demo_agent_command, demo_agent_paths, write_bootstrap_token
+from tests.nodeagent.sandboxing import WORKLOAD_PYTHON, sandbox_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -187,7 +188,7 @@ async def test_agent_process_connects_runs_a_workload_and_stops_on_sigterm(tmp_p
                     command_id=1,
                     job_id=11,
                     replica=0,
-                    command=[sys.executable, "-c", "import os; print('on', os.environ['CUDA_VISIBLE_DEVICES'])"],
+                    command=[WORKLOAD_PYTHON, "-c", "import os; print('on', os.environ['CUDA_VISIBLE_DEVICES'])"],
                     devices=[protocol.DeviceAssignment(uuid=uuid, millis=1000)],
                 )
                 await websocket.send(protocol.encode(start))
@@ -211,6 +212,7 @@ async def test_agent_process_connects_runs_a_workload_and_stops_on_sigterm(tmp_p
             "2",
             "--work-dir",
             str(tmp_path / "work"),
+            *sandbox_args(),
             cwd=REPO,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

@@ -14,6 +14,7 @@ from websockets.asyncio.server import serve
 from nodeagent import protocol
 from nodeagent.cli import save_credential
 from nodeagent.outbox import ReportOutbox
+from tests.nodeagent.sandboxing import WORKLOAD_PYTHON, sandbox_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,7 +99,7 @@ def _agent_argv(port: int, credential_file: Path, work_dir: Path) -> list[str]:
     return [
         *(sys.executable, "-m", "nodeagent", "run", "--server", f"http://127.0.0.1:{port}"),
         *("--credential-file", str(credential_file), "--backend", "simulated", "--cards", "1"),
-        *("--work-dir", str(work_dir)),
+        *("--work-dir", str(work_dir), *sandbox_args()),
     ]
 
 
@@ -126,7 +127,7 @@ async def test_a_report_queued_while_disconnected_is_delivered_by_the_restarted_
                     command_id=1,
                     job_id=21,
                     replica=0,
-                    command=[sys.executable, "-c", "import time; time.sleep(1.0)"],
+                    command=[WORKLOAD_PYTHON, "-c", "import time; time.sleep(1.0)"],
                     devices=[protocol.DeviceAssignment(uuid=frame["devices"][0]["uuid"], millis=1000)],
                 )
                 await websocket.send(protocol.encode(start))

@@ -1,0 +1,262 @@
+"""A sandbox per workload: its own uid, namespaces, file system view, cgroup limits and device nodes.
+
+The agent runs as root in production; a workload never does. Mode ``namespaces`` (the default of
+``gpupool-agent run``) starts each workload as::
+
+    unshare --mount --pid --ipc --fork --kill-child -- <python> -I -S nodeagent/sandbox_init.py <spec.json>
+
+``sandbox_init`` (root inside the new namespaces) joins the workload's cgroups, makes the host read-only, hides
+the agent's work dir, credential and every other job's directory, binds the job's own directory back writable,
+mounts a private ``/tmp`` and a ``/proc`` of its PID namespace, and runs the command as the workload's uid with
+``no_new_privs``. Mode ``none`` runs the command as the agent's own user with nothing of this (development
+only; the node shows it in the console and the API).
+
+**One uid per tenant**, ``uid_base + tenant id`` (gid the same), from a configured range. Per tenant rather than
+per job because files outlive jobs: a checkpoint written on shared storage by one run must be readable by the
+job's next run (often on another node) and by the tenant's other jobs, with the same owner on every node, and a
+uid is never handed to a second tenant who could then read what the first left behind. Jobs of one tenant on
+one node are still kept apart by their namespaces: neither sees the other's processes (PID namespace) or
+directory (mount namespace).
+
+A sandbox that cannot be set up (not root, no ``unshare``, no writable cgroups, a tenant outside the uid range,
+a mount that fails) makes the workload ``failed`` with the reason; the command never runs unconfined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from nodeagent.cgroups import CgroupError, Cgroups, Limits, detect
+
+INIT_SCRIPT = Path(__file__).with_name("sandbox_init.py")
+#: Exit code of ``sandbox_init`` when the sandbox could not be set up (the reason is in ``sandbox_error``).
+SETUP_FAILED = 125
+DEFAULT_UID_BASE = 200_000
+DEFAULT_UID_COUNT = 65_536
+#: Processes and threads one workload may have at once when the node sets no other limit.
+DEFAULT_PIDS_MAX = 4096
+#: GPU device nodes by card index: NVIDIA's, and Ascend's for ``NPU-`` cards.
+DEVICE_NODE_PATTERNS = {"nvidia": "/dev/nvidia{index}", "npu": "/dev/davinci{index}"}
+
+
+class SandboxMode(StrEnum):
+    NAMESPACES = "namespaces"
+    NONE = "none"
+
+
+class SandboxError(RuntimeError):
+    """This workload's sandbox cannot be made; the workload fails with this message."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    mode: SandboxMode = SandboxMode.NAMESPACES
+    uid_base: int = DEFAULT_UID_BASE
+    uid_count: int = DEFAULT_UID_COUNT
+    pids_max: int | None = DEFAULT_PIDS_MAX
+    #: Files the workload must not see (the agent's credential file); bound over with /dev/null.
+    hidden_files: tuple[str, ...] = ()
+    #: Directories the workload must not see; an empty tmpfs goes over each.
+    hidden_dirs: tuple[str, ...] = ()
+    unshare: str = "unshare"
+    python: str = field(default_factory=lambda: sys.executable)
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """What the runner needs to start and later settle one sandboxed workload."""
+
+    argv: list[str]
+    uid: int
+    gid: int
+    cgroup: str
+    exit_file: Path
+    error_file: Path
+
+
+def parse_uid_range(text: str) -> tuple[int, int]:
+    """``"200000-265535"`` → (base, count); the range must not include root or the usual system/user uids."""
+    start, sep, end = text.partition("-")
+    try:
+        base, last = int(start), int(end if sep else start)
+    except ValueError:
+        raise ValueError(f"sandbox uid range {text!r} must look like 200000-265535") from None
+    if base < 1000 or last < base:
+        raise ValueError(f"sandbox uid range {text!r} must start at 1000 or above and not end before it starts")
+    return base, last - base + 1
+
+
+class Sandbox:
+    """Makes, and cleans up after, the sandboxes of one agent's workloads."""
+
+    def __init__(self, config: SandboxConfig, *, work_dir: Path, cgroups: Cgroups | None = None) -> None:
+        self.config = config
+        self.work_dir = Path(work_dir)
+        self.control_dir = self.work_dir / "control"
+        self._cgroups = cgroups
+        #: Why sandboxes cannot be made on this node at all (checked once, at start); None when they can.
+        self.problem: str | None = None
+        if config.mode == SandboxMode.NAMESPACES:
+            self.problem = self._probe()
+
+    @property
+    def mode(self) -> SandboxMode:
+        return self.config.mode
+
+    @property
+    def cgroup_version(self) -> int | None:
+        return self._cgroups.version if self._cgroups is not None else None
+
+    def _probe(self) -> str | None:
+        if os.geteuid() != 0:
+            return (
+                "the sandbox needs the agent to run as root (it switches each workload to its own uid); run the "
+                "agent as root, or pass --sandbox none on a development machine"
+            )
+        if shutil.which(self.config.unshare) is None:
+            return f"{self.config.unshare!r} (util-linux) is not installed; install util-linux"
+        if not INIT_SCRIPT.is_file():
+            return f"the sandbox init script {INIT_SCRIPT} is missing; reinstall gpupool-agent"
+        if self._cgroups is None:
+            try:
+                self._cgroups = detect()
+            except (CgroupError, OSError) as exc:
+                return f"cgroups are not usable: {exc}"
+        return None
+
+    def uid_for(self, tenant_id: int | None) -> int:
+        offset = tenant_id or 0  # 0: a portal that does not say the tenant; such jobs share the range's first uid
+        if offset >= self.config.uid_count:
+            last = self.config.uid_base + self.config.uid_count - 1
+            raise SandboxError(
+                f"tenant {tenant_id} has no uid in the sandbox range {self.config.uid_base}-{last}; widen the agent's "
+                "--sandbox-uids range"
+            )
+        return self.config.uid_base + offset
+
+    def prepare(
+        self,
+        *,
+        name: str,
+        tenant_id: int | None,
+        job_dir: Path,
+        working_dir: Path,
+        writable: list[Path],
+        command: list[str],
+        env: dict[str, str],
+        limits: Limits,
+        hidden_devices: list[str],
+    ) -> SandboxPlan:
+        """Make the workload's cgroups, own its directories, write its spec; returns the argv to start."""
+        if self.problem is not None:
+            raise SandboxError(f"the sandbox cannot be set up on this node: {self.problem}")
+        assert self._cgroups is not None
+        uid = self.uid_for(tenant_id)
+        gid = uid
+        control = self.control_dir / name
+        control.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.control_dir, 0o700)
+        for path in writable:
+            _own_tree(path, uid, gid)
+        try:
+            procs = self._cgroups.create(name, limits)
+        except (CgroupError, OSError) as exc:
+            raise SandboxError(f"the workload's cgroup cannot be made: {exc}") from exc
+        exit_file = control / "exit_code"
+        error_file = control / "sandbox_error"
+        for stale in (exit_file, error_file):
+            stale.unlink(missing_ok=True)
+        spec = {
+            "uid": uid,
+            "gid": gid,
+            "command": command,
+            "env": env,
+            "working_dir": str(working_dir),
+            "writable": [str(path) for path in writable],
+            "hidden_dirs": [str(self.work_dir), *self.config.hidden_dirs],
+            "hidden_files": [*self.config.hidden_files, *hidden_devices],
+            "cgroup_procs": procs,
+            "exit_file": str(exit_file),
+            "error_file": str(error_file),
+            "root": str(control / "root"),
+        }
+        spec_file = control / "spec.json"
+        descriptor = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(spec, handle)
+        argv = [
+            self.config.unshare,
+            "--mount",
+            "--pid",
+            "--ipc",
+            "--fork",
+            "--kill-child",
+            "--",
+            self.config.python,
+            "-I",
+            "-S",
+            str(INIT_SCRIPT),
+            str(spec_file),
+        ]
+        return SandboxPlan(argv=argv, uid=uid, gid=gid, cgroup=name, exit_file=exit_file, error_file=error_file)
+
+    def setup_error(self, name: str) -> str:
+        """What ``sandbox_init`` said when it could not set the sandbox up ('' when it did)."""
+        try:
+            return (self.control_dir / name / "sandbox_error").read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def oom_killed(self, name: str) -> bool:
+        return self._cgroups is not None and self._cgroups.oom_killed(name)
+
+    def kill(self, name: str, signum: int) -> None:
+        if self._cgroups is not None:
+            self._cgroups.kill(name, signum)
+
+    def alive_pids(self, name: str) -> list[int]:
+        return self._cgroups.pids(name) if self._cgroups is not None else []
+
+    def cleanup(self, name: str) -> None:
+        """After the workload ended: kill stragglers, remove its cgroups and spec (the exit code stays read)."""
+        if self._cgroups is not None:
+            self._cgroups.kill(name)
+            self._cgroups.remove(name)
+        (self.control_dir / name / "spec.json").unlink(missing_ok=True)
+
+    def describe(self) -> str:
+        """One line for the agent's log and the hello label."""
+        if self.mode == SandboxMode.NONE:
+            return "none (workloads run as the agent's user, unconfined: development only)"
+        if self.problem:
+            return f"namespaces, UNAVAILABLE: {self.problem}"
+        return (
+            f"namespaces (mount/PID/IPC, cgroup v{self.cgroup_version}, uids {self.config.uid_base}-"
+            f"{self.config.uid_base + self.config.uid_count - 1})"
+        )
+
+
+def hidden_device_nodes(*, assigned: set[int], indices: list[int], npu: bool = False) -> list[str]:
+    """The GPU device nodes of the node's other cards (present ones only), to be hidden from a workload."""
+    pattern = DEVICE_NODE_PATTERNS["npu" if npu else "nvidia"]
+    nodes = []
+    for index in sorted(set(indices) - assigned):
+        path = pattern.format(index=index)
+        if os.path.exists(path):
+            nodes.append(path)
+    return nodes
+
+
+def _own_tree(path: Path, uid: int, gid: int) -> None:
+    """Make ``path`` (and its missing parents) and give it to the workload's uid; mode 0700."""
+    path.mkdir(parents=True, exist_ok=True)
+    stat = path.stat()
+    if (stat.st_uid, stat.st_gid) != (uid, gid):
+        os.chown(path, uid, gid)
+    os.chmod(path, 0o700)

@@ -1,0 +1,296 @@
+"""The init of one sandboxed workload: runs as root inside fresh mount, PID and IPC namespaces, then runs the
+command as the workload's own unprivileged uid and waits for it.
+
+Started by the agent as ``unshare --mount --pid --ipc --fork --kill-child -- python -I -S sandbox_init.py
+<spec.json>`` (``nodeagent.sandbox`` writes the spec; this file imports nothing outside the standard library so
+that it runs with ``-I -S``, untouched by the job's environment). In order:
+
+1. join the workload's cgroups (so not one instruction of the command runs unlimited) and open the exit code
+   file, which lives in the agent's control dir that the job will not see;
+2. make every mount private, then the whole host read-only (``mount_setattr`` with ``AT_RECURSIVE``, or a
+   read-only remount of each mount on kernels before 5.12);
+3. hide: a fresh tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm``, the agent's work dir (its credential, state,
+   outbox and every other job's directory) and any other configured directory; ``/dev/null`` over hidden files
+   and over the GPU device nodes of cards the workload was not given;
+4. bind the job's directory (and an absolute checkpoint dir) back, writable, at their own paths;
+5. mount a ``/proc`` of the new PID namespace (other workloads' and the agent's processes do not exist here);
+6. fork the command: no supplementary groups, the workload's gid and uid, ``no_new_privs`` (no setuid binary
+   gives root back), its working dir, its environment;
+7. as PID 1, forward SIGTERM/SIGINT/SIGHUP to every process of the namespace, reap orphans, and when the
+   command ends write its exit code (128 + signal for a signal, as shells do) and exit with it. When this
+   process ends the kernel kills whatever is left in the namespace.
+
+Any failure before the command runs prints ``gpupool-sandbox: <reason>`` and exits 125 (the agent reports the
+workload ``failed`` with that reason); the command never runs outside its sandbox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+import signal
+import sys
+
+SETUP_FAILED = 125
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added after the syscall tables were unified)
+PR_SET_NO_NEW_PRIVS = 38
+MS_MOVE = 8192
+MNT_DETACH = 2
+#: pivot_root's syscall number where it differs from the generic table's 41 (aarch64, riscv64, loongarch64).
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203, "s390x": 217}
+_FLAG_NAMES = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class SetupError(Exception):
+    pass
+
+
+#: The control dir's ``sandbox_error`` file, opened before the mounts hide it (the child inherits it until exec).
+_error_fd = [-1]
+
+
+def _fail(reason: str) -> None:
+    """Say why the sandbox failed: on stderr (the workload's log) and in the agent's ``sandbox_error`` file."""
+    print(f"gpupool-sandbox: {reason}", file=sys.stderr, flush=True)
+    if _error_fd[0] >= 0:
+        with contextlib.suppress(OSError):
+            os.write(_error_fd[0], reason.encode())
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    result = _libc.mount(
+        source.encode() if source else None,
+        target.encode(),
+        fstype.encode() if fstype else None,
+        ctypes.c_ulong(flags),
+        data.encode() if data else None,
+    )
+    if result != 0:
+        code = ctypes.get_errno()
+        raise SetupError(f"mount {source or fstype or ''} on {target} failed: {os.strerror(code)}")
+
+
+def _mount_points() -> list[tuple[str, int]]:
+    """Every mount point of this namespace with its nosuid/nodev/noexec flags, parents first."""
+    points = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            fields = line.split()
+            target = fields[4].encode().decode("unicode_escape")
+            flags = 0
+            for option in fields[5].split(","):
+                flags |= _FLAG_NAMES.get(option, 0)
+            points.append((target, flags))
+    return points
+
+
+def _make_readonly(root: str) -> None:
+    """Make ``root`` and every mount below it read-only (a fresh bind tree: no file is open for writing on it,
+    which would make the kernel refuse with EBUSY)."""
+    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY, attr_clr=0, propagation=0, userns_fd=0)
+    syscall = _libc.syscall
+    syscall.restype = ctypes.c_long
+    result = syscall(
+        ctypes.c_long(SYS_MOUNT_SETATTR),
+        ctypes.c_int(AT_FDCWD),
+        ctypes.c_char_p(root.encode()),
+        ctypes.c_uint(AT_RECURSIVE),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
+    if result == 0:
+        return
+    code = ctypes.get_errno()
+    if code not in (errno.ENOSYS, errno.EINVAL):
+        raise SetupError(f"cannot make the host file system read-only: {os.strerror(code)}")
+    # Kernels before 5.12: remount each mount of the tree read-only, keeping its other flags.
+    for target, flags in _mount_points():
+        if target != root and not target.startswith(root + "/"):
+            continue
+        try:
+            _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+        except SetupError:
+            inner = target[len(root) :] or "/"
+            if not inner.startswith(("/proc", "/sys", "/dev")):
+                raise  # pseudo file systems are replaced or harmless; a real one left writable is not
+
+
+def _hide_dir(path: str, mode: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+
+
+def _hide_file(path: str) -> None:
+    if os.path.lexists(path) and not os.path.isdir(path):
+        _mount("/dev/null", path, None, MS_BIND)
+
+
+def _bind_writable(fd: int, target: str) -> None:
+    os.makedirs(target, exist_ok=True)
+    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND)
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+
+
+def _pivot_into(root: str) -> None:
+    """Make ``root`` the namespace's ``/`` and detach the old root entirely (``pivot_root(".", ".")``, as runc
+    does); where the syscall number is unknown, move the tree onto ``/`` and chroot (switch_root's way; the
+    command, without CAP_SYS_CHROOT, cannot climb out of it)."""
+    os.chdir(root)
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is not None:
+        if _libc.syscall(ctypes.c_long(number), b".", b".") != 0:
+            raise SetupError(f"pivot_root failed: {os.strerror(ctypes.get_errno())}")
+        if _libc.umount2(b".", MNT_DETACH) != 0:
+            raise SetupError(f"cannot detach the old root: {os.strerror(ctypes.get_errno())}")
+    else:
+        _mount(root, "/", None, MS_MOVE)
+        os.chroot(".")
+    os.chdir("/")
+
+
+def setup(spec: dict) -> int:
+    """Steps 1-5; returns the fd of the exit code file."""
+    for procs in spec["cgroup_procs"]:
+        try:
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+        except OSError as exc:
+            raise SetupError(f"cannot join the cgroup {procs}: {exc.strerror or exc}") from exc
+    # The kernel's OOM killer takes the command, not this init (the command's own score is reset at fork).
+    # Best effort: lowering a score needs CAP_SYS_RESOURCE, which a containerised agent may lack.
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as handle:
+        handle.write("-1000")
+    exit_fd = os.open(spec["exit_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    _error_fd[0] = os.open(spec["error_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    binds = []
+    for path in spec["writable"]:
+        try:
+            binds.append((os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), path))
+        except OSError as exc:
+            raise SetupError(f"cannot open {path}: {exc.strerror or exc}") from exc
+
+    # The new root: a recursive bind of the host's tree (new mounts, so none has a file open for writing),
+    # made read-only, then changed below before it becomes "/".
+    root = spec["root"]
+    os.makedirs(root, exist_ok=True)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("/", root, None, MS_BIND | MS_REC)
+    _make_readonly(root)
+    for path in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(root + path):
+            _hide_dir(root + path, "1777")
+    for path in spec["hidden_dirs"]:
+        _hide_dir(root + path, "0755")
+    for path in spec["hidden_files"]:
+        _hide_file(root + path)
+    for fd, path in binds:
+        _bind_writable(fd, root + path)
+        os.close(fd)
+    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _pivot_into(root)
+    return exit_fd
+
+
+def run_command(spec: dict) -> None:
+    """The child: drop to the workload's identity and exec the command (never returns)."""
+    try:
+        os.setsid()
+        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as handle:
+            handle.write("0")
+        os.setgroups([])
+        os.setresgid(spec["gid"], spec["gid"], spec["gid"])
+        os.setresuid(spec["uid"], spec["uid"], spec["uid"])
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise SetupError("cannot set no_new_privs")
+        if os.getuid() == 0 or os.geteuid() == 0:
+            raise SetupError("still root after dropping privileges")
+        os.chdir(spec["working_dir"])
+    except (OSError, SetupError) as exc:
+        _fail(f"cannot drop to uid {spec['uid']}: {exc}")
+        os._exit(SETUP_FAILED)
+    command, env = spec["command"], spec["env"]
+    try:
+        os.execvpe(command[0], command, env)
+    except FileNotFoundError:
+        print(f"gpupool-sandbox: {command[0]}: command not found", file=sys.stderr, flush=True)
+        os._exit(127)
+    except OSError as exc:
+        print(f"gpupool-sandbox: {command[0]}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        os._exit(126)
+
+
+def supervise(child: int, exit_fd: int) -> int:
+    """PID 1's loop: forward stop signals to the namespace, reap everything, return the command's exit code."""
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signum)  # from PID 1: every other process of this PID namespace
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    code = None
+    while code is None:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            code = SETUP_FAILED
+            break
+        except InterruptedError:
+            continue
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            if code < 0:
+                code = 128 - code
+    os.write(exit_fd, str(code).encode())
+    os.close(exit_fd)
+    return code
+
+
+def main(argv: list[str]) -> int:
+    try:
+        with open(argv[1]) as handle:
+            spec = json.load(handle)
+        exit_fd = setup(spec)
+    except (OSError, SetupError, KeyError, ValueError, IndexError) as exc:
+        if _error_fd[0] < 0:
+            with contextlib.suppress(OSError, IndexError):
+                _error_fd[0] = os.open(
+                    os.path.join(os.path.dirname(argv[1]), "sandbox_error"), os.O_WRONLY | os.O_CREAT, 0o600
+                )
+        _fail(f"the sandbox could not be set up: {exc}")
+        return SETUP_FAILED
+    sys.stdout.flush()
+    child = os.fork()
+    if child == 0:
+        run_command(spec)
+    return supervise(child, exit_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
