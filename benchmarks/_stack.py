@@ -38,6 +38,14 @@ class ServedCluster(Cluster):
     web_server: str = "uvicorn"
     #: Environment for the web processes only (e.g. ``GPUPOOL_DB_CONN_MAX_AGE``).
     web_settings: dict[str, str] = field(default_factory=dict)
+    #: The agents' ``--sandbox`` (empty: the agent's default, namespaces).
+    agent_sandbox: str = ""
+
+    def agent_env(self) -> dict[str, str]:
+        env = super().agent_env()
+        if self.agent_sandbox:
+            env["GPUPOOL_AGENT_SANDBOX"] = self.agent_sandbox
+        return env
 
     def start_web(self) -> Proc:
         env = self.portal_env()

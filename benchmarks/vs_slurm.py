@@ -3,7 +3,7 @@
     GPUPOOL_DATABASE_URL=postgres://postgres@127.0.0.1:5432/gpupool_bench GPUPOOL_REDIS_URL=redis://127.0.0.1:6379/5 \\
         .venv/bin/python benchmarks/vs_slurm.py                      # 1,000 jobs, 8 clients, array 10,000, 3 rounds
     ... benchmarks/vs_slurm.py --quick                               # 200 jobs, array 1,000, 1 round
-    ... benchmarks/vs_slurm.py --systems gpupool --web-workers 1     # gpupool alone, one web process
+    ... benchmarks/vs_slurm.py --systems gpupool --web-workers 1,2   # gpupool alone, 1 and 2 web processes
 
 gpupool runs as production does (benchmarks/_stack.py): PostgreSQL (a scratch database made for the run and
 dropped after it), Redis, ``gpupool serve --workers N`` (uvicorn), a Celery worker and beat, and 4 simulated
@@ -13,13 +13,15 @@ temp dir: one node with 32 GPUs declared in gres.conf (``File=`` 32 fake charact
 since Slurm drops GPUs without one), select/cons_tres, default scheduler settings, its own munged; munged,
 slurmctld and slurmd are started in the foreground and stopped by PID.
 
-Each round, per system: ``--jobs`` jobs submitted by one client (gpupool: one keep-alive HTTP connection;
-Slurm: one ``sbatch`` after another), waited for to finish; then ``--jobs`` jobs from ``--clients`` clients at
-once, waited for. Then one array of ``--array`` jobs (gpupool: ``"array": {"count": N}``; Slurm:
-``sbatch --array``). Prints each round, the medians, gpupool ÷ Slurm, the targets of issue 14, the
-deadlocks PostgreSQL counted (``pg_stat_database.deadlocks`` before/after) and HTTP 5xx; where a target is
-missed, where the time went: SQL statements and in-process time of one submit, CPU seconds per process group
-per job, transactions per job, and the scheduling cycles the worker logged.
+Each round, per system (and per web process count, alternated on the same gpupool stack): a warm-up batch,
+then ``--jobs`` jobs submitted by one client (gpupool: one keep-alive HTTP connection; Slurm: one ``sbatch``
+after another), waited for to finish; then ``--jobs`` jobs from ``--clients`` clients at once, waited for.
+Then one array of ``--array`` jobs (gpupool: ``"array": {"count": N}``; Slurm: ``sbatch --array``). Prints
+each round, the medians, gpupool ÷ Slurm, the targets of issue 14, the deadlocks PostgreSQL counted
+(``pg_stat_database.deadlocks`` before/after) and HTTP 5xx (with the exceptions behind them); where a target
+is missed, where the time went: SQL statements and in-process time of one submit, CPU per job of each process
+group, PostgreSQL transactions per job, the steps of the jobs' lives, and the scheduling cycles the worker ran
+(Celery task events).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ class Gpupool:
         web_workers: list[int],
         web_server: str,
         conn_max_age: int,
+        agent_sandbox: str,
     ) -> None:
         self.admin_url = database_url
         self.redis_url = redis_url
@@ -129,6 +132,7 @@ class Gpupool:
         self.web_workers = web_workers[0]
         self.web_server = web_server
         self.conn_max_age = conn_max_age
+        self.agent_sandbox = agent_sandbox
         base = urlsplit(database_url).path.lstrip("/") or "gpupool"
         self.db_name = f"{base}_vs_slurm"
         self.cluster: ServedCluster | None = None
@@ -139,7 +143,8 @@ class Gpupool:
         return (
             f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --server "
             f"{self.web_server} --workers {workers} (GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), "
-            f"celery worker (solo) + beat, {AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards"
+            f"celery worker (solo) + beat, {AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards "
+            f"--sandbox {self.agent_sandbox}"
         )
 
     def label(self, workers: int) -> str:
@@ -173,6 +178,7 @@ class Gpupool:
             run_id=run_id,
             web_workers=self.web_workers,
             web_server=self.web_server,
+            agent_sandbox=self.agent_sandbox,
             web_settings={"GPUPOOL_DB_CONN_MAX_AGE": str(self.conn_max_age)},
         )
         self.cluster.seed(slug="vs-slurm", cards=GPUS)
@@ -302,7 +308,8 @@ class Gpupool:
         assert self.cluster is not None
         groups = self.cluster.process_groups()
         needle = f" {self.db_name} ".encode()
-        groups["postgres (backends of this db)"] = pids_matching(lambda c: c.startswith(b"postgres:") and needle in c)
+        backends = pids_matching(lambda cmdline: cmdline.startswith(b"postgres:") and needle in cmdline)
+        groups["postgres (this db's backends that a 1 s sampler saw)"] = backends
         groups["redis-server (shared)"] = pids_matching(lambda c: c.startswith(b"redis-server"))
         groups["benchmark client"] = [os.getpid()]
         return groups
@@ -381,7 +388,8 @@ class Slurm:
         version = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, timeout=30).stdout.strip()
         return (
             f"Slurm: {version}, one node with {GPUS} GPUs (gres, fake devices), select/cons_tres, default "
-            f"scheduler settings, MaxArraySize/MaxJobCount raised for the array, config in {self.root}"
+            f"scheduler settings, jobs unconfined (proctrack/pgid, task/none), MaxArraySize/MaxJobCount raised "
+            f"for the array, config in {self.root}"
         )
 
     @property
@@ -891,6 +899,13 @@ def main() -> int:
         help="GPUPOOL_DB_CONN_MAX_AGE of the web processes (default 0: a connection per request; under ASGI a "
         "longer age leaves one idle connection per finished request's thread: PostgreSQL runs out of slots)",
     )
+    parser.add_argument(
+        "--agent-sandbox",
+        choices=["namespaces", "none"],
+        default="namespaces",
+        help="how gpupool's agents confine each job (namespaces: the production default; Slurm here runs jobs "
+        "unconfined, proctrack/pgid and task/none, so 'none' compares like with like)",
+    )
     parser.add_argument("--finish-timeout", type=float, default=900.0, help="seconds to wait for a phase's jobs")
     parser.add_argument("--database-url", default=os.environ.get("GPUPOOL_DATABASE_URL", ""))
     parser.add_argument("--redis-url", default=os.environ.get("GPUPOOL_REDIS_URL", ""))
@@ -936,6 +951,7 @@ def main() -> int:
                 web_workers=args.web_workers,
                 web_server=args.web_server,
                 conn_max_age=args.db_conn_max_age,
+                agent_sandbox=args.agent_sandbox,
             )
             try:
                 results.extend(run_system(gpupool, args))
