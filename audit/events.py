@@ -99,6 +99,8 @@ _EVENTS = [
     ("node.cordon", "fleet", "A node was cordoned"),
     ("node.uncordon", "fleet", "A node was uncordoned"),
     ("node.drain", "fleet", "A node was drained"),
+    ("node.device_claim_refused", "fleet", "A node's hello claimed a device another node owns; refused"),
+    ("device.rehome", "fleet", "A system admin moved a device to another node"),
     ("flavor.create", "fleet", "A resource flavor was created"),
     ("flavor.update", "fleet", "A resource flavor was changed"),
     # The audit trail itself

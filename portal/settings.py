@@ -291,6 +291,12 @@ SPECTACULAR_SETTINGS = {
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GPUPOOL_MAX_BODY_BYTES", 1024 * 1024)
 #: Deepest nesting of objects and arrays a JSON request body may have (portal/request_limits.py).
 GPUPOOL_MAX_JSON_DEPTH = env_int("GPUPOOL_MAX_JSON_DEPTH", 64)
+#: Environment variables a job may not set, comma-separated ("X_*" is a prefix); empty: the agent's default list
+#: (nodeagent.protocol.DEFAULT_ENV_DENYLIST: LD_*, PATH, the loader and libc variables). Agents check their own.
+GPUPOOL_ENV_DENYLIST = [name.strip() for name in env_str("GPUPOOL_ENV_DENYLIST", "").split(",") if name.strip()]
+#: Where a job's absolute checkpoint_dir may be, per tenant slug ("*": every tenant), as JSON, e.g.
+#: {"acme": ["/ckpt/acme"], "*": ["/scratch/ckpt"]}. None configured: relative checkpoint dirs only.
+GPUPOOL_CHECKPOINT_PREFIXES = env_str("GPUPOOL_CHECKPOINT_PREFIXES", "{}")
 
 # --- i18n, static -------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en"

@@ -24,16 +24,29 @@ how to fix it; unknown fields are refused so a typo never goes unnoticed.
 
 ``env`` keys must be POSIX names (``[A-Za-z_][A-Za-z0-9_]*``) and values strings without NUL bytes: the agent
 hands them to ``execve``, which cannot take a ``=`` in a name or a NUL anywhere, and a job that cannot start must
-be refused here rather than fail on its node.
+be refused here rather than fail on its node. Names on the denylist (``GPUPOOL_ENV_DENYLIST``, by default
+``nodeagent.protocol.DEFAULT_ENV_DENYLIST``: ``LD_*``, ``PATH`` and the other loader and libc variables) are
+refused too, and the agent checks them again.
+
+``working_dir`` is relative and stays inside the job's directory, a backslash counting as a separator like ``/``.
+``checkpoint_dir`` is relative (inside the job's directory) or absolute under one of the prefixes configured for
+the job's tenant in ``GPUPOOL_CHECKPOINT_PREFIXES`` (:func:`check_checkpoint_dir`, called once the tenant is
+known).
 """
 
 from __future__ import annotations
 
+import json
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from nodeagent.protocol import DEFAULT_ENV_DENYLIST, env_denied
 from portal.api import DomainError
 from scheduler.models import (
     MILLIS_PER_DEVICE,
@@ -227,6 +240,61 @@ def _array(value: Any) -> int | None:
     return _int(value, "count", "array.count", low=1, high=MAX_ARRAY_COUNT)
 
 
+def env_denylist() -> tuple[str, ...]:
+    """The names a job may not set: ``GPUPOOL_ENV_DENYLIST`` if configured, else the agent's default."""
+    configured = getattr(settings, "GPUPOOL_ENV_DENYLIST", None)
+    return tuple(configured) if configured else DEFAULT_ENV_DENYLIST
+
+
+def _relative_path(value: str, where: str) -> str:
+    """``value`` as a relative POSIX path inside the job's directory; a backslash is a separator too (an agent or
+    a shell on another system may treat it as one), so ``..\\..\\x`` is refused like ``../../x``."""
+    if "\x00" in value:
+        raise _fail(where, "must not contain a NUL byte.")
+    posix = value.replace("\\", "/")
+    parts = PurePosixPath(posix).parts
+    if posix.startswith("/") or ".." in parts or (parts and ":" in parts[0]):
+        raise _fail(where, "must be a relative path inside the job's directory, without '..', e.g. src/train.")
+    return str(PurePosixPath(posix)) if parts else ""
+
+
+def _absolute_path(value: str, where: str) -> str:
+    if "\x00" in value or "\\" in value or ".." in PurePosixPath(value).parts:
+        raise _fail(where, "an absolute path must be plain: no '..', no backslash, e.g. /ckpt/acme/resnet50.")
+    return posixpath.normpath(value)
+
+
+def checkpoint_prefixes(tenant_slug: str) -> list[str]:
+    """The absolute checkpoint dir prefixes ``tenant_slug`` may use (``GPUPOOL_CHECKPOINT_PREFIXES``: a JSON
+    object of tenant slug → list of prefixes, ``"*"`` for every tenant); none configured: relative dirs only."""
+    raw = getattr(settings, "GPUPOOL_CHECKPOINT_PREFIXES", None) or {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw or "{}")
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"GPUPOOL_CHECKPOINT_PREFIXES is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured('GPUPOOL_CHECKPOINT_PREFIXES must be a JSON object, e.g. {"acme": ["/ckpt/acme"]}')
+    prefixes = [*raw.get(tenant_slug, []), *raw.get("*", [])]
+    return [posixpath.normpath(prefix) for prefix in prefixes if isinstance(prefix, str) and prefix.startswith("/")]
+
+
+def check_checkpoint_dir(checkpoint_dir: str, *, tenant_slug: str) -> None:
+    """Refuse an absolute ``checkpoint_dir`` outside the tenant's configured prefixes (another node's work dir,
+    another tenant's storage, the agent's files). A relative one lives in the job's directory and always passes."""
+    if not checkpoint_dir.startswith("/"):
+        return
+    prefixes = checkpoint_prefixes(tenant_slug)
+    if any(checkpoint_dir == prefix or checkpoint_dir.startswith(prefix.rstrip("/") + "/") for prefix in prefixes):
+        return
+    allowed = ", ".join(prefixes) if prefixes else "none are configured for it: use a relative path (in the job dir)"
+    raise _fail(
+        "checkpoint_dir",
+        f"{checkpoint_dir!r} is not under a checkpoint prefix of tenant {tenant_slug} ({allowed}); an administrator "
+        "sets them in GPUPOOL_CHECKPOINT_PREFIXES.",
+    )
+
+
 def check_flavors(flavors: list[str] | tuple[str, ...], known_flavors: set[str]) -> None:
     """Raise ``JobSpecError`` naming the first flavor of ``flavors`` that is not in ``known_flavors``."""
     missing = [f for f in flavors if f not in known_flavors]
@@ -349,13 +417,23 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     reserved = sorted(k for k in env if k.startswith("GPUPOOL_") or k.startswith("CUDA_"))
     if reserved:
         raise _fail(f"env.{reserved[0]}", "GPUPOOL_* and CUDA_* are set by the platform; remove it.")
+    denied = env_denied(env, env_denylist())
+    if denied is not None:
+        raise _fail(
+            f"env.{denied}",
+            f"{denied} may not be set by a job: it steers the loader or libc of every process the job starts, or "
+            "the platform's search path (denied: " + ", ".join(env_denylist()) + "). Use absolute paths in "
+            "command, or set it inside your own script.",
+        )
     node_selector = _string_map(
         data.get("node_selector"), "node_selector", max_items=MAX_NODE_SELECTOR, max_key=128, max_value=256
     )
-    working_dir = _str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH)
-    if working_dir.startswith("/") or ".." in PurePosixPath(working_dir).parts or "\x00" in working_dir:
-        raise _fail("working_dir", "must be a relative path inside the job's directory, without '..', e.g. src/train.")
+    working_dir = _relative_path(_str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH), "working_dir")
     checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)
+    if checkpoint_dir and not checkpoint_dir.startswith("/"):
+        checkpoint_dir = _relative_path(checkpoint_dir, "checkpoint_dir")
+    elif checkpoint_dir:
+        checkpoint_dir = _absolute_path(checkpoint_dir, "checkpoint_dir")
     max_runtime_s = _int(data, "max_runtime_s", "max_runtime_s", low=1, high=MAX_RUNTIME_S)
     runtime_estimate_s = _int(data, "runtime_estimate_s", "runtime_estimate_s", low=1, high=MAX_RUNTIME_S)
     array_count = _array(data.get("array"))

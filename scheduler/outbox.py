@@ -67,6 +67,10 @@ def workload_start_frame(
         ],
         checkpoint_dir=job.checkpoint_dir or None,
         max_runtime_s=job.max_runtime_s,
+        # The agent's sandbox: the tenant's uid, and the replica's cgroup limits (0 means "no limit").
+        tenant_id=job.tenant_id,
+        cpu_cores=job.cpu_millicores_per_replica / 1000 or None,
+        host_memory_mib=job.host_memory_mib_per_replica or None,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Value
 
 from portal.api import NotFoundError
 from scheduler import access
@@ -50,11 +50,19 @@ def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
 
 def nodes_visible_to(user: Any) -> QuerySet[Node]:
     """Every signed-in user sees the nodes (capacity is shared); only admins change them."""
-    return Node.objects.prefetch_related("devices")
+    return Node.objects.select_related("agent").prefetch_related("devices")
 
 
 def devices_visible_to(user: Any) -> QuerySet[Device]:
-    return Device.objects.select_related("node", "flavor")
+    """Every signed-in user sees the cards (model, flavor, health: capacity is shared), each annotated with
+    ``uuid_visible``: platform roles see every UUID; a tenant user only the UUIDs of cards their tenants' jobs
+    hold now. A card's UUID is the name a node agent uses for it, so the fleet's list is not handed to tenants
+    (a stolen node credential once claimed another node's card by its UUID read here)."""
+    queryset = Device.objects.select_related("node", "flavor")
+    if access.sees_all_tenants(user):
+        return queryset.annotate(uuid_visible=Value(True))
+    held = Allocation.objects.active().filter(device=OuterRef("pk"), tenant__in=access.visible_tenant_ids(user))
+    return queryset.annotate(uuid_visible=Exists(held))
 
 
 def flavors_visible_to(user: Any) -> QuerySet[ResourceFlavor]:

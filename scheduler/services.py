@@ -27,7 +27,7 @@ from audit.services import audit_record
 from nodeagent import protocol
 from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
 from scheduler import access, outbox
-from scheduler.jobspec import JobSpec, JobSpecError, check_flavors, validate_job_spec
+from scheduler.jobspec import JobSpec, JobSpecError, check_checkpoint_dir, check_flavors, validate_job_spec
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     FINAL_JOB_STATES,
@@ -344,6 +344,7 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> 
             'array: submit job arrays through POST /api/v1/jobs/; here remove "array" to submit one job.', field="array"
         )
     tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     submitter = actor if getattr(actor, "pk", None) else None
     job = _new_job(parsed=parsed, tenant=tenant, submitter=submitter, state=state, message=message, now=timezone.now())
@@ -459,6 +460,7 @@ def job_array_submit(*, actor: Any | None, spec: dict, request: Any | None = Non
     if parsed.array_count is None:
         raise JobSpecError('array: say how many jobs to create, e.g. "array": {"count": 100}.', field="array")
     tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     if state == S.PENDING_APPROVAL:
         raise DomainError(
@@ -645,8 +647,12 @@ def workload_status_report(
     last_checkpoint_at: datetime | None,
     message: str = "",
     log_tail: str = "",
+    reason: str = "",
 ) -> str:
     """Apply an agent's ``workload.status`` for one replica; idempotent (a repeated report changes nothing).
+
+    ``reason`` is the agent's cause of a final state when it knows one (``oom_killed``, ``sandbox_failed``,
+    ``rejected``); a failed job's transition carries it instead of the bare ``failed``.
 
     Returns what it came to: ``applied`` (the report was for the run the node holds; it may still have changed
     nothing, e.g. a second ``succeeded``), or why it was ignored: ``unknown_job``, ``not_held`` (the node never
@@ -717,7 +723,8 @@ def workload_status_report(
         why = text or (
             f"replica {replica} exited with code {exit_code}" if exit_code is not None else "replica stopped"
         )
-        job_transition(job=job, to_state=S.FAILED, actor=None, reason=state, message=why, details=details)
+        cause = reason[:32] if state == "failed" and reason else state
+        job_transition(job=job, to_state=S.FAILED, actor=None, reason=cause, message=why, details=details)
     elif state == "stopped":
         if not remaining.exists():
             _requeue(job, reason="preempted", message="Preempted and requeued.")

@@ -35,7 +35,8 @@ class FlavorCreateSerializer(serializers.Serializer):
 
 class DeviceSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", read_only=True)
-    flavor = serializers.CharField(source="flavor.name", default=None, read_only=True)
+    uuid = serializers.SerializerMethodField(help_text="null unless your job holds the card (platform roles: any)")
+    flavor = serializers.CharField(source="flavor.name", default=None, allow_null=True, read_only=True)
 
     class Meta:
         model = Device
@@ -56,9 +57,19 @@ class DeviceSerializer(serializers.ModelSerializer):
             "mig_mode",
         ]
 
+    def get_uuid(self, device: Device) -> str | None:
+        # ``uuid_visible`` comes from ``selectors.devices_visible_to``; without it, nothing is shown.
+        return device.uuid if getattr(device, "uuid_visible", False) else None
+
 
 class NodeSerializer(serializers.ModelSerializer):
     device_count = serializers.SerializerMethodField()
+    sandbox = serializers.CharField(
+        source="agent.sandbox",
+        default="",
+        read_only=True,
+        help_text="how the node's agent confines workloads: namespaces, none (unconfined: development), '' (old agent)",
+    )
 
     class Meta:
         model = Node
@@ -71,6 +82,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "memory_mib",
             "last_heartbeat_at",
             "agent_version",
+            "sandbox",
             "topology",
             "device_count",
             "created_at",

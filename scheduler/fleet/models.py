@@ -74,6 +74,9 @@ class NodeAgent(models.Model):
     # Set when the lease expired (missed heartbeats); cleared when the agent is back.
     lost_at = models.DateTimeField(null=True, blank=True)
     jobs_requeued_at = models.DateTimeField(null=True, blank=True)
+    #: How the agent confines workloads, from its hello: ``namespaces`` (each workload in its own uid,
+    #: namespaces and cgroups), ``none`` (unconfined: a development agent), ``""`` (an agent before the sandbox).
+    sandbox = models.CharField(max_length=16, blank=True, default="")
 
     def __str__(self) -> str:
         return f"agent of {self.node_id}"

@@ -26,7 +26,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from audit.services import audit_record
-from portal.api import DomainError
+from portal.api import ConflictError, DomainError, PermissionDeniedError
 from scheduler.fleet.models import (
     AgentReport,
     BootstrapToken,
@@ -330,7 +330,12 @@ def _health(value: str) -> str:
     return value if value in DeviceHealth.values else DeviceHealth.UNHEALTHY
 
 
-@transaction.atomic
+class DeviceClaimRefused(DomainError):
+    """A node's hello listed a device UUID that belongs to another node (:func:`node_hello`)."""
+
+    code = "device_claimed"
+
+
 def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dict[str, int]:
     """Apply an agent's ``hello``: node facts, device inventory (upserted by UUID), node ready.
 
@@ -338,18 +343,48 @@ def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dic
     moved out of the way of index reuse. The workloads the hello lists are reconciled afterwards, in their own
     transactions (:func:`node_workloads_reconcile`): jobs are locked before nodes, never after. Returns device
     UUID → device id.
+
+    A device belongs to the node that first reported it. A hello that lists a UUID another node owns — a stolen
+    node credential replaying a card that every tenant could read, or a card moved between machines without
+    telling the portal — is refused whole with :class:`DeviceClaimRefused` (the consumer answers an ``error``
+    frame, the node stays not ready): nothing moves, the owner is unaffected, and a ``node.device_claim_refused``
+    record is committed. A system admin moves a card that really moved with :func:`device_rehome`.
     """
+    outcome = _node_hello(node_id=node_id, hello=hello, now=now)
+    if isinstance(outcome, DeviceClaimRefused):
+        raise outcome  # after the refusal's audit record committed
+    return outcome
+
+
+@transaction.atomic
+def _node_hello(*, node_id: int, hello: dict, now: datetime | None) -> dict[str, int] | DeviceClaimRefused:
     now = now or timezone.now()
     reported = [device for device in hello.get("devices") or [] if isinstance(device, dict) and device.get("uuid")]
     reported_uuids = {str(device["uuid"])[:96] for device in reported}
     # The project's lock order: device rows (in primary-key order) before the node row; FOR NO KEY UPDATE, so
     # the foreign-key checks of allocations inserted meanwhile never wait on either.
-    list(
+    locked = list(
         Device.objects.select_for_update(of=("self",), no_key=True)
         .filter(Q(node_id=node_id) | Q(uuid__in=reported_uuids))
         .order_by("pk")
-        .values_list("pk", flat=True)
+        .values_list("pk", "uuid", "node_id")
     )
+    claimed = sorted((uuid, owner) for _pk, uuid, owner in locked if owner != node_id and uuid in reported_uuids)
+    if claimed:
+        owners = dict(Node.objects.filter(pk__in={owner for _uuid, owner in claimed}).values_list("pk", "name"))
+        audit_record(
+            action="node.device_claim_refused",
+            actor=None,
+            target=f"node:{node_id}",
+            details={"devices": [{"uuid": uuid, "owner": owners.get(owner, owner)} for uuid, owner in claimed]},
+        )
+        logger.warning("node %s claimed devices of other nodes: %s; hello refused", node_id, claimed)
+        named = ", ".join(f"{uuid} (node {owners.get(owner, owner)})" for uuid, owner in claimed[:5])
+        return DeviceClaimRefused(
+            f"this hello lists devices that belong to other nodes: {named}. Nothing was changed. If a card really "
+            "moved, a system admin re-homes it (POST /api/v1/agents/devices/<id>/rehome/) before this node says "
+            "hello again."
+        )
     node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
     before_status = node.status
     stale = list(node.devices.exclude(uuid__in=reported_uuids))
@@ -405,7 +440,13 @@ def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dic
     node.save()
     NodeAgent.objects.update_or_create(
         node=node,
-        defaults={"connected_at": now, "disconnected_at": None, "lost_at": None, "jobs_requeued_at": None},
+        defaults={
+            "connected_at": now,
+            "disconnected_at": None,
+            "lost_at": None,
+            "jobs_requeued_at": None,
+            "sandbox": str(hello.get("sandbox") or "")[:16],
+        },
     )
     audit_record(
         action="node.hello",
@@ -419,6 +460,43 @@ def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dic
     )
     _request_cycle()
     return mapping
+
+
+@transaction.atomic
+def device_rehome(*, actor: Any, device: Device, node: Node, request: Any | None = None) -> Device:
+    """Give ``device`` to ``node``: a system admin's answer to a card that really moved to another machine.
+
+    Refused while the card holds an active allocation (stop or drain its jobs first). The card is parked on a
+    free index of its new node and marked unhealthy until that node's agent reports it in a hello (which sets
+    its real index and health); its old node's next hello no longer lists it and changes nothing more.
+    """
+    from scheduler import access
+
+    if not access.is_system_admin(actor):
+        raise PermissionDeniedError("Only a system admin may re-home a device.")
+    # Lock order: Device before Allocation and Node rows.
+    device = Device.objects.select_for_update(of=("self",), no_key=True).get(pk=device.pk)
+    if Allocation.objects.filter(device=device, ended_at__isnull=True).exists():
+        raise ConflictError(
+            f"Device {device.uuid} still holds a running allocation; drain node {device.node.name} or cancel the job "
+            "first.",
+            code="device_busy",
+        )
+    before = {"node": device.node.name, "index": device.index}
+    if device.node_id != node.pk:
+        used = set(Device.objects.filter(node=node).values_list("index", flat=True))
+        device.index = next(index for index in range(32000, 0, -1) if index not in used)
+        device.node = node
+        device.health = DeviceHealth.UNHEALTHY  # until the new node's agent reports it
+        device.save(update_fields=["node", "index", "health"])
+    audit_record(
+        action="device.rehome",
+        actor=actor,
+        target=f"device:{device.pk}",
+        details={"uuid": device.uuid, "before": before, "after": {"node": node.name, "index": device.index}},
+        request=request,
+    )
+    return device
 
 
 @dataclass(frozen=True)
@@ -672,6 +750,7 @@ def _forward(*, node: Node, status: dict) -> str | None:
         last_checkpoint_at=parse_time(checkpoint, default=None) if checkpoint else None,
         message=str(status.get("message") or ""),
         log_tail=str(status.get("log_tail") or ""),
+        reason=str(status.get("reason") or ""),
     )
     return outcome if isinstance(outcome, str) else "applied"
 

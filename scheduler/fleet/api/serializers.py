@@ -38,10 +38,13 @@ class RegisterOutput(serializers.Serializer):
 
 
 class FleetNodeOutput(serializers.ModelSerializer):
-    hostname = serializers.CharField(source="agent.hostname", default="")
-    connected_at = serializers.DateTimeField(source="agent.connected_at", default=None)
-    disconnected_at = serializers.DateTimeField(source="agent.disconnected_at", default=None)
-    lost_at = serializers.DateTimeField(source="agent.lost_at", default=None)
+    hostname = serializers.CharField(source="agent.hostname", default="", allow_null=True)
+    connected_at = serializers.DateTimeField(source="agent.connected_at", default=None, allow_null=True)
+    disconnected_at = serializers.DateTimeField(source="agent.disconnected_at", default=None, allow_null=True)
+    lost_at = serializers.DateTimeField(source="agent.lost_at", default=None, allow_null=True)
+    sandbox = serializers.CharField(
+        source="agent.sandbox", default="", help_text="namespaces | none (unconfined, development) | '' (old agent)"
+    )
     device_count = serializers.IntegerField()
 
     class Meta:
@@ -56,5 +59,17 @@ class FleetNodeOutput(serializers.ModelSerializer):
             "connected_at",
             "disconnected_at",
             "lost_at",
+            "sandbox",
             "device_count",
         ]
+
+
+class DeviceRehomeInput(serializers.Serializer):
+    node = serializers.CharField(max_length=128, help_text="name of the node the card now sits in")
+
+
+class DeviceRehomeOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    uuid = serializers.CharField()
+    node = serializers.CharField()
+    index = serializers.IntegerField()

@@ -7,4 +7,5 @@ urlpatterns = [
     path("agents/register/", views.RegisterView.as_view(), name="agent-register"),
     path("agents/nodes/", views.FleetNodeListView.as_view(), name="agent-node-list"),
     path("agents/nodes/<int:pk>/revoke/", views.NodeRevokeView.as_view(), name="agent-node-revoke"),
+    path("agents/devices/<int:pk>/rehome/", views.DeviceRehomeView.as_view(), name="agent-device-rehome"),
 ]

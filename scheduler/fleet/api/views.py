@@ -14,11 +14,13 @@ from scheduler.fleet import selectors, services
 from scheduler.fleet.api.serializers import (
     BootstrapTokenCreateInput,
     BootstrapTokenOutput,
+    DeviceRehomeInput,
+    DeviceRehomeOutput,
     FleetNodeOutput,
     RegisterInput,
     RegisterOutput,
 )
-from scheduler.models import Node
+from scheduler.models import Device, Node
 
 
 class IsSystemAdmin(BasePermission):
@@ -68,6 +70,23 @@ class NodeRevokeView(APIView):
         node = get_object_or_404(Node, pk=pk)
         revoked = services.node_credentials_revoke(actor=request.user, node=node, request=request)
         return Response({"node_id": node.pk, "revoked": revoked})
+
+
+class DeviceRehomeView(APIView):
+    """A system admin gives a card that really moved to its new node (a hello claiming it is refused until then)."""
+
+    permission_classes = [IsSystemAdmin]
+    required_scope = "admin"
+
+    @extend_schema(request=DeviceRehomeInput, responses={200: DeviceRehomeOutput})
+    def post(self, request: Request, pk: int) -> Response:
+        data = DeviceRehomeInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        device = get_object_or_404(Device.objects.select_related("node"), pk=pk)
+        node = get_object_or_404(Node, name=data.validated_data["node"])
+        device = services.device_rehome(actor=request.user, device=device, node=node, request=request)
+        body = {"id": device.pk, "uuid": device.uuid, "node": node.name, "index": device.index}
+        return Response(DeviceRehomeOutput(body).data)
 
 
 class FleetNodeListView(generics.ListAPIView):
