@@ -6,9 +6,12 @@ must also keep a job out of *other jobs'* directories, and the portal refuses su
 nothing stored). Reading another tenant's job (and its log tail in the job events) through the API or the
 console is covered by test_cross_tenant.py.
 
-Not confined (documented in the README): the workload process itself runs as the agent's user, so a command
-such as ``cat ../1-0/output.log`` can read what that user can read; isolating that needs a per-job user or a
-container runtime.
+These tests drive the runner without a sandbox (``--sandbox none``): the path checks hold in every mode. With
+the sandbox (the default of ``gpupool-agent run``) a command such as ``cat ../1-0/output.log`` finds nothing
+either: other jobs' directories are not in its mount namespace (tests/security/test_sandbox.py).
+
+A refused start is recorded as a ``failed`` workload that never ran (no pid, no log), so its job fails and its
+devices are freed.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ def _finish(runner: WorkloadRunner, job_id: int) -> None:
         time.sleep(0.02)
 
 
+def assert_refused(runner: WorkloadRunner, job_id: int) -> None:
+    """Refused before anything ran: recorded failed (reported, so the job fails), no process, no log."""
+    record = runner.records[(job_id, 0)]
+    assert (record.state, record.pid, record.reason) == ("failed", None, "rejected")
+    assert not (runner.work_dir / "jobs" / f"{job_id}-0" / "output.log").exists()
+
+
 @pytest.fixture
 def runner(tmp_path: Path) -> WorkloadRunner:
     runner = WorkloadRunner(work_dir=tmp_path / "agent", base_env={"PATH": "/usr/bin:/bin"})
@@ -60,22 +70,22 @@ def runner(tmp_path: Path) -> WorkloadRunner:
     ],
 )
 def test_a_job_cannot_work_in_another_jobs_directory(runner: WorkloadRunner, working_dir: str) -> None:
-    records = dict(runner.records)
     with pytest.raises(WorkloadRejected, match="outside the job's directory"):
         runner.start(_start(2, working_dir=working_dir.format(work=runner.work_dir)))
-    assert runner.records == records
-    assert not (runner.work_dir / "jobs" / "2-0" / "output.log").exists()
+    assert_refused(runner, 2)
 
 
 def test_a_symlink_out_of_the_job_directory_is_not_followed(runner: WorkloadRunner) -> None:
-    job_dir = runner.work_dir / "jobs" / "2-0"
-    job_dir.mkdir(parents=True)
-    (job_dir / "peek").symlink_to(runner.work_dir / "jobs" / "1-0")
+    for job_id in (2, 4):
+        job_dir = runner.work_dir / "jobs" / f"{job_id}-0"
+        job_dir.mkdir(parents=True)
+        (job_dir / "peek").symlink_to(runner.work_dir / "jobs" / "1-0")
     with pytest.raises(WorkloadRejected):
         runner.start(_start(2, working_dir="peek"))
+    assert_refused(runner, 2)
     with pytest.raises(WorkloadRejected):
-        runner.start(_start(2, checkpoint_dir="peek/ckpt"))
-    assert (2, 0) not in runner.records
+        runner.start(_start(4, checkpoint_dir="peek/ckpt"))
+    assert_refused(runner, 4)
 
 
 def test_a_relative_checkpoint_dir_stays_in_the_job_directory(runner: WorkloadRunner) -> None:
