@@ -6,14 +6,16 @@ import django_filters
 
 from audit.models import AuditRecord, Outcome
 from portal.filters import UtcIsoDateTimeFilter
+from tenants.filtersets import IdFilter
 
 
 class AuditRecordFilterSet(django_filters.FilterSet):
     created_after = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = UtcIsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
     actor = django_filters.CharFilter(field_name="actor_username")
-    actor_id = django_filters.NumberFilter(field_name="actor_id")
-    tenant = django_filters.NumberFilter(field_name="tenant_id")
+    # Whole-number ids (a NumberFilter took 9.4e-240 as a decimal, against the schema's integer).
+    actor_id = IdFilter(field_name="actor_id")
+    tenant = IdFilter(field_name="tenant_id")
     action = django_filters.CharFilter(field_name="action", lookup_expr="startswith")
     outcome = django_filters.ChoiceFilter(choices=Outcome.choices)
     stream = django_filters.CharFilter(field_name="stream")

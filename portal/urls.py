@@ -26,6 +26,9 @@ def _api_includes() -> list:
     return includes
 
 
+# A URL no route matches answers the API's JSON error under /api/ (portal/views.py).
+handler404 = "portal.views.not_found"
+
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("api/v1/", views.api_root, name="api-root"),

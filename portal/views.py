@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import NoReverseMatch, reverse
+from django.views.defaults import page_not_found
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import api_view, permission_classes
@@ -48,3 +50,13 @@ def api_root(request: Request) -> Response:
         except NoReverseMatch:
             continue
     return Response({"version": "v1", "user": request.user.username, "links": links})
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """404 for a URL no route matches: the API's ``{"code", "detail"}`` under ``/api/`` (an HTML page there
+    broke clients and the schema), the console's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"code": "not_found", "detail": "No such object or endpoint; the API's map is at /api/v1/."}, status=404
+        )
+    return page_not_found(request, exception)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
+from portal.serializers import JsonTypedSerializer
 from scheduler.models import (
     Allocation,
     Device,
@@ -25,7 +26,7 @@ class FlavorSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "vendor", "model", "memory_mib", "description"]
 
 
-class FlavorCreateSerializer(serializers.Serializer):
+class FlavorCreateSerializer(JsonTypedSerializer):
     name = serializers.SlugField(max_length=64)
     vendor = serializers.ChoiceField(choices=Vendor.choices)
     model = serializers.CharField(max_length=64)
@@ -92,7 +93,7 @@ class NodeSerializer(serializers.ModelSerializer):
         return len(node.devices.all())
 
 
-class NodeDrainSerializer(serializers.Serializer):
+class NodeDrainSerializer(JsonTypedSerializer):
     grace_s = serializers.FloatField(min_value=0, max_value=3600, required=False, default=30.0)
 
 
@@ -117,7 +118,7 @@ class AllocationSerializer(serializers.ModelSerializer):
 
 
 class JobEventSerializer(serializers.ModelSerializer):
-    actor = serializers.CharField(source="actor.username", default=None, read_only=True)
+    actor = serializers.CharField(source="actor.username", default=None, allow_null=True, read_only=True)
 
     class Meta:
         model = JobEvent
@@ -126,7 +127,7 @@ class JobEventSerializer(serializers.ModelSerializer):
 
 class JobSerializer(serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.slug", read_only=True)
-    submitter = serializers.CharField(source="submitter.username", default=None, read_only=True)
+    submitter = serializers.CharField(source="submitter.username", default=None, allow_null=True, read_only=True)
     priority = serializers.SerializerMethodField()
     pending_reason = serializers.SerializerMethodField()
     gpus_per_replica = serializers.SerializerMethodField()
@@ -197,15 +198,15 @@ class JobDetailSerializer(JobSerializer):
         ]
 
 
-class JobCancelSerializer(serializers.Serializer):
+class JobCancelSerializer(JsonTypedSerializer):
     reason = serializers.CharField(max_length=300, required=False, default="", allow_blank=True)
 
 
-class JobScaleSerializer(serializers.Serializer):
+class JobScaleSerializer(JsonTypedSerializer):
     replicas = serializers.IntegerField(min_value=1, help_text="replicas the inference service wants now")
 
 
-class JobLoadSerializer(serializers.Serializer):
+class JobLoadSerializer(JsonTypedSerializer):
     load = serializers.FloatField(
         min_value=0.0, help_text="average load per running replica: busy time / capacity of one replica (1.0 = full)"
     )

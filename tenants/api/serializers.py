@@ -8,6 +8,7 @@ from django_otp import user_has_device
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.serializers import JsonTypedSerializer
 from tenants.models import (
     QUOTA_FIELDS,
     ApiToken,
@@ -27,9 +28,9 @@ from tenants.models import (
 from tenants.selectors import MAX_ID
 
 
-class StrictInputSerializer(serializers.Serializer):
+class StrictInputSerializer(JsonTypedSerializer):
     """An input serializer that refuses keys it does not know, so a typo (``guaranted_millis``) is an error
-    rather than a silently ignored field."""
+    rather than a silently ignored field, and JSON values of another type than the schema documents."""
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
@@ -124,7 +125,19 @@ class MembershipUpdateSerializer(StrictInputSerializer):
 # --- users ------------------------------------------------------------------------------------------------
 
 
+@extend_schema_field(
+    {
+        "oneOf": [{"type": "string", "format": "email"}, {"type": "string", "maxLength": 0}],
+        "description": 'an email address, or "" when the account has none',
+    }
+)
+class OptionalEmailField(serializers.EmailField):
+    """An account's email as stored: an address or blank (the schema's plain ``format: email`` refused "")."""
+
+
 class UserSerializer(serializers.ModelSerializer):
+    email = OptionalEmailField(read_only=True)
+
     class Meta:
         model = User
         fields = [
@@ -228,6 +241,7 @@ class MeMembershipSerializer(serializers.Serializer):
 
 class MeSerializer(serializers.ModelSerializer):
     memberships = MeMembershipSerializer(many=True, read_only=True)
+    email = OptionalEmailField(read_only=True)
     mfa_enrolled = serializers.SerializerMethodField()
 
     class Meta:
@@ -295,7 +309,7 @@ class ThresholdSerializer(StrictInputSerializer):
 
 
 class ApprovalStepSerializer(serializers.ModelSerializer):
-    actor_username = serializers.CharField(source="actor.username", read_only=True, default=None)
+    actor_username = serializers.CharField(source="actor.username", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = ApprovalStep
@@ -305,8 +319,10 @@ class ApprovalStepSerializer(serializers.ModelSerializer):
 
 class ApprovalSerializer(serializers.ModelSerializer):
     tenant_slug = serializers.CharField(source="tenant.slug", read_only=True)
-    flavor_name = serializers.CharField(source="flavor.name", read_only=True, default=None)
-    requester_username = serializers.CharField(source="requester.username", read_only=True, default=None)
+    flavor_name = serializers.CharField(source="flavor.name", read_only=True, default=None, allow_null=True)
+    requester_username = serializers.CharField(
+        source="requester.username", read_only=True, default=None, allow_null=True
+    )
     awaiting_role = serializers.CharField(read_only=True, allow_null=True)
     steps = ApprovalStepSerializer(many=True, read_only=True)
 

@@ -248,3 +248,47 @@ async def test_a_deep_or_broken_viewer_frame_gets_an_error_and_the_socket_stays_
     await socket.send_to(text_data=json.dumps({"subscribe": {"node": "x"}}))
     assert (await socket.receive_json_from(timeout=5))["code"] == "forbidden"  # still answering: not an admin
     await socket.disconnect()
+
+
+# --- types, pagination, unknown URLs: what the schema documents ------------------------------------------------
+
+
+def test_a_json_value_of_the_wrong_type_is_a_400_naming_the_field(api):
+    body = {"name": "typed", "vendor": "nvidia", "model": 12, "memory_mib": "2048"}
+    errors = _refused(api.post("/api/v1/flavors/", body, format="json"), 400, "invalid")
+    assert errors["errors"] == {"model": ["Must be a string."], "memory_mib": ["Must be an integer."]}
+    for wrong in ({"memory_mib": 2048.0}, {"memory_mib": True}, {"vendor": 1}):
+        _refused(api.post("/api/v1/flavors/", {**body, "model": "M", **wrong}, format="json"), 400, "invalid")
+    # A form body is all text: the fields still convert it.
+    response = api.post("/api/v1/flavors/", {**body, "model": "M"}, format="multipart")
+    assert response.status_code == 201 and response.json()["memory_mib"] == 2048
+
+
+@pytest.mark.parametrize("query", ["limit=abc", "limit=0", "limit=-5", "offset=-1", "offset=x", "limit="])
+def test_a_malformed_limit_or_offset_is_a_400_not_the_default_page(api, query):
+    name = query.split("=")[0]
+    assert name in _refused(api.get(f"/api/v1/flavors/?{query}"), 400, "invalid")["errors"]
+
+
+def test_a_wellformed_limit_and_offset_page_as_before(api):
+    make_flavor("a-flavor")
+    make_flavor("b-flavor")
+    body = api.get("/api/v1/flavors/?limit=1&offset=1").json()
+    assert body["count"] == 2 and len(body["results"]) == 1 and body["previous"]
+
+
+def test_an_api_url_no_route_matches_is_a_json_404(api, client):
+    _refused(api.get("/api/v1/jobs/not-a-number/"), 404, "not_found")
+    _refused(api.post("/api/v1/no-such-thing/"), 404, "not_found")
+    assert client.get("/console/no-such-page/")["Content-Type"].startswith("text/html")
+
+
+def test_every_operation_documents_the_error_answers(api):
+    schema = api.get("/api/schema/?format=json").json()
+    assert schema["components"]["schemas"]["Error"]["required"] == ["code", "detail"]
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            responses = operation["responses"]
+            expected = {"400", "401", "403"} | ({"404"} if "{" in path else set())
+            assert expected <= set(responses), (method, path, sorted(responses))
+            assert responses["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}

@@ -5,10 +5,11 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
+from portal.serializers import JsonTypedSerializer
 from scheduler.models import Node
 
 
-class BootstrapTokenCreateInput(serializers.Serializer):
+class BootstrapTokenCreateInput(JsonTypedSerializer):
     ttl_s = serializers.IntegerField(required=False, help_text="seconds the token stays valid (default 3600)")
     description = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
@@ -23,7 +24,7 @@ class BootstrapTokenOutput(serializers.Serializer):
     expires_at = serializers.DateTimeField()
 
 
-class RegisterInput(serializers.Serializer):
+class RegisterInput(JsonTypedSerializer):
     token = serializers.CharField(max_length=200)
     node_name = serializers.CharField(max_length=128)
     hostname = serializers.CharField(max_length=255, required=False, allow_blank=True, default="")
