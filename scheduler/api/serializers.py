@@ -68,6 +68,7 @@ class NodeSerializer(serializers.ModelSerializer):
     sandbox = serializers.CharField(
         source="agent.sandbox",
         default="",
+        allow_null=True,  # a node that never registered an agent has none: null
         read_only=True,
         help_text="how the node's agent confines workloads: namespaces, none (unconfined: development), '' (old agent)",
     )

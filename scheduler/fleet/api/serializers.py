@@ -44,7 +44,10 @@ class FleetNodeOutput(serializers.ModelSerializer):
     disconnected_at = serializers.DateTimeField(source="agent.disconnected_at", default=None, allow_null=True)
     lost_at = serializers.DateTimeField(source="agent.lost_at", default=None, allow_null=True)
     sandbox = serializers.CharField(
-        source="agent.sandbox", default="", help_text="namespaces | none (unconfined, development) | '' (old agent)"
+        source="agent.sandbox",
+        default="",
+        allow_null=True,  # a node that never registered an agent has none: null
+        help_text="namespaces | none (unconfined, development) | '' (old agent)",
     )
     device_count = serializers.IntegerField()
 
