@@ -9,6 +9,7 @@ agent has its own credential file and work dir under ``<data dir>/demo-agents/si
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,10 +51,28 @@ def write_bootstrap_token(path: Path, secret: str) -> None:
         os.close(descriptor)
 
 
+def demo_sandbox_mode() -> str:
+    """The real sandbox (``namespaces``) where it can work — as root, with util-linux ``unshare`` — else
+    ``none``: the demo must run on a laptop without root, and says which it runs."""
+    return "namespaces" if os.geteuid() == 0 and shutil.which("unshare") else "none"
+
+
+def describe_sandbox_mode(mode: str) -> str:
+    if mode == "namespaces":
+        return "namespaces (each workload in its own uid, namespaces and cgroups, as in production)"
+    return "none (not root: workloads run unconfined as your user; run the demo as root for the real sandbox)"
+
+
 def demo_agent_command(
-    *, python: str, server_url: str, index: int, data_dir: str | os.PathLike | None = None
+    *,
+    python: str,
+    server_url: str,
+    index: int,
+    data_dir: str | os.PathLike | None = None,
+    sandbox: str | None = None,
 ) -> list[str]:
-    """The command line of demo agent ``index``: a simulated node ``sim-NN`` of the model DEMO_NODES picks."""
+    """The command line of demo agent ``index``: a simulated node ``sim-NN`` of the model DEMO_NODES picks,
+    sandboxed as :func:`demo_sandbox_mode` says unless ``sandbox`` is given."""
     paths = demo_agent_paths(index=index, data_dir=data_dir)
     model, cards = DEMO_NODES[index % len(DEMO_NODES)]
     return [
@@ -79,4 +98,6 @@ def demo_agent_command(
         str(cards),
         "--seed",
         str(index),
+        "--sandbox",
+        sandbox or demo_sandbox_mode(),
     ]

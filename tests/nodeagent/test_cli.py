@@ -18,7 +18,7 @@ from websockets.asyncio.server import serve
 from nodeagent import protocol
 from nodeagent.cli import CliError, load_credential, main, save_credential
 from nodeagent.demo import demo_agent_command, demo_agent_paths, write_bootstrap_token
-from tests.nodeagent.sandboxing import WORKLOAD_PYTHON, sandbox_args
+from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE, WORKLOAD_PYTHON, sandbox_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -164,6 +164,19 @@ def test_demo_agent_command_runs_a_simulated_node_with_its_own_files(tmp_path: P
     assert command[command.index("--backend") + 1] == "simulated"
     write_bootstrap_token(paths.token_file, "gpb_x")
     assert _mode(paths.token_file) == 0o600
+    # The demo uses the real sandbox where it can (root), and says which mode it runs.
+    assert command[command.index("--sandbox") + 1] == ("namespaces" if SANDBOX_AVAILABLE else "none")
+    assert "--sandbox" in demo_agent_command(python="p", server_url="u", index=0, data_dir=tmp_path, sandbox="none")
+
+
+def test_run_refuses_a_bad_sandbox_uid_range_and_describes_its_sandbox(tmp_path: Path) -> None:
+    from nodeagent.cli import build_parser, make_sandbox
+
+    args = build_parser().parse_args(["run", "--sandbox-uids", "0-10", "--work-dir", str(tmp_path)])
+    with pytest.raises(CliError, match="start at 1000"):
+        make_sandbox(args)
+    args = build_parser().parse_args(["run", "--sandbox", "none", "--work-dir", str(tmp_path)])
+    assert "unconfined" in make_sandbox(args).describe()
 
 
 # --- a real agent process against a tiny WebSocket portal -----------------------------------------------------

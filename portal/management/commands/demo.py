@@ -95,6 +95,10 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"gpupool is running at {url}"))
         self.stdout.write(f"mode: {'embedded (SQLite, in-process broker)' if settings.EMBEDDED_MODE else 'redis'}")
         self.stdout.write(f"web processes: {workers}")
+        if agents:
+            from nodeagent.demo import demo_sandbox_mode, describe_sandbox_mode
+
+            self.stdout.write(f"workload sandbox: {describe_sandbox_mode(demo_sandbox_mode())}")
         self.stdout.write(f"demo logins (password for all: {demo.DEMO_PASSWORD}):")
         for login in demo.DEMO_LOGINS:
             self.stdout.write(f"  {login.username:<10} {login.role}")
