@@ -983,8 +983,10 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
     with transaction.atomic(), lock as acquired:
         if not acquired:
             return CycleResult(ran=False)
-        with contextlib.suppress(Exception):  # a figure for monitoring: never a reason to fail the cycle
+        try:  # a figure for monitoring: never a reason to fail the cycle
             cache.set(CYCLE_STARTED_KEY, time(), timeout=None)
+        except Exception:
+            logger.warning("could not record the start of a scheduling cycle: the cache is unreachable")
         started = perf_counter()
         stored: dict[int, tuple] = {}
         snap = snapshot.build_snapshot(
