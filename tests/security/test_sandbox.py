@@ -270,3 +270,14 @@ def test_sigkill_ends_every_process_of_the_workload(node) -> None:
     status = finish(runner, 1)
     assert status.state == "stopped"
     assert not runner.sandbox.alive_pids(record.cgroup)
+
+
+def test_a_job_cannot_forge_its_exit_code_and_a_restarted_agent_still_reads_the_real_one(node) -> None:
+    runner, work_dir = node["runner"], node["work_dir"]
+    # The unconfined wrapper's exit_code file lives in the job dir; the sandbox's lives in the hidden control dir.
+    start(runner, 1, "printf 0 > exit_code; sleep 1; exit 3")
+    runner.close()  # the agent dies; the workload goes on
+    restarted = WorkloadRunner(work_dir=work_dir, sandbox=Sandbox(runner.sandbox.config, work_dir=work_dir))
+    assert restarted.records[(1, 0)].active  # re-adopted
+    status = finish(restarted, 1)
+    assert (status.state, status.exit_code) == ("failed", 3)
