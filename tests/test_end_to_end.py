@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -15,6 +14,7 @@ import urllib.request
 import pytest
 
 from frontend.livedemo import DemoFailed, LiveDemo
+from tests.nodeagent.sandboxing import WORKLOAD_PYTHON
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def test_job_submitted_through_the_api_runs_on_a_real_agent_and_is_accounted(liv
             "priority_class": "normal",
             "resources": {"flavors": ["nvidia-h100-80g", "nvidia-a100-40g"], "millis": 500, "memory_mib": 4096},
             "command": [
-                sys.executable,
+                WORKLOAD_PYTHON,  # the demo's agents sandbox the job as an unprivileged uid when run as root
                 "-c",
                 f"import os, time; time.sleep(2); print('{marker}', os.environ['CUDA_VISIBLE_DEVICES'])",
             ],
