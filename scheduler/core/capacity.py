@@ -182,7 +182,7 @@ class Cluster:
         else:
             self.dev_free_millis[d] = max(0, self.dev_free_millis[d] - millis)
             self.dev_free_mem[d] = max(0, self.dev_free_mem[d] - memory_mib)
-        if was_free:
+        if was_free and not self.is_free(d):
             self.node_busy[self.dev_node[d]] += 1
 
     def is_free(self, d: int) -> bool:

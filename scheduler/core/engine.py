@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from .backfill import HeadReservations
 from .capacity import Cluster
 from .explain import Pending, explanations
+from .fragment import Fragmentation
 from .holds import Holds
 from .order import FairShare, ordered
 from .placement import Failure, Placer, Take, rollback
@@ -33,6 +34,7 @@ from .types import (
     MILLIS_PER_DEVICE,
     MIN_FRACTION_MILLIS,
     Assignment,
+    FractionalStrategy,
     JobKind,
     PendingJob,
     PendingReason,
@@ -100,8 +102,17 @@ class _Cycle:
         self.holds = Holds(snapshot, self.cluster)
         self.book = QuotaBook(snapshot, self.cluster.capacity_millis, require_quota=policy.require_quota)
         self.fair = FairShare(snapshot, self.cluster.capacity_millis)
+        frag = (
+            Fragmentation(self.cluster, snapshot)
+            if policy.fractional_strategy == FractionalStrategy.FRAGMENTATION
+            else None
+        )
         self.placer = Placer(
-            self.cluster, strategy=policy.fractional_strategy, energy_mode=policy.energy_mode, seed=policy.seed
+            self.cluster,
+            strategy=policy.fractional_strategy,
+            energy_mode=policy.energy_mode,
+            seed=policy.seed,
+            fragmentation=frag,
         )
         self.preemptor = (
             Preemptor(

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .capacity import Cluster, bucket_of
+from .fragment import CANDIDATE_CARDS, Fragmentation
+from .fragment import CANDIDATE_NODES as FRAG_CANDIDATE_NODES
 from .quota import cards
 from .types import FRACTION_STEP_MILLIS, MILLIS_PER_DEVICE, FractionalStrategy, PendingReason, Topology
 
@@ -55,9 +57,18 @@ def host_text(cpu_millicores: int, host_memory_mib: int) -> str:
 
 
 class Placer:
-    def __init__(self, cluster: Cluster, *, strategy: FractionalStrategy, energy_mode: bool, seed: int) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        strategy: FractionalStrategy,
+        energy_mode: bool,
+        seed: int,
+        fragmentation: Fragmentation | None = None,
+    ) -> None:
         self.c = cluster
         self.strategy = strategy
+        self.fragmentation = fragmentation
         self.energy_mode = energy_mode
         self.rng = random.Random(seed)
         self._selector_nodes: dict[tuple[str, tuple[tuple[str, str], ...]], bool] = {}
@@ -270,6 +281,8 @@ class Placer:
             if fresh is not None:
                 pool.append(fresh)
             return self.rng.choice(pool) if pool else None
+        if self.strategy == FractionalStrategy.FRAGMENTATION and self.fragmentation is not None:
+            return self._pick_fragmentation(flavor, millis, memory_mib, selector, host)
         if self.strategy == FractionalStrategy.WORST_FIT:
             fresh = self._fresh_card(flavor, memory_mib, selector, busiest=False, host=host)
             if fresh is not None:
@@ -288,6 +301,35 @@ class Placer:
         if self.strategy == FractionalStrategy.WORST_FIT:
             return None
         return self._fresh_card(flavor, memory_mib, selector, busiest=True, host=host)
+
+    def _pick_fragmentation(
+        self, flavor: str, millis: int, memory_mib: int, selector: Mapping[str, str], host: tuple[int, int]
+    ) -> int | None:
+        """FGD: the candidate card whose node's fragmentation grows the least (``fragment.py``)."""
+        c = self.c
+        frac = c.frac[flavor]
+        cards: list[int] = []
+        for b in range(-(-millis // FRACTION_STEP_MILLIS), len(frac)):
+            for d in frac[b]:
+                n = c.dev_node[d]
+                if c.dev_free_mem[d] >= memory_mib and self.node_matches(n, selector) and c.host_fits(n, *host):
+                    cards.append(d)
+                    if len(cards) >= CANDIDATE_CARDS:
+                        break
+            if len(cards) >= CANDIDATE_CARDS:
+                break
+        fresh: list[int] = []
+        buckets = c.whole.get(flavor) or []
+        for k in range(1, len(buckets)):
+            for n in buckets[k]:
+                if self.node_matches(n, selector) and c.host_fits(n, *host):
+                    fresh.append(n)
+                    if len(fresh) >= FRAG_CANDIDATE_NODES:
+                        break
+            if len(fresh) >= FRAG_CANDIDATE_NODES:
+                break
+        assert self.fragmentation is not None
+        return self.fragmentation.pick(flavor, millis, cards, fresh, host, lambda d: c.dev_mem[d] >= memory_mib)
 
     def _fresh_card(
         self,
@@ -331,9 +373,14 @@ class Placer:
         if not buckets or n_cards >= len(buckets):
             return None
         candidates = None if only_node is None else [(c.node_free_whole[flavor][only_node], only_node)]
-        best: tuple[tuple[int, ...], list[int]] | None = None
+        best: tuple[tuple, list[int]] | None = None
         examined = 0
         top_score = self._top_score(flavor, n_cards, topology)
+        frag = (
+            self.fragmentation
+            if self.strategy == FractionalStrategy.FRAGMENTATION and not self.energy_mode and (cpu or host_mem)
+            else None
+        )
 
         def consider(k: int, n: int) -> bool:
             """Returns True when the search can stop."""
@@ -348,6 +395,12 @@ class Placer:
             if group is None:
                 return examined >= CANDIDATE_NODES
             idle = 1 if c.node_busy[n] == 0 else 0
+            if frag is not None:
+                # FGD: the node whose fragmentation grows the least, then the best link, then best fit.
+                key: tuple = (frag.whole_delta(n, flavor, n_cards, host), -score, k)
+                if best is None or key < best[0]:
+                    best = (key, group)
+                return examined >= CANDIDATE_NODES
             key = (idle, -score, k) if self.energy_mode else (-score, k)
             if best is None or key < best[0]:
                 best = (key, group)

@@ -64,6 +64,8 @@ class FractionalStrategy(StrEnum):
     BEST_FIT = "best_fit"  # the fullest card that still fits (least fragmentation)
     WORST_FIT = "worst_fit"  # the emptiest card (spreads load)
     RANDOM = "random"  # a seeded random card that fits (``Policy.seed``)
+    # the card that raises the node's fragmentation for the target workload the least (FGD, ``fragment.py``)
+    FRAGMENTATION = "fragmentation"
 
 
 class PreemptReason(StrEnum):
@@ -319,7 +321,7 @@ class Policy:
     min_runtime_before_preempt_s: float = 300.0
     grace_period_s: float = 60.0
     usage_half_life_s: float = 3600.0  # for the caller's usage decay (``fairshare.decay_usage``)
-    fractional_strategy: FractionalStrategy = FractionalStrategy.BEST_FIT
+    fractional_strategy: FractionalStrategy = FractionalStrategy.FRAGMENTATION
     seed: int = 0
     require_quota: bool = True  # False: a tenant with no quota row for a flavor is unlimited (guarantee 0)
     max_jobs_per_cycle: int | None = None  # work cap: jobs beyond it get CYCLE_LIMIT (None = all)

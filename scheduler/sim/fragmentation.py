@@ -9,6 +9,14 @@ The engine does the placing: each batch of arrivals is one ``plan()`` call in FI
 preemption or capacity held for blocked heads — so a batch places exactly what one-by-one arrivals would
 (placements only take capacity, and a shape that failed keeps failing) — and the strategies compared are the
 engine's ``FractionalStrategy`` values.
+
+Host CPU and memory constrain placement when the nodes state them and the tasks ask for them (the loader's
+default for openb, as in the FGD paper's experiment). CPU-only tasks (``millis == 0``), when given, take host
+CPU and memory only; the engine schedules GPU jobs, so the experiment places them itself, by the rule that
+matches the strategy (in FGD's simulator one policy places every pod): ``random`` a seeded random node,
+``best_fit`` the fullest node (most CPU and memory allocated, by share), ``worst_fit`` the emptiest,
+``fragmentation`` the node whose GPU fragmentation for the trace's task shapes grows the least (the core's
+``fragment.py`` measure) — before the GPU tasks of the same batch. They add nothing to the arrived GPU load.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduler.core import plan
+from scheduler.core.fragment import MAX_SHAPES
 from scheduler.core.types import (
     MILLIS_PER_DEVICE,
     Allocation,
@@ -102,18 +111,30 @@ def fill_cluster(
     arrived = 0
     asked: dict[str, int] = {}
     n = 0
+    host = _HostBook(nodes, str(FractionalStrategy(strategy)), random.Random(seed + 1), tasks)
     while arrived < max_load * capacity:
         pending = []
         while len(pending) < batch and arrived < max_load * capacity:
             task = tasks[rng.randrange(len(tasks))] if sample else tasks[n % len(tasks)]
             n += 1
+            if task.millis <= 0:  # CPU-only: placed now by the fixed rule, before the batch's GPU tasks
+                row = host.place(f"t{n}", task.cpu_millicores, task.host_memory_mib)
+                if row is not None:
+                    allocations.append(row)
+                continue
             arrived += task.charged_millis
             asked[f"t{n}"] = task.replicas * (task.trace_millis or task.millis)
             pending.append(
                 PendingJob(
                     job_id=f"t{n}",
                     tenant="pool",
-                    request=ReplicaRequest(flavors=task.flavors, millis=task.millis, memory_mib=task.memory_mib),
+                    request=ReplicaRequest(
+                        flavors=task.flavors,
+                        millis=task.millis,
+                        memory_mib=task.memory_mib,
+                        cpu_millicores=task.cpu_millicores,
+                        host_memory_mib=task.host_memory_mib,
+                    ),
                     submitted_at=float(n),
                     replicas=task.replicas,
                 )
@@ -136,8 +157,11 @@ def fill_cluster(
                         memory_mib=a.memory_mib,
                         priority=0,
                         preemptible=False,
+                        cpu_millicores=a.cpu_millicores,
+                        host_memory_mib=a.host_memory_mib,
                     )
                 )
+                host.take(a.node, a.cpu_millicores, a.host_memory_mib, a.device_uuid, min(a.millis, MILLIS_PER_DEVICE))
                 allocated += min(a.millis, MILLIS_PER_DEVICE)
         curve.tasks = n
         curve.arrived.append(arrived / capacity)
@@ -146,6 +170,94 @@ def fill_cluster(
         asked.clear()
     curve.wall_s = wallclock.perf_counter() - started
     return curve
+
+
+class _HostBook:
+    """Free host CPU and memory (and card millis) per node, to place CPU-only tasks by the strategy's rule."""
+
+    def __init__(self, nodes: Sequence[Node], strategy: str, rng: random.Random, tasks: Sequence[SimJob]) -> None:
+        self.nodes = [n for n in nodes if n.devices]
+        self.strategy = strategy
+        self.rng = rng
+        self.cpu = {n.name: n.cpu_millicores for n in self.nodes}
+        self.mem = {n.name: n.host_memory_mib for n in self.nodes}
+        self.free_cpu = {n.name: n.cpu_millicores for n in self.nodes}
+        self.free_mem = {n.name: n.host_memory_mib for n in self.nodes}
+        self.card = {d.uuid: (n.name, i) for n in self.nodes for i, d in enumerate(n.devices)}
+        self.card_free = {n.name: [MILLIS_PER_DEVICE] * len(n.devices) for n in self.nodes}
+        shapes: dict[tuple[int, int, int, int], int] = {}
+        for t in tasks:
+            if t.millis > 0:
+                whole = 0 if t.millis < MILLIS_PER_DEVICE else t.millis // MILLIS_PER_DEVICE
+                key = (min(t.millis, MILLIS_PER_DEVICE), whole, t.cpu_millicores, t.host_memory_mib)
+                shapes[key] = shapes.get(key, 0) + 1
+        top = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
+        total = sum(c for _, c in top) or 1
+        self.shapes = [(k, c / total) for k, c in top]
+
+    def take(self, node: str, cpu: int, mem: int, device_uuid: str | None = None, millis: int = 0) -> None:
+        if self.free_cpu.get(node) is not None:
+            self.free_cpu[node] -= cpu
+        if self.free_mem.get(node) is not None:
+            self.free_mem[node] -= mem
+        if device_uuid is not None and millis:
+            name, i = self.card[device_uuid]
+            self.card_free[name][i] -= millis
+
+    def _frag(self, frees: list[int], cpu: int, mem: int) -> float:
+        total = sum(frees)
+        full = sum(1 for f in frees if f >= MILLIS_PER_DEVICE)
+        out = 0.0
+        for (millis, whole, s_cpu, s_mem), p in self.shapes:
+            if cpu < s_cpu or mem < s_mem:
+                out += p * total
+            elif whole:
+                out += p * (total if full < whole else total - full * MILLIS_PER_DEVICE)
+            else:
+                out += p * sum(f for f in frees if f < millis)
+        return out
+
+    def _key(self, n: Node, cpu: int, mem: int) -> tuple:
+        fc, fm = self.free_cpu[n.name], self.free_mem[n.name]
+        share = fc / max(1, self.cpu[n.name]) + fm / max(1, self.mem[n.name])
+        if self.strategy == "best_fit":
+            return (share,)
+        if self.strategy == "worst_fit":
+            return (-share,)
+        frees = self.card_free[n.name]
+        return (self._frag(frees, fc - cpu, fm - mem) - self._frag(frees, fc, fm), share)
+
+    def place(self, job_id: str, cpu: int, mem: int) -> Allocation | None:
+        fitting = [
+            n
+            for n in self.nodes
+            if self.free_cpu[n.name] is not None
+            and self.free_mem[n.name] is not None
+            and self.free_cpu[n.name] >= cpu
+            and self.free_mem[n.name] >= mem
+        ]
+        if not fitting:
+            return None
+        if self.strategy == "random":
+            node = fitting[self.rng.randrange(len(fitting))]
+        else:
+            node = min(fitting, key=lambda n: self._key(n, cpu, mem))
+        self.take(node.name, cpu, mem)
+        dev = node.devices[0]
+        return Allocation(
+            job_id=job_id,
+            replica=0,
+            device_uuid=dev.uuid,
+            node=node.name,
+            tenant="pool",
+            flavor=dev.flavor,
+            millis=0,
+            memory_mib=0,
+            priority=0,
+            preemptible=False,
+            cpu_millicores=cpu,
+            host_memory_mib=mem,
+        )
 
 
 def compare(
@@ -160,3 +272,8 @@ def compare(
 def gpu_tasks(jobs: Sequence[SimJob]) -> list[SimJob]:
     """The tasks worth sampling: those asking for a GPU (fractional or whole)."""
     return [replace(j) for j in jobs if j.millis > 0]
+
+
+def all_tasks(jobs: Sequence[SimJob]) -> list[SimJob]:
+    """Every task, CPU-only ones (``millis == 0``) included."""
+    return list(jobs)

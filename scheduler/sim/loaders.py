@@ -228,7 +228,8 @@ def multi_tenant_workload(
 # -- Alibaba openb ---------------------------------------------------------------------------------------------
 
 
-def read_alibaba_nodes(file: Path):
+def read_alibaba_nodes(file: Path, *, host: bool = True):
+    """The GPU nodes; with ``host``, each states its CPU (``cpu_milli``) and host memory (``memory_mib``)."""
     with file.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     return tuple(
@@ -237,6 +238,8 @@ def read_alibaba_nodes(file: Path):
             int(row["gpu"]),
             flavor=row["model"],
             memory_mib=ALIBABA_MEMORY_MIB.get(row["model"], ALIBABA_DEFAULT_MEMORY_MIB),
+            cpu_millicores=int(row["cpu_milli"]) if host else None,
+            host_memory_mib=int(row["memory_mib"]) if host else None,
         )
         for row in rows
         if int(row["gpu"]) > 0
@@ -249,15 +252,34 @@ def fraction_millis(gpu_milli: int) -> int:
     return min(MILLIS_PER_DEVICE, max(MIN_FRACTION_MILLIS, -(-gpu_milli // step) * step))
 
 
-def alibaba_jobs(rows: Iterable[dict[str, str]], flavors_by_capacity: tuple[str, ...]) -> list[SimJob]:
-    """GPU tasks (CPU-only ones skipped) as jobs: ``gpu_milli`` < 1000 on one card is a fraction, else whole
-    cards; ``gpu_spec`` (``"V100M16|V100M32"``) limits the models, empty means any; the tenant is the QoS
-    class; duration is deletion - scheduled time (creation time when never scheduled)."""
+def alibaba_jobs(
+    rows: Iterable[dict[str, str]], flavors_by_capacity: tuple[str, ...], *, host: bool = True, cpu_only: bool = False
+) -> list[SimJob]:
+    """GPU tasks as jobs: ``gpu_milli`` < 1000 on one card is a fraction, else whole cards; ``gpu_spec``
+    (``"V100M16|V100M32"``) limits the models, empty means any; the tenant is the QoS class; duration is
+    deletion - scheduled time (creation time when never scheduled). With ``host`` each asks for the task's
+    ``cpu_milli`` and ``memory_mib`` beside its cards. CPU-only tasks are skipped, unless ``cpu_only`` (then
+    they come as jobs of ``millis=0``, which only the fragmentation experiment places; see there)."""
     jobs = []
     for i, row in enumerate(rows):
         num_gpu = int(row["num_gpu"])
         gpu_milli = int(row["gpu_milli"])
+        cpu = int(row["cpu_milli"] or 0) if host else 0
+        host_mem = int(row["memory_mib"] or 0) if host else 0
         if num_gpu <= 0 or gpu_milli <= 0:
+            if cpu_only:
+                jobs.append(
+                    SimJob(
+                        job_id=f"a{i}",
+                        tenant=(row.get("qos") or "default").lower(),
+                        submit_s=float(row["creation_time"]),
+                        duration_s=1.0,
+                        millis=0,
+                        flavors=(),
+                        cpu_millicores=cpu,
+                        host_memory_mib=host_mem,
+                    )
+                )
             continue
         if num_gpu == 1 and gpu_milli < MILLIS_PER_DEVICE:
             millis, memory = fraction_millis(gpu_milli), 1
@@ -279,6 +301,8 @@ def alibaba_jobs(rows: Iterable[dict[str, str]], flavors_by_capacity: tuple[str,
                 memory_mib=memory,
                 priority=PriorityClass.NORMAL,
                 trace_millis=gpu_milli if millis < MILLIS_PER_DEVICE else None,
+                cpu_millicores=cpu,
+                host_memory_mib=host_mem,
             )
         )
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
@@ -300,14 +324,18 @@ def load_alibaba(
     pods: str = "default",
     max_jobs: int | None = None,
     days: float | None = None,
+    host: bool = True,
+    cpu_only: bool = False,
 ) -> Workload:
     """The openb cluster (1,213 nodes, 7 GPU models) and its GPU tasks. Tenants are the QoS classes; on every
-    model each gets a guarantee proportional to its share of the trace's GPU time, limit the model's capacity."""
+    model each gets a guarantee proportional to its share of the trace's GPU time, limit the model's capacity.
+    With ``host`` (default) nodes state their CPU and memory and tasks ask for theirs (``host=False``: cards
+    only, as before); ``cpu_only`` adds the CPU-only tasks as ``millis=0`` jobs (fragmentation experiment)."""
     base = traces_dir(path)
-    nodes = read_alibaba_nodes(_open(base, ALIBABA_NODES))
+    nodes = read_alibaba_nodes(_open(base, ALIBABA_NODES), host=host)
     order = flavors_by_capacity(nodes)
     with _open(base, ALIBABA_PODS[pods]).open(newline="") as fh:
-        jobs = alibaba_jobs(csv.DictReader(fh), order)
+        jobs = alibaba_jobs(csv.DictReader(fh), order, host=host, cpu_only=cpu_only)
     if days is not None and jobs:
         t0 = jobs[0].submit_s
         jobs = [j for j in jobs if j.submit_s < t0 + days * 86400]

@@ -5,7 +5,7 @@ The algorithm is the engine's; a baseline is only a different setting of its kno
 - ``fifo``: one queue in submit order, no quotas, no preemption, no backfill (a blocked head blocks the rest);
 - ``static``: each tenant capped at its guarantee (no borrowing), no preemption — a strict static partition;
 - ``gpupool``: guarantees with borrowing of idle capacity, fair share, preemption to reclaim, backfill,
-  best-fit fractional packing;
+  fragmentation-aware (FGD) fractional packing;
 - ``gpupool-random`` / ``gpupool-worst``: gpupool with random-fit / worst-fit fractional placement.
 """
 
@@ -29,7 +29,7 @@ GPUPOOL = Policy(
     fair_share=True,
     backfill=True,
     ordering=Ordering.PRIORITY_FAIRSHARE,
-    fractional_strategy=FractionalStrategy.BEST_FIT,
+    fractional_strategy=FractionalStrategy.FRAGMENTATION,
 )
 
 POLICIES: dict[str, SimPolicy] = {

@@ -389,3 +389,64 @@ def test_devices_held_for_a_preemptor_go_to_no_other_job_in_later_cycles(snapsho
     assert takers(third, victims) == []
     # While its victims stop a preemptor picks no new victims.
     assert not any(p.victim_of in {h.job_id for h in first.holds} for p in second.preemptions)
+
+
+@st.composite
+def host_snapshots(draw) -> Snapshot:
+    """``snapshots()`` whose nodes state their CPU and host memory and whose jobs ask for some."""
+    base = draw(snapshots())
+    used_cpu: dict[str, int] = defaultdict(int)
+    used_mem: dict[str, int] = defaultdict(int)
+    allocations = []
+    for a in base.allocations:
+        cpu = draw(st.sampled_from([0, 500, 4000]))
+        mem = draw(st.sampled_from([0, 2048, 16384]))
+        used_cpu[a.node] += cpu
+        used_mem[a.node] += mem
+        allocations.append(replace(a, cpu_millicores=cpu, host_memory_mib=mem))
+    nodes = tuple(
+        replace(
+            n,
+            cpu_millicores=used_cpu[n.name] + draw(st.integers(0, 8)) * 1000,
+            host_memory_mib=used_mem[n.name] + draw(st.integers(0, 4)) * 8192,
+        )
+        for n in base.nodes
+    )
+    pending = tuple(
+        replace(
+            j,
+            request=replace(
+                j.request,
+                cpu_millicores=draw(st.sampled_from([0, 1000, 3000, 6000])),
+                host_memory_mib=draw(st.sampled_from([0, 4096, 20000])),
+            ),
+        )
+        for j in base.pending
+    )
+    return replace(base, nodes=nodes, allocations=tuple(allocations), pending=pending)
+
+
+@PROPERTY_SETTINGS
+@given(host_snapshots(), policies)
+def test_no_node_is_ever_over_its_cpu_or_host_memory_and_every_replica_gets_its_share(snapshot, policy):
+    result = plan(snapshot, policy)
+    nodes = {n.name: n for n in snapshot.nodes}
+    cpu: dict[str, int] = defaultdict(int)
+    mem: dict[str, int] = defaultdict(int)
+    for a in snapshot.allocations:
+        cpu[a.node] += a.cpu_millicores
+        mem[a.node] += a.host_memory_mib
+    for place in result.places:
+        job = next(j for j in snapshot.pending if j.job_id == place.job_id)
+        rows = place.assignments + place.reserved
+        for a in rows:
+            cpu[a.node] += a.cpu_millicores
+            mem[a.node] += a.host_memory_mib
+        replicas = len({a.replica for a in rows})
+        assert sum(a.cpu_millicores for a in rows) == job.request.cpu_millicores * replicas
+        assert sum(a.host_memory_mib for a in rows) == job.request.host_memory_mib * replicas
+        for replica in {a.replica for a in rows}:
+            assert len({a.node for a in rows if a.replica == replica}) == 1, "a replica spans nodes"
+    for name, used in cpu.items():
+        assert used <= nodes[name].cpu_millicores, f"{name} over its CPU"
+        assert mem[name] <= nodes[name].host_memory_mib, f"{name} over its host memory"

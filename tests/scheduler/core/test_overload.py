@@ -1,0 +1,203 @@
+"""Issue 18: promises kept under overload — host CPU and memory, guarantees first and reclaim uncapped, churn
+protection, aged gangs, numeric tie-breaks, fragmentation-aware fractions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from scheduler.core import plan
+from scheduler.core.types import FractionalStrategy, Ordering, PendingReason, Policy, PreemptReason
+
+from .builders import FLAVOR, alloc, job, node, quota, snapshot
+
+NOW = 10_000.0
+
+
+def with_host(n, cpu_cores: int, host_gib: int = 512):
+    return replace(n, cpu_millicores=cpu_cores * 1000, host_memory_mib=host_gib * 1024)
+
+
+def host_job(job_id: str, tenant: str = "team-a", *, cpu_cores: int, cards: int = 1, host_gib: int = 0, **kw):
+    j = job(job_id, tenant, cards=cards, **kw)
+    return replace(j, request=replace(j.request, cpu_millicores=cpu_cores * 1000, host_memory_mib=host_gib * 1024))
+
+
+# -- CPU cores and host memory ------------------------------------------------------------------------------
+
+
+def test_explanation_names_the_cpu_cores_missing_beside_free_cards():
+    s = snapshot([with_host(node("n1", 2), cpu_cores=8)], pending=[host_job("big", cards=2, cpu_cores=16)])
+
+    result = plan(s, Policy())
+
+    assert result.places == ()
+    (why,) = result.explanations
+    assert why.code == PendingReason.INSUFFICIENT_HOST
+    assert why.message.startswith(f"no node has 16 free CPU cores beside 2 free {FLAVOR} cards")
+
+
+def test_cards_go_to_the_node_that_also_has_the_cpu_and_host_memory():
+    busy = with_host(node("n1", 8), cpu_cores=4)  # fewest free cards, so best fit would pick it
+    roomy = with_host(node("n2", 8), cpu_cores=64)
+    s = snapshot(
+        [busy, roomy],
+        allocations=[alloc("r", f"n1-gpu{i}", cpu_millicores=0) for i in range(6)],
+        pending=[host_job("j", cards=2, cpu_cores=8, host_gib=64)],
+    )
+
+    (place,) = plan(s, Policy()).places
+
+    assert {a.node for a in place.assignments} == {"n2"}
+    assert sum(a.cpu_millicores for a in place.assignments) == 8000
+    assert sum(a.host_memory_mib for a in place.assignments) == 64 * 1024
+
+
+def test_cpu_held_by_running_work_counts_and_preemption_frees_it():
+    n = with_host(node("n1", 4), cpu_cores=16)
+    victim = alloc("low", "n1-gpu0", "team-a", priority=200, started_at=0.0, cpu_millicores=16_000)
+    s = snapshot([n], allocations=[victim], pending=[host_job("high", cpu_cores=8, priority=800)])
+
+    result = plan(s, Policy())
+
+    # Three cards are free, but not one CPU core: the lower-priority job holding them is preempted.
+    assert result.places == ()
+    assert [(p.job_id, p.reason) for p in result.preemptions] == [("low", PreemptReason.PRIORITY)]
+
+
+# -- guarantees ---------------------------------------------------------------------------------------------
+
+
+def test_a_job_within_its_guarantee_is_served_before_a_borrower_with_a_lower_share():
+    s = snapshot(
+        [node("n1", 2)],
+        allocations=[alloc("a-run", "n1-gpu0", "team-a")],
+        pending=[job("b1", "team-b", submitted_at=1), job("a1", "team-a", submitted_at=2)],
+        quotas=[quota("team-a", 2), quota("team-b", 0)],
+        usage={"team-a": {FLAVOR: 4000.0}},  # team-a's share is far above team-b's
+    )
+
+    result = plan(s, Policy())
+
+    assert [p.job_id for p in result.places] == ["a1"]
+
+
+def test_reclaim_for_a_job_within_its_guarantee_is_not_cut_short_by_the_search_cap():
+    borrowed = [alloc(f"b{i}", f"n1-gpu{i}", "team-b", borrowed_millis=1000, started_at=0.0) for i in range(2)]
+    s = snapshot(
+        [node("n1", 2)],
+        allocations=borrowed,
+        pending=[job("a1", "team-a"), job("b9", "team-b", priority=800)],
+        quotas=[quota("team-a", 2), quota("team-b", 0)],
+    )
+
+    result = plan(s, Policy(max_preemption_searches=0))
+
+    # a1 reclaims although the cap allows no search; b9 (it would borrow) gets no search.
+    assert [(p.job_id, p.victim_of, p.reason) for p in result.preemptions] == [
+        ("b0", "a1", PreemptReason.RECLAIM_BORROWED)
+    ]
+
+
+# -- churn --------------------------------------------------------------------------------------------------
+
+
+def test_priority_protection_doubles_with_each_earlier_preemption():
+    def case(preemptions: int):
+        running = alloc("low", "n1-gpu0", priority=200, started_at=NOW - 1000, preemptions=preemptions)
+        s = snapshot([node("n1", 1)], allocations=[running], pending=[job("high", priority=800)], now=NOW)
+        return plan(s, Policy(min_runtime_before_preempt_s=300)).preemptions
+
+    assert [p.job_id for p in case(0)] == ["low"]  # 1000 s > 300 s
+    assert [p.job_id for p in case(1)] == ["low"]  # 1000 s > 600 s
+    assert case(2) == ()  # 1000 s < 1200 s: still protected
+
+
+def test_reclaim_takes_the_borrower_preempted_fewer_times_before_the_one_with_less_work_lost():
+    often = alloc("often", "n1-gpu0", "team-b", borrowed_millis=1000, started_at=NOW - 400, preemptions=3)
+    once = alloc("once", "n1-gpu1", "team-b", borrowed_millis=1000, started_at=NOW - 5000, preemptions=0)
+    s = snapshot(
+        [node("n1", 2)],
+        allocations=[often, once],
+        pending=[job("a1", "team-a")],
+        quotas=[quota("team-a", 2), quota("team-b", 0)],
+        now=NOW,
+    )
+
+    (pre,) = plan(s, Policy()).preemptions
+
+    assert pre.job_id == "once"
+
+
+def test_restart_cost_counts_in_victim_choice():
+    # The 2-card borrower has less work since its checkpoint (2 x 100 GPU-s against 1 x 300), but stopping it
+    # costs two restarts: with the restart cost counted, the 1-card borrower is the cheaper victim.
+    def case(restart_cost_s: float) -> str:
+        wide = [
+            alloc("wide", f"n1-gpu{i}", "team-b", borrowed_millis=1000, started_at=0.0, last_checkpoint_at=NOW - 100)
+            for i in range(2)
+        ]
+        narrow = alloc(
+            "narrow", "n2-gpu0", "team-b", borrowed_millis=1000, started_at=0.0, last_checkpoint_at=NOW - 300
+        )
+        s = snapshot(
+            [node("n1", 2), node("n2", 1)],
+            allocations=[*wide, narrow],
+            pending=[job("a1", "team-a")],
+            quotas=[quota("team-a", 3), quota("team-b", 0)],
+            now=NOW,
+        )
+        (pre,) = plan(s, Policy(restart_cost_s=restart_cost_s)).preemptions
+        return pre.job_id
+
+    assert case(0) == "wide"
+    assert case(600) == "narrow"
+
+
+# -- order --------------------------------------------------------------------------------------------------
+
+
+def test_ties_on_submit_time_break_in_numeric_order_of_the_job_ids():
+    s = snapshot([node("n1", 1)], pending=[job("job-10", submitted_at=5), job("job-9", submitted_at=5)])
+
+    (place,) = plan(s, Policy(ordering=Ordering.FIFO)).places
+
+    assert place.job_id == "job-9"
+
+
+def test_a_big_gang_that_waited_long_goes_first_and_gets_capacity_held():
+    gang = job("gang", "team-a", cards=8, replicas=2, submitted_at=NOW - 4000)
+    small = job("small", "team-b", submitted_at=NOW - 10)
+    s = snapshot(
+        [node("n1", 8), node("n2", 8)],
+        allocations=[alloc("fixed", "n1-gpu0", "team-c", preemptible=False)],
+        pending=[gang, small],
+        usage={"team-a": {FLAVOR: 16000.0}},  # without aging team-b's lower share would go first
+        now=NOW,
+    )
+
+    result = plan(s, Policy(gang_aging_cards=16, gang_aging_s=3600))
+    assert result.places == ()
+    assert [e.job_id for e in result.explanations] == ["gang", "small"]
+    assert "held for it" in result.explanations[0].message
+
+    younger = plan(s, Policy(gang_aging_cards=16, gang_aging_s=7200))
+    assert [p.job_id for p in younger.places] == ["small"]
+
+
+# -- fragmentation-aware fractions --------------------------------------------------------------------------
+
+
+def test_fragmentation_puts_a_fraction_where_the_cards_are_stranded_already():
+    roomy = with_host(node("n1", 2), cpu_cores=64)
+    starved = with_host(node("n2", 2), cpu_cores=4)  # 4 cores cannot run the usual 1-card, 8-core job
+    others = [with_host(node(f"m{i}", 1), cpu_cores=8) for i in range(3)]
+    usual = [alloc(f"u{i}", f"m{i}-gpu0", cpu_millicores=8000) for i in range(3)]
+    frac = job("frac", millis=500, memory_mib=1024)
+    frac = replace(frac, request=replace(frac.request, cpu_millicores=4000))
+    s = snapshot([roomy, starved, *others], allocations=usual, pending=[frac])
+
+    (fgd,) = plan(s, Policy(fractional_strategy=FractionalStrategy.FRAGMENTATION)).places
+    (best,) = plan(s, Policy(fractional_strategy=FractionalStrategy.BEST_FIT)).places
+
+    assert fgd.assignments[0].node == "n2"  # its cards were unusable anyway
+    assert best.assignments[0].node == "n1"  # best fit only looks at the cards
