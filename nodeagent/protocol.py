@@ -247,7 +247,8 @@ class Hello(Message):
     #: durable outbox leave it false: their list has running workloads only, and nothing is requeued for it.
     workloads_complete: bool = False
     #: How the agent confines workloads: ``namespaces`` (own uid, namespaces, cgroups), ``none`` (development:
-    #: unconfined), or ``""`` from agents before the sandbox. See ``nodeagent.sandbox``.
+    #: unconfined), ``unavailable`` (asked for but cannot be made: workloads fail), or ``""`` from agents before
+    #: the sandbox. See ``nodeagent.sandbox``.
     sandbox: str = ""
 
 

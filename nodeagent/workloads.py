@@ -267,7 +267,11 @@ class WorkloadRunner:
 
     @property
     def sandbox_mode(self) -> str:
-        return SandboxMode.NAMESPACES if self.sandbox is not None else SandboxMode.NONE
+        """``namespaces``, ``none``, or ``unavailable`` (namespaces asked for, but this node cannot make them:
+        every workload fails until it is fixed) — what the hello tells the portal."""
+        if self.sandbox is None:
+            return SandboxMode.NONE
+        return "unavailable" if self.sandbox.problem else SandboxMode.NAMESPACES
 
     @property
     def state_path(self) -> Path:

@@ -173,7 +173,7 @@ def test_a_job_cannot_fork_past_its_pids_limit(node) -> None:
         "except OSError as exc:\n"
         "    print('refused after', children, exc.strerror, flush=True)\n"
     )
-    start(runner, 1, f"{WORKLOAD_PYTHON} -c \"$SCRIPT\"", env={"SCRIPT": script})
+    start(runner, 1, f'{WORKLOAD_PYTHON} -c "$SCRIPT"', env={"SCRIPT": script})
     status = finish(runner, 1)
     log = output(runner, 1)
     assert "refused after" in log, log
@@ -281,3 +281,29 @@ def test_a_job_cannot_forge_its_exit_code_and_a_restarted_agent_still_reads_the_
     assert restarted.records[(1, 0)].active  # re-adopted
     status = finish(restarted, 1)
     assert (status.state, status.exit_code) == ("failed", 3)
+
+
+def test_its_working_dir_and_checkpoint_dirs_are_its_own_and_writable(node) -> None:
+    runner, tmp = node["runner"], node["tmp"]
+    shared = tmp / "shared" / "ckpt-7"
+    start(
+        runner, 1, 'touch here && touch "$GPUPOOL_CHECKPOINT_DIR/step"', working_dir="src\\train", checkpoint_dir="ck"
+    )
+    start(runner, 2, 'touch "$GPUPOOL_CHECKPOINT_DIR/step" && echo ok', checkpoint_dir=str(shared), tenant_id=7)
+    assert finish(runner, 1).state == "succeeded", output(runner, 1)
+    job_dir = Path(runner.records[(1, 0)].job_dir)
+    assert (job_dir / "src" / "train" / "here").exists() and (job_dir / "ck" / "step").exists()
+    status = finish(runner, 2)
+    assert status.state == "succeeded" and (shared / "step").exists()
+    assert shared.stat().st_uid == 200_007
+    # Another tenant's job may not be handed that directory.
+    with pytest.raises(WorkloadRejected, match="belongs to uid 200007"):
+        start(runner, 3, "true", checkpoint_dir=str(shared), tenant_id=8)
+
+
+def test_a_node_whose_sandbox_cannot_work_says_so_in_its_hello(tmp_path) -> None:
+    broken = WorkloadRunner(
+        work_dir=tmp_path, sandbox=Sandbox(SandboxConfig(unshare="/nonexistent/unshare"), work_dir=tmp_path)
+    )
+    assert broken.sandbox_mode == "unavailable"
+    assert "UNAVAILABLE" in broken.sandbox.describe()
