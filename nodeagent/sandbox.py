@@ -24,6 +24,7 @@ a mount that fails) makes the workload ``failed`` with the reason; the command n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -99,6 +100,9 @@ class Sandbox:
         self.config = config
         self.work_dir = Path(work_dir)
         self.control_dir = self.work_dir / "control"
+        # Several agents may share one host (the demo, tests): their workloads' cgroups must never share a name,
+        # or one agent's cleanup would kill the other's workload. The work dir tells agents apart.
+        self.agent_key = hashlib.sha256(str(self.work_dir.resolve()).encode()).hexdigest()[:10]
         self._cgroups = cgroups
         #: Why sandboxes cannot be made on this node at all (checked once, at start); None when they can.
         self.problem: str | None = None
@@ -129,6 +133,10 @@ class Sandbox:
             except (CgroupError, OSError) as exc:
                 return f"cgroups are not usable: {exc}"
         return None
+
+    def workload_name(self, job_id: int, replica: int) -> str:
+        """The name of a workload's cgroups and control dir, unique on the host."""
+        return f"{self.agent_key}-job-{job_id}-{replica}"
 
     def uid_for(self, tenant_id: int | None) -> int:
         offset = tenant_id or 0  # 0: a portal that does not say the tenant; such jobs share the range's first uid

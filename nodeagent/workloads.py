@@ -207,10 +207,6 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or path.is_relative_to(root)
 
 
-def _cgroup_name(job_id: int, replica: int) -> str:
-    return f"job-{job_id}-{replica}"
-
-
 def _give_path(root: Path, path: Path, uid: int, gid: int) -> None:
     """Hand every directory from ``root`` (exclusive) down to ``path`` to the workload's uid."""
     current = root
@@ -334,7 +330,7 @@ class WorkloadRunner:
             else:
                 reason, cause = f"could not start: {exc}", "rejected"
             if self.sandbox is not None:
-                self.sandbox.cleanup(_cgroup_name(start.job_id, start.replica))
+                self.sandbox.cleanup(self.sandbox.workload_name(start.job_id, start.replica))
             log.warning("workloads: job %s replica %s cannot start: %s", *key, reason)
             record = WorkloadRecord(
                 command_id=start.command_id,
@@ -399,7 +395,7 @@ class WorkloadRunner:
             argv = ["/bin/sh", "-c", _WRAPPER, "gpupool-workload", *start.command]
             cwd, popen_env = working_dir, env
         else:
-            name = _cgroup_name(start.job_id, start.replica)
+            name = self.sandbox.workload_name(start.job_id, start.replica)
             plan = self.sandbox.prepare(
                 name=name,
                 tenant_id=start.tenant_id,

@@ -307,3 +307,19 @@ def test_a_node_whose_sandbox_cannot_work_says_so_in_its_hello(tmp_path) -> None
     )
     assert broken.sandbox_mode == "unavailable"
     assert "UNAVAILABLE" in broken.sandbox.describe()
+
+
+def test_two_agents_on_one_host_never_share_a_workloads_cgroup(node, tmp_path) -> None:
+    # The demo and the resilience tests run several agents on one machine; the same job id on two of them (a
+    # requeued job's stale copy and its new run) must not share a cgroup, or one's cleanup kills the other.
+    first = node["runner"]
+    second = WorkloadRunner(
+        work_dir=tmp_path / "second", sandbox=Sandbox(SandboxConfig(pids_max=64), work_dir=tmp_path / "second")
+    )
+    start(first, 1, "sleep 30")
+    start(second, 1, "sleep 0.2")
+    assert first.records[(1, 0)].cgroup != second.records[(1, 0)].cgroup
+    assert finish(second, 1).state == "succeeded"
+    first.poll()
+    assert first.records[(1, 0)].state == "running"
+    second.close(stop_workloads=True)
