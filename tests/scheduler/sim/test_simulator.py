@@ -172,3 +172,29 @@ def test_a_preemptor_gets_the_capacity_its_victims_freed_before_they_can_take_it
     # once b is 10 s old.
     assert loop.preemptions > 3
     assert times(loop)["c"][0] > 25
+
+
+def test_total_time_queued_counts_the_wait_after_a_preemption_and_starvation_while_others_borrow():
+    policy = policies.get("gpupool", min_runtime_before_preempt_s=0, grace_period_s=5)
+    config = SimConfig(cycle_interval_s=1.0, restart_cost_s=3, checkpoint_interval_s=4)
+    result = simulate(three_jobs(), policy, config)
+    s = summarize(result)
+
+    # b first starts at 0 but waits 15..65 after its preemption; c waits 10..15 while t1 borrows c's card.
+    assert s["queue_delay_avg_s"] == pytest.approx(5 / 3)
+    assert s["queued_avg_s"] == pytest.approx((0 + 50 + 5) / 3)
+    assert result.starved_while_borrowed_s == pytest.approx(5.0)
+    assert s["starved_while_borrowed"] == pytest.approx(5.0 / 156)
+    assert s["preemptions_per_job_max"] == 1
+    assert s["preempted_3plus"] == 0
+    assert s["jct_p95_s"] == pytest.approx(100 + 0.9 * (156 - 100))  # [55, 100, 156] at rank 1.9
+
+
+def test_per_tenant_rows_cover_every_tenant():
+    from scheduler.sim.metrics import per_tenant
+
+    rows = per_tenant(simulate(three_jobs(), policies.get("static"), FAST))
+
+    assert [r["tenant"] for r in rows] == ["t1", "t2"]
+    assert [r["jobs"] for r in rows] == [2, 1]
+    assert rows[0]["guarantee_gpus"] == 1
