@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from tests.nodeagent.sandboxing import WORKLOAD_PYTHON, sandbox_args
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 WORKLOAD = Path(__file__).resolve().parent / "workload.py"
@@ -154,7 +156,7 @@ class Cluster:
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        for folder in ("logs", "data", "storage", "marks", "agents"):
+        for folder in ("logs", "data", "storage", "agents"):
             (self.root / folder).mkdir(exist_ok=True)
         self.web: Proc | None = None
         self.workers: list[Proc] = []
@@ -180,10 +182,6 @@ class Cluster:
         """Stands for the shared storage that checkpoint dirs live on (every node sees it)."""
         return self.root / "storage"
 
-    @property
-    def marks(self) -> Path:
-        return self.root / "marks"
-
     def portal_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
         env.update(
@@ -200,6 +198,8 @@ class Cluster:
             GPUPOOL_NODE_LOST_GRACE_S="24",
             GPUPOOL_LEASE_CHECK_INTERVAL_S="1",
             GPUPOOL_CYCLE_INTERVAL_S="2",
+            # Checkpoint dirs live on the "shared storage" folder, which every tenant may use here.
+            GPUPOOL_CHECKPOINT_PREFIXES=json.dumps({"*": [str(self.storage)]}),
         )
         env.update(self.settings)
         return env
@@ -353,6 +353,8 @@ class Cluster:
                 *(PYTHON, "-m", "nodeagent", "run", "--server", server, "--backend", "simulated"),
                 *("--cards", str(cards), "--model", SIM_MODEL[0], "--seed", str(seed)),
                 *("--credential-file", str(credential), "--work-dir", str(work_dir)),
+                # The real sandbox where it can work (root: CI), as in production.
+                *sandbox_args(),
             ],
             self.agent_env(),
         )
@@ -427,7 +429,8 @@ class Cluster:
             "kind": "training",
             "priority_class": "normal",
             "resources": {"flavors": [FLAVOR], "gpus": 1},
-            "command": [PYTHON, str(WORKLOAD), str(self.marks), str(steps), str(step_s)],
+            # An interpreter the sandbox's unprivileged uid can run (not a pyenv under /root).
+            "command": [WORKLOAD_PYTHON, str(WORKLOAD), str(steps), str(step_s)],
             "env": {RUN_ENV: self.run_id},
             "checkpoint_dir": str(self.storage / name),
         }
@@ -440,12 +443,13 @@ class Cluster:
     # --- what happened -------------------------------------------------------------------------------------
 
     def marks_of(self, job_id: int) -> list[dict]:
-        """The start/done lines the job's runs wrote (workload.py)."""
-        try:
-            lines = (self.marks / f"{job_id}.jsonl").read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        return [json.loads(line) for line in lines if line.strip()]
+        """The start/done lines the job's runs wrote (workload.py), from its directory on every node, in time
+        order."""
+        marks = []
+        for path in (self.root / "agents").glob(f"*/work/jobs/{job_id}-*/marks.jsonl"):
+            with contextlib.suppress(OSError):
+                marks += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return sorted(marks, key=lambda mark: mark["at"])
 
     def starts_of(self, job_id: int) -> list[dict]:
         return [mark for mark in self.marks_of(job_id) if mark["event"] == "start"]
