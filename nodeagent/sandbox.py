@@ -232,11 +232,12 @@ class Sandbox:
         return self._cgroups.pids(name) if self._cgroups is not None else []
 
     def cleanup(self, name: str) -> None:
-        """After the workload ended: kill stragglers, remove its cgroups and spec (the exit code stays read)."""
+        """After the workload ended (its exit code and setup error read): kill stragglers, remove its cgroups
+        and its control dir (the spec held the job's environment)."""
         if self._cgroups is not None:
             self._cgroups.kill(name)
             self._cgroups.remove(name)
-        (self.control_dir / name / "spec.json").unlink(missing_ok=True)
+        shutil.rmtree(self.control_dir / name, ignore_errors=True)
 
     def describe(self) -> str:
         """One line for the agent's log and the hello label."""

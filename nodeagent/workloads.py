@@ -48,7 +48,7 @@ from nodeagent import protocol
 from nodeagent.backends.base import WorkloadLoad
 from nodeagent.cgroups import Limits
 from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
-from nodeagent.sandbox import SETUP_FAILED, Sandbox, SandboxError, SandboxMode, hidden_device_nodes
+from nodeagent.sandbox import Sandbox, SandboxError, SandboxMode, hidden_device_nodes
 
 log = logging.getLogger(__name__)
 
@@ -611,10 +611,11 @@ class WorkloadRunner:
             record.message = lost_message or "the process vanished"
             self._finish(record, "lost", None)
             return
-        if setup_error or (exit_code == SETUP_FAILED and sandbox is not None and not record.message):
+        if setup_error:
+            # Only the init's own word counts: a command may exit 125 itself (docker run does).
             state = "failed"
             record.reason = "sandbox_failed"
-            record.message = f"sandbox: {setup_error or 'the sandbox could not be set up (see the log)'}"
+            record.message = f"sandbox: {setup_error}"
         elif oom and record.stop_reason in (None, "max_runtime"):
             state = "failed"
             record.reason = "oom_killed"
