@@ -46,3 +46,85 @@ def audit_witness_per_test(settings, tmp_path_factory, monkeypatch):
     settings.GPUPOOL_AUDIT_WITNESS_PATH = path
     monkeypatch.setenv("GPUPOOL_AUDIT_WITNESS_PATH", path)
     return path
+
+
+# --- the suite as the portal's database role (GPUPOOL_TEST_DATABASE_ROLE, set by .ci/run) ----------------------
+#
+# Production connects as the role ``gpupool db_roles`` creates, which may INSERT and SELECT the audit tables but
+# not UPDATE, DELETE or TRUNCATE them. With GPUPOOL_TEST_DATABASE_ROLE=<role>, the test database is created and
+# migrated as the owner, the roles are granted on it, and from then on every connection of this process runs
+# ``SET ROLE <role>``: PostgreSQL checks the portal's code against exactly those privileges. Django's flush
+# (between transactional tests) is a TRUNCATE only the owner may run: it runs as the owner (RESET ROLE). Tests
+# that act as the database administrator or the audit admin (tampering, purge, shred) are marked
+# ``database_owner`` and run as the owner. Processes a test starts (workers, web) connect as the owner.
+
+
+def _test_database_role() -> str:
+    return os.environ.get("GPUPOOL_TEST_DATABASE_ROLE", "")
+
+
+def _set_role(connection, role: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET ROLE {connection.ops.quote_name(role)}" if role else "RESET ROLE")
+
+
+def _role_on_connect(sender, connection, **kwargs) -> None:
+    role = _test_database_role()
+    if role and connection.vendor == "postgresql" and getattr(connection, "gpupool_test_role", True):
+        _set_role(connection, role)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    role = _test_database_role()
+    if not role:
+        yield
+        return
+    from django.core.management import call_command
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with django_db_blocker.unblock():
+        call_command("db_roles", "--portal-role", role, "--admin-role", f"{role}_audit_admin", verbosity=0)
+        flush = type(connection.ops).execute_sql_flush
+
+        def execute_sql_flush_as_owner(self, sql_list):
+            _set_role(self.connection, "")
+            try:
+                return flush(self, sql_list)
+            finally:
+                _set_role(self.connection, role)
+
+        type(connection.ops).execute_sql_flush = execute_sql_flush_as_owner
+        connection_created.connect(_role_on_connect, dispatch_uid="gpupool-test-database-role")
+        if connection.connection is not None:
+            _set_role(connection, role)
+    yield
+    connection_created.disconnect(dispatch_uid="gpupool-test-database-role")
+    type(connection.ops).execute_sql_flush = flush
+    with django_db_blocker.unblock():
+        if connection.connection is not None:
+            _set_role(connection, "")
+
+
+@pytest.fixture(autouse=True)
+def _database_owner_when_marked(request):
+    """``@pytest.mark.database_owner``: this test acts as the database owner (a DBA, the audit admin)."""
+    if not (_test_database_role() and request.node.get_closest_marker("database_owner")):
+        yield
+        return
+    from django.db import connection
+
+    blocker = request.getfixturevalue("django_db_blocker")
+    connection.gpupool_test_role = False  # a connection opened during the test stays the owner
+    if connection.connection is not None:
+        with blocker.unblock():
+            _set_role(connection, "")
+    yield
+    connection.gpupool_test_role = True
+    if connection.connection is not None:
+        with blocker.unblock():
+            _set_role(connection, _test_database_role())

@@ -23,7 +23,7 @@ from audit.services import audit_record, checkpoint_all, tenant_keys_shred
 from audit.verification import verify_trail
 from tests.factories import TenantFactory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.services]
+pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.database_owner]  # switches roles itself
 
 
 @pytest.fixture
@@ -127,3 +127,24 @@ def test_db_roles_prints_its_sql(roles, capsys):
     call_command("db_roles", "--portal-role", portal, "--admin-role", admin, "--print")
     out = capsys.readouterr().out
     assert 'GRANT SELECT, INSERT ON "audit_auditrecord"' in out and "TRUNCATE" in out
+
+
+def test_purge_needs_the_audit_admin_role_and_leaves_tombstones(roles):
+    from audit.models import Tombstone
+    from audit.services import records_purge
+
+    portal, admin = roles
+    tenant = TenantFactory()
+    for index in range(3):
+        audit_record(action="job.submit", actor=None, tenant=tenant, target=f"job:{index}")
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        checkpoint_all()
+    later = timezone.now() + dt.timedelta(days=400)
+    with pytest.raises(DatabaseError, match="permission denied"), as_role(portal):
+        records_purge(actor=None, now=later)
+    with as_role(admin), TestCase.captureOnCommitCallbacks(execute=True):
+        tombstones = records_purge(actor=None, now=later)
+    assert f"tenant:{tenant.pk}" in {t.stream for t in tombstones}
+    assert not AuditRecord.objects.filter(stream=f"tenant:{tenant.pk}", seq__lte=3).exists()
+    assert Tombstone.objects.filter(stream=f"tenant:{tenant.pk}", through_seq=3).exists()
+    assert verify_trail(record_result=False).ok

@@ -34,7 +34,7 @@ from audit.verification import verify_trail
 from tests.audit.helpers import raw, row
 from tests.factories import AuditorFactory, TenantFactory, UserFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin
 AFTER_RETENTION = dt.timedelta(days=400)
 
 

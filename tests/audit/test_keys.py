@@ -25,7 +25,7 @@ from audit.verification import verify_trail
 from portal.api import ConflictError
 from tests.factories import TenantFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin
 
 
 def ring(*kids: str, keys: dict[str, bytes]) -> str:

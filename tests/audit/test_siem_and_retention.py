@@ -19,7 +19,7 @@ from audit.siem import SyslogForwarder, format_cef, format_rfc5424
 from audit.verification import verify_trail
 from tests.factories import SystemAdminFactory, TenantFactory, UserFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin
 
 RFC5424 = re.compile(
     r"^<(?P<pri>\d{1,3})>1 (?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z) (?P<host>\S+) gpupool - (?P<msgid>\S+) "

@@ -17,7 +17,7 @@ from audit.services import checkpoint_create, record_header
 from audit.verification import verify_trail
 from tests.audit.helpers import make_chain, raw, row
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin
 
 
 def kinds(report) -> dict[str, list[int]]:
