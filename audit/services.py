@@ -596,6 +596,8 @@ def _witness_pending(streams: list[str]) -> int:
     if not checkpoints:
         return 0
     keys = {k.key_id: k.public_key_pem for k in SigningKey.objects.filter(key_id__in={c.key_id for c in checkpoints})}
+    signer = get_signer()
+    keys[signer.key_id] = signer.public_key_pem()  # the signer's own key, never the table's copy of it
     entries = [{"type": "checkpoint", **c.as_dict(), "public_key_pem": keys.get(c.key_id, "")} for c in checkpoints]
     try:
         witness.append_many(entries)
