@@ -29,6 +29,7 @@ from nodeagent import __version__, protocol
 from nodeagent.agent import Agent, AgentSettings, websocket_connector, ws_url_for
 from nodeagent.backends import BACKENDS, BackendUnavailable, DeviceBackend, load_backend
 from nodeagent.backends.simulated import MODELS
+from nodeagent.containers import find_runtime, runtime_labels
 from nodeagent.sandbox import DEFAULT_PIDS_MAX, Sandbox, SandboxConfig, SandboxMode, parse_uid_range
 from nodeagent.workloads import WorkloadRunner
 
@@ -173,17 +174,20 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         # The agent still runs: the portal sees the node and each workload fails with this reason, where a
         # refusal to start would only leave the node silently missing.
         log.error("sandbox: %s; every workload will fail until this is fixed", sandbox.problem)
+    runtime = find_runtime()
     runner = WorkloadRunner(
         work_dir=args.work_dir,
         device_indices={device.uuid: device.index for device in backend.inventory()},
         sandbox=sandbox,
         env_denylist=_env_denylist(args),
+        container_runtime=runtime,
     )
     settings = AgentSettings(
         node_name=node_name,
         telemetry_interval_s=args.telemetry_interval,
         heartbeat_interval_s=args.heartbeat_interval,
-        labels=_labels(args.label),
+        # Image jobs go only to nodes whose hello says they have a container runtime.
+        labels={**runtime_labels(runtime), **_labels(args.label)},
         stop_workloads_on_exit=args.stop_workloads_on_exit,
     )
     url = ws_url_for(server, credential.get("ws_url") or "/ws/agent/")

@@ -99,6 +99,7 @@ def env_denied(names: Iterable[str], denylist: Iterable[str] = DEFAULT_ENV_DENYL
             return name
     return None
 
+
 Vendor = Literal["nvidia", "ascend", "amd", "hygon", "cambricon", "simulated"]
 
 _TIMESTAMP = {"timestamp": True}
@@ -320,6 +321,8 @@ class WorkloadStart(Message):
     tenant_id: int | None = None
     cpu_cores: float | None = None
     host_memory_mib: int | None = None
+    #: An OCI image to run ``command`` in (podman or docker on the node); null: the node's own file system.
+    image: str | None = None
 
 
 @dataclass(kw_only=True)

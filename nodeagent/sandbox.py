@@ -171,7 +171,7 @@ class Sandbox:
         control.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.control_dir, 0o700)
         for path in writable:
-            _own_tree(path, uid, gid)
+            own_tree(path, uid, gid)
         try:
             procs = self._cgroups.create(name, limits)
         except (CgroupError, OSError) as exc:
@@ -262,7 +262,7 @@ def hidden_device_nodes(*, assigned: set[int], indices: list[int], npu: bool = F
     return nodes
 
 
-def _own_tree(path: Path, uid: int, gid: int) -> None:
+def own_tree(path: Path, uid: int, gid: int) -> None:
     """Make ``path`` (and its missing parents) and give it to the workload's uid; mode 0700."""
     path.mkdir(parents=True, exist_ok=True)
     stat = path.stat()

@@ -32,6 +32,8 @@ sandbox could not be made, ``failed`` with reason ``sandbox_failed`` — it neve
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -47,8 +49,9 @@ from pathlib import Path
 from nodeagent import protocol
 from nodeagent.backends.base import WorkloadLoad
 from nodeagent.cgroups import Limits
+from nodeagent.containers import container_argv, device_nodes, write_env_file
 from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
-from nodeagent.sandbox import Sandbox, SandboxError, SandboxMode, hidden_device_nodes
+from nodeagent.sandbox import Sandbox, SandboxError, SandboxMode, hidden_device_nodes, own_tree
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +159,8 @@ class WorkloadRecord:
     uid: int | None = None
     cgroup: str | None = None
     exit_file: str | None = None
+    #: The container's name when the job named an OCI image (run by ``container_runtime``).
+    container: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -241,12 +246,15 @@ class WorkloadRunner:
         checkpoint_scan_s: float = CHECKPOINT_SCAN_S,
         sandbox: Sandbox | None = None,
         env_denylist: tuple[str, ...] | None = protocol.DEFAULT_ENV_DENYLIST,
+        container_runtime: str | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         #: None: workloads run as the agent's own user (``--sandbox none``, and library users such as tests).
         self.sandbox = sandbox if sandbox is not None and sandbox.mode == SandboxMode.NAMESPACES else None
         self.env_denylist = env_denylist
+        #: podman or docker for jobs that name an image (``nodeagent.containers.find_runtime``); None: refused.
+        self.container_runtime = container_runtime
         self.clock = clock
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.device_indices = dict(device_indices or {})
@@ -388,7 +396,9 @@ class WorkloadRunner:
             checkpoint_dir=record.checkpoint_dir,
             device_indices=self.device_indices,
         )
-        if self.sandbox is None:
+        if start.image:
+            argv, cwd, popen_env = self._container(start, record, job_dir, working_dir, checkpoint_dir, env)
+        elif self.sandbox is None:
             exit_file = job_dir / EXIT_CODE_FILE
             exit_file.unlink(missing_ok=True)
             env["GPUPOOL_EXIT_FILE"] = str(exit_file)
@@ -449,6 +459,60 @@ class WorkloadRunner:
             f", uid {record.uid}" if record.uid is not None else "",
         )
         self._report(record)
+
+    def _container(
+        self,
+        start: protocol.WorkloadStart,
+        record: WorkloadRecord,
+        job_dir: Path,
+        working_dir: Path,
+        checkpoint_dir: Path | None,
+        env: dict[str, str],
+    ) -> tuple[list[str], str, dict[str, str]]:
+        """The runtime command line of a job that names an image (``nodeagent.containers``)."""
+        if self.container_runtime is None:
+            raise WorkloadRejected(
+                f"the job runs image {start.image!r} but this node has no container runtime (podman or docker); "
+                "install one, or submit the job without an image"
+            )
+        key = hashlib.sha256(str(self.work_dir).encode()).hexdigest()[:10]
+        name = f"gpupool-{key}-job-{start.job_id}-{start.replica}"
+        control = self.work_dir / "control" / name
+        control.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mounts = [job_dir, *([checkpoint_dir] if checkpoint_dir and not _inside(checkpoint_dir, job_dir) else [])]
+        if self.sandbox is not None:
+            uid = gid = self.sandbox.uid_for(start.tenant_id)
+            for path in mounts:
+                own_tree(path, uid, gid)
+            for folder in (working_dir, checkpoint_dir):
+                if folder is not None and _inside(folder, job_dir):
+                    _give_path(job_dir, folder, uid, gid)
+            pids_max = self.sandbox.config.pids_max
+        else:
+            uid, gid, pids_max = os.getuid(), os.getgid(), None
+        env_file = control / "env"
+        write_env_file(env_file, env)
+        given = {self.device_indices[d.uuid] for d in start.devices if d.uuid in self.device_indices}
+        argv = container_argv(
+            runtime=self.container_runtime,
+            name=name,
+            image=start.image or "",
+            command=list(start.command),
+            env_file=env_file,
+            uid=uid,
+            gid=gid,
+            working_dir=working_dir,
+            mounts=mounts,
+            limits=Limits(
+                cpu_cores=start.cpu_cores or None, memory_mib=start.host_memory_mib or None, pids_max=pids_max
+            ),
+            device_nodes=device_nodes(assigned=given, npu=any(u.startswith("NPU-") for u in self.device_indices)),
+        )
+        record.container, record.uid = name, uid
+        client_env = {"PATH": self.base_env.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")}
+        if "HOME" in self.base_env:
+            client_env["HOME"] = self.base_env["HOME"]
+        return argv, "/", client_env
 
     def _base_env(self, job_dir: Path) -> dict[str, str]:
         """What a workload inherits before the job's own variables: the agent's environment when unconfined;
@@ -541,6 +605,12 @@ class WorkloadRunner:
             log.error("workloads: cannot signal job %s (pid %s): %s", record.job_id, record.pid, exc)
         if signum == signal.SIGKILL and record.cgroup and self.sandbox is not None:
             self.sandbox.kill(record.cgroup, signum)
+        if signum == signal.SIGKILL and record.container and self.container_runtime:
+            # Killing the runtime's client does not end the container; the runtime does.
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    [self.container_runtime, "kill", record.container], capture_output=True, timeout=15, check=False
+                )
 
     # --- the step ----------------------------------------------------------------------------------------
 

@@ -76,6 +76,13 @@ MAX_NODE_SELECTOR = 16
 MAX_ARRAY_COUNT = 10_000
 #: An environment variable name as POSIX shells and ``execve`` accept it.
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_IMAGE_LENGTH = 512
+#: An OCI image reference: [registry[:port]/]path[:tag][@digest], lower case path components.
+IMAGE_PATTERN = re.compile(
+    r"[a-z0-9]([a-z0-9._-]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9._-]+)*(:[A-Za-z0-9._-]{1,128})?(@sha256:[0-9a-f]{64})?"
+)
+#: The node label an agent sets when it can run images (``nodeagent.containers``).
+OCI_LABEL = "gpupool.io/oci"
 
 TOP_LEVEL_FIELDS = {
     "name",
@@ -96,6 +103,7 @@ TOP_LEVEL_FIELDS = {
     "checkpoint_dir",
     "runtime_estimate_s",
     "array",
+    "image",
 }
 ARRAY_FIELDS = {"count"}
 RESOURCE_FIELDS = {"flavors", "flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
@@ -133,6 +141,8 @@ class JobSpec:
     # ``"array": {"count": N}``: submit N independent copies (None: one job). Not part of ``normalised``,
     # which is the spec of each job.
     array_count: int | None = None
+    #: An OCI image to run the command in ("" : none); such a job only goes to nodes with a container runtime.
+    image: str = ""
 
     @property
     def total_millis(self) -> int:
@@ -428,6 +438,15 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     node_selector = _string_map(
         data.get("node_selector"), "node_selector", max_items=MAX_NODE_SELECTOR, max_key=128, max_value=256
     )
+    image = _str(data, "image", "image", max_length=MAX_IMAGE_LENGTH)
+    if image:
+        if not IMAGE_PATTERN.fullmatch(image):
+            raise _fail("image", "must be an OCI image reference, e.g. docker.io/pytorch/pytorch:2.3.0-cuda12.1.")
+        if node_selector.get(OCI_LABEL, "true") != "true":
+            raise _fail("node_selector", f"a job with an image needs {OCI_LABEL}=true; remove that selector.")
+        # Only nodes whose agent found podman or docker say so in their labels; a job waits with the selector's
+        # pending reason where none has one.
+        node_selector = {**node_selector, OCI_LABEL: "true"}
     working_dir = _relative_path(_str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH), "working_dir")
     checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)
     if checkpoint_dir and not checkpoint_dir.startswith("/"):
@@ -466,6 +485,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         "max_runtime_s": max_runtime_s,
         "checkpoint_dir": checkpoint_dir,
         "runtime_estimate_s": runtime_estimate_s,
+        **({"image": image} if image else {}),
     }
     return JobSpec(
         name=name,
@@ -489,6 +509,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         max_runtime_s=max_runtime_s,
         checkpoint_dir=checkpoint_dir,
         runtime_estimate_s=runtime_estimate_s,
+        image=image,
         normalised=normalised,
         array_count=array_count,
     )

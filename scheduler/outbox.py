@@ -71,6 +71,7 @@ def workload_start_frame(
         tenant_id=job.tenant_id,
         cpu_cores=job.cpu_millicores_per_replica / 1000 or None,
         host_memory_mib=job.host_memory_mib_per_replica or None,
+        image=(job.spec or {}).get("image") or None,
     )
 
 

@@ -102,6 +102,23 @@ def test_an_absolute_checkpoint_dir_under_the_tenants_prefix_is_accepted(member,
     assert member.post("/api/v1/jobs/", spec(checkpoint_dir="ckpt"), format="json").status_code == 201
 
 
+def test_an_image_job_is_only_for_nodes_with_a_container_runtime(member) -> None:
+    response = member.post("/api/v1/jobs/", spec(image="docker.io/pytorch/pytorch:2.3.0-cuda12.1"), format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.node_selector == {"gpupool.io/oci": "true"} and job.spec["image"].startswith("docker.io/pytorch")
+    from scheduler.outbox import workload_start_frame
+
+    frame = workload_start_frame(job=job, replica=0, devices=[])
+    assert frame.image == "docker.io/pytorch/pytorch:2.3.0-cuda12.1" and frame.tenant_id == job.tenant_id
+    for bad, field in (
+        ({"image": "Not An Image"}, "image"),
+        ({"image": "busybox", "node_selector": {"gpupool.io/oci": "false"}}, "node_selector"),
+    ):
+        refused = member.post("/api/v1/jobs/", spec(**bad), format="json")
+        assert refused.status_code == 400 and field in refused.json()["detail"], refused.content
+
+
 # --- the credential theft, end to end ------------------------------------------------------------------------
 
 
