@@ -199,6 +199,7 @@ def test_decode_refuses_frames_nested_past_the_limit_before_parsing():
                 assert caught.value.code == protocol.ErrorCode.TOO_LARGE and "levels deep" in caught.value.detail
     # Brackets inside strings are text, not nesting; unbalanced brackets are malformed, not parsed.
     assert protocol.decode(head + '"' + "[" * 3000 + '"}').type == "heartbeat"
+    assert protocol.decode(head + '"\\"' + "[" * 3000 + '\\""}').type == "heartbeat"  # with escaped quotes
     with pytest.raises(protocol.ProtocolError) as caught:
         protocol.decode(head + "[" * 3000 + "}")
     assert caught.value.code == protocol.ErrorCode.MALFORMED
