@@ -147,11 +147,9 @@ def test_an_unknown_flavor_is_a_spec_error_even_for_a_tenant_you_cannot_see(memb
     ("env", "named"),
     [
         ({"A=B": "x"}, "'A=B'"),
-        ({"A\x00B": "x"}, "'A\\x00B'"),
         ({"1ABC": "x"}, "'1ABC'"),
         ({"MY-VAR": "x"}, "'MY-VAR'"),
         ({"": "x"}, "''"),
-        ({"OK": "a\x00b"}, "env.OK"),
         ({"OK": 1}, "env.OK"),
         ({"OK": None}, "env.OK"),
         ({"GPUPOOL_ARRAY_INDEX": "3"}, "env.GPUPOOL_ARRAY_INDEX"),
@@ -165,6 +163,17 @@ def test_bad_env_is_refused_with_a_400_naming_the_variable(member, node, no_cycl
     body = response.json()
     assert body["code"] == "invalid_job_spec"
     assert named in body["detail"], body["detail"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize("env", [{"A\x00B": "x"}, {"OK": "a\x00b"}])
+def test_a_nul_in_env_is_refused_before_the_spec_is_read(member, node, no_cycle_requests, env):
+    # A NUL anywhere in a request is bad input (portal/request_limits.py): PostgreSQL cannot store it.
+    client = APIClient()
+    client.force_authenticate(member)
+    response = client.post("/api/v1/jobs/", {**SPEC, "env": env}, format="json")
+    assert response.status_code == 400 and response.json()["code"] == "nul_byte"
+    assert "env" in response.json()["detail"]
     assert not Job.objects.exists()
 
 
