@@ -57,4 +57,4 @@ clean:
 # Fuzz the REST API with schemathesis against a live server (bounded; also part of `make test`).
 .PHONY: schemathesis
 schemathesis: $(VENV)/.installed
-	$(BIN)/pytest -q -s tests/tenants/test_api_fuzz.py
+	$(BIN)/pytest -q -s tests/tenants/test_api_fuzz.py tests/security/test_api_fuzz.py
