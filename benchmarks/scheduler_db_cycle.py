@@ -168,7 +168,7 @@ def _latency(count: int, database_url: str) -> None:
 
         # Wait for the worker: its first task connects and imports everything (and as it starts it releases
         # any cycle claim it finds); then one requested cycle brings the explanations up to date, unmeasured.
-        run_cycle.apply_async(queue=services.CYCLE_QUEUE).get(timeout=600)
+        run_cycle.apply_async(queue=services.CYCLE_QUEUE).get(timeout=600, disable_sync_subtasks=False)
         keys = (services.CYCLE_DIRTY_KEY, services.CYCLE_CLAIM_KEY, services.CYCLE_STARTED_KEY)
         cache.delete_many(keys)
         services.request_cycle()

@@ -34,7 +34,9 @@ def insert_rows(model: type[Model], columns: Sequence[str], rows: Sequence[Seque
 
     quote = connection.ops.quote_name
     sql = f"COPY {quote(model._meta.db_table)} ({', '.join(quote(c) for c in columns)}) FROM STDIN"
-    with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+    # The raw psycopg cursor (Django's wrapper has no COPY): its errors are turned into Django's by hand, so
+    # that a refusal by a trigger is an IntegrityError as with an INSERT.
+    with connection.cursor() as cursor, connection.wrap_database_errors, cursor.cursor.copy(sql) as copy:
         for row in rows:
             copy.write_row([Jsonb(v) if isinstance(v, dict | list) else v for v in row])
 
@@ -109,5 +111,9 @@ def update_rows(
         sql = f"WITH v({names}) AS (VALUES {values}) UPDATE {table} SET {set_sql} FROM v {where}"
         with connection.cursor() as cursor:  # the VALUES come first in the text, then the SET clause
             cursor.execute(sql, [*(value for row in chunk for value in row), *set_params])
-            updated += cursor.rowcount
+            if cursor.rowcount < 0:  # Python's sqlite3 counts no rows for a statement that starts with WITH
+                cursor.execute("SELECT changes()")
+                updated += cursor.fetchone()[0]
+            else:
+                updated += cursor.rowcount
     return updated

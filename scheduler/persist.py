@@ -163,7 +163,7 @@ class _Batch:
             rows = Job.objects.filter(AnyOf("pk", sorted(wanted)))
         else:
             rows = locking
-        self.jobs: dict[int, Job] = {job.pk: job for job in rows.defer("spec")}
+        self.jobs: dict[int, Job] = {job.pk: job for job in rows}
         # The few tenants, read once (not locked, not joined per job).
         tenants = Tenant.objects.in_bulk({job.tenant_id for job in self.jobs.values()})
         for job in self.jobs.values():
