@@ -153,7 +153,6 @@ class Sandbox:
         *,
         name: str,
         tenant_id: int | None,
-        job_dir: Path,
         working_dir: Path,
         writable: list[Path],
         command: list[str],

@@ -409,7 +409,6 @@ class WorkloadRunner:
             plan = self.sandbox.prepare(
                 name=name,
                 tenant_id=start.tenant_id,
-                job_dir=job_dir,
                 working_dir=working_dir,
                 writable=[
                     job_dir,
