@@ -44,6 +44,7 @@ from .types import (
     Preempt,
     PreemptReason,
     Snapshot,
+    Topology,
 )
 
 # Pending reasons for which holding capacity for the job makes sense (it is waiting for devices).
@@ -321,7 +322,21 @@ class _Cycle:
             if not extra.ok:
                 break
             replica_log: list[Take] = []
-            if self.placer.place(
+            if job.topology == Topology.SAME_NODE and log:
+                # The extra replica joins the others on their node (a lone replica is no same-node gang).
+                if not self.placer.place_replica(
+                    flavor,
+                    req.millis,
+                    req.memory_mib,
+                    job.first_replica + i,
+                    Topology.NONE,
+                    {},
+                    replica_log,
+                    self.cluster.dev_node[log[0][1]],
+                    (req.cpu_millicores, req.host_memory_mib),
+                ):
+                    break
+            elif self.placer.place(
                 flavor=flavor,
                 millis=req.millis,
                 memory_mib=req.memory_mib,

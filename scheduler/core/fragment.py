@@ -22,8 +22,8 @@ from .capacity import Cluster
 from .types import MILLIS_PER_DEVICE, Snapshot
 
 MAX_SHAPES = 16
-CANDIDATE_CARDS = 24
-CANDIDATE_NODES = 8
+CANDIDATE_CARDS = 12
+CANDIDATE_NODES = 6
 
 # (per-card millis (< 1000: a fraction), whole cards, cpu millicores, host memory MiB)
 Shape = tuple[int, int, int, int]
@@ -83,7 +83,11 @@ class Fragmentation:
             elif whole:
                 out += p * (total if full < whole else total - full * MILLIS_PER_DEVICE)
             else:
-                out += p * sum(f for f in frees if f < millis)
+                stranded = 0  # a plain loop: this is the hot path of a fractional placement
+                for f in frees:
+                    if f < millis:
+                        stranded += f
+                out += p * stranded
         return out
 
     def whole_delta(self, n: int, flavor: str, n_cards: int, host: tuple[int, int]) -> float:

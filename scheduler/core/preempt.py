@@ -41,7 +41,7 @@ from .types import MILLIS_PER_DEVICE, Allocation, JobKind, PendingJob, PreemptRe
 MAX_NODES = 48
 MAX_PRUNE_CHECKS = 32
 # A job within its guarantee reclaiming borrowed capacity looks further: the reclaim must be complete.
-MAX_RECLAIM_NODES = 512
+MAX_RECLAIM_NODES = 96
 
 
 @dataclass(slots=True)
@@ -399,7 +399,11 @@ class Preemptor:
             if self.placer.node_matches(n, job.node_selector)
         )
         best: tuple[tuple, list[tuple[Victim, PreemptReason]], list[int]] | None = None
-        for _, n, cands in nodes[:max_nodes]:
+        for first, n, cands in nodes[:max_nodes]:
+            if best is not None and len(best[1]) == 1 and first >= best[1][0][0].cost():
+                # Every set on this and later nodes holds a victim at least as costly as the single victim
+                # found, so none is cheaper (``set_cost`` is monotone in its members): stop looking.
+                break
 
             def check(victims: list[Victim], n: int = n) -> list[int] | None:
                 given = self._free(victims)
