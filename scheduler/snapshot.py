@@ -69,7 +69,11 @@ class _Names:
 
         self.tenants = dict(Tenant.objects.values_list("pk", "slug"))
         self.flavors = dict(ResourceFlavor.objects.values_list("pk", "name"))
-        self.nodes = list(Node.objects.order_by("name").values_list("pk", "name", "status", "labels", "topology"))
+        self.nodes = list(
+            Node.objects.order_by("name").values_list(
+                "pk", "name", "status", "labels", "topology", "cpu_cores", "memory_mib"
+            )
+        )
         self.node_names = {pk: name for pk, name, *_rest in self.nodes}
         self.devices = list(
             Device.objects.order_by("node_id", "index").values_list(
@@ -103,7 +107,7 @@ def _nodes(names: _Names) -> tuple[core.Node, ...]:
         by_node[row[1]].append(row)
     healthy = DeviceHealth.HEALTHY
     nodes = []
-    for pk, name, status, labels, topology in names.nodes:
+    for pk, name, status, labels, topology, cpu_cores, host_memory_mib in names.nodes:
         topology = topology or {}
         nvlink = _topology_lookup(topology, "nvlink_domains")
         pcie = _topology_lookup(topology, "pcie_switches")
@@ -131,6 +135,9 @@ def _nodes(names: _Names) -> tuple[core.Node, ...]:
                 devices=devices,
                 schedulable=status == NodeStatus.READY,
                 labels={str(k): str(v) for k, v in (labels or {}).items()},
+                # 0 means the agent has not reported it: not limited (the engine's None).
+                cpu_millicores=cpu_cores * 1000 if cpu_cores else None,
+                host_memory_mib=host_memory_mib or None,
             )
         )
     return tuple(nodes)
@@ -160,6 +167,9 @@ def _allocation_rows() -> list[tuple]:
             "job__kind",
             "job__max_runtime_s",
             "job__runtime_estimate_s",
+            "job__cpu_millicores_per_replica",
+            "job__host_memory_mib_per_replica",
+            "job__preemption_count",
         )
     )
 
@@ -187,7 +197,12 @@ def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...
         kind,
         max_runtime_s,
         runtime_estimate_s,
+        cpu_millicores,
+        host_memory_mib,
+        preemption_count,
     ) in rows:
+        # A replica's host CPU and memory go on its first row (rows come in job, replica order).
+        first_of_replica = not result or result[-1].job_id != str(job_id) or result[-1].replica != replica
         started = _epoch(started_at) or 0.0
         expected_end = None
         if max_runtime_s:
@@ -212,6 +227,9 @@ def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...
                 kind=kinds[kind],
                 reservation_of=str(reservation_of_id) if reservation_of_id else None,
                 expected_end_at=expected_end,
+                cpu_millicores=cpu_millicores if first_of_replica else 0,
+                host_memory_mib=host_memory_mib if first_of_replica else 0,
+                preemptions=preemption_count,
             )
         )
     return tuple(result)
@@ -365,6 +383,9 @@ PENDING_COLUMNS = (
     "state",
     "runtime_estimate_s",
     "last_checkpoint_at",
+    "cpu_millicores_per_replica",
+    "host_memory_mib_per_replica",
+    "preemption_count",
 )
 EXPLANATION_COLUMNS = ("pending_reason_code", "pending_message", "position_in_tenant", "position_overall")
 
@@ -389,11 +410,21 @@ def _pending_job(row: tuple, tenants: dict[int, str]) -> core.PendingJob:
         state,
         runtime_estimate_s,
         last_checkpoint_at,
+        cpu_millicores,
+        host_memory_mib,
+        preemption_count,
     ) = row[: len(PENDING_COLUMNS)]
     return core.PendingJob(
         job_id=str(pk),
         tenant=tenants[tenant_id],
-        request=core.ReplicaRequest(flavors=tuple(flavors), millis=millis, memory_mib=memory_mib),
+        request=core.ReplicaRequest(
+            flavors=tuple(flavors),
+            millis=millis,
+            memory_mib=memory_mib,
+            cpu_millicores=cpu_millicores,
+            host_memory_mib=host_memory_mib,
+        ),
+        preemptions=preemption_count,
         priority=priority,
         preemptible=preemptible,
         submitted_at=_epoch(submitted_at) or 0.0,
