@@ -367,7 +367,7 @@ def _link_and_insert(db: Any, payloads: list[_Pending], after_commit: Any) -> No
             record.hash = chain.record_hash(head.hash, header, record.ciphertext)
             head.seq, head.hash = record.seq, record.hash
         records = [p.record for p in payloads]
-        AuditRecord.objects.bulk_create(records, batch_size=2000)
+        _insert_records(records)
         _move_heads(list(heads.values()))
     except Exception as exc:
         raise_alert(
@@ -383,6 +383,34 @@ def _link_and_insert(db: Any, payloads: list[_Pending], after_commit: Any) -> No
         from audit.siem import forward_on_commit
 
         forward_on_commit(records, after_commit=after_commit)
+
+
+# Above this many records in one transaction (a scheduling cycle, an array) COPY beats a multi-row INSERT: Django's
+# bulk_create spends ~0.4 ms of Python per row building and splitting the statement.
+_COPY_FROM = 64
+
+
+def _insert_records(records: list[AuditRecord]) -> None:
+    """Insert ``records`` (filling in their primary keys): one multi-row INSERT, or on PostgreSQL for a large
+    batch, ids drawn from the sequence in one statement and the rows sent with COPY."""
+    if connection.vendor != "postgresql" or len(records) < _COPY_FROM:
+        AuditRecord.objects.bulk_create(records, batch_size=2000)
+        return
+    table = AuditRecord._meta.db_table
+    fields = [f for f in AuditRecord._meta.concrete_fields]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", [len(records)]
+        )
+        for record, (pk,) in zip(records, cursor.fetchall(), strict=True):
+            record.pk = pk
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+            for record in records:
+                copy.write_row([f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields])
+    for record in records:
+        record._state.adding = False
+        record._state.db = connection.alias
 
 
 def _move_heads(heads: list[ChainHead]) -> None:
