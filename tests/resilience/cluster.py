@@ -430,7 +430,9 @@ class Cluster:
             "priority_class": "normal",
             "resources": {"flavors": [FLAVOR], "gpus": 1},
             # An interpreter the sandbox's unprivileged uid can run (not a pyenv under /root).
-            "command": [WORKLOAD_PYTHON, str(WORKLOAD), str(steps), str(step_s)],
+            # The script's text, not its path: the sandbox gives a job a private /tmp, and a checkout (CI's
+            # clone) may well live under /tmp, where the job could not see the file.
+            "command": [WORKLOAD_PYTHON, "-c", WORKLOAD.read_text(), str(steps), str(step_s)],
             "env": {RUN_ENV: self.run_id},
             "checkpoint_dir": str(self.storage / name),
         }
