@@ -46,7 +46,7 @@ format: $(VENV)/.installed
 
 # The manual (docs/, mkdocs with the material theme) into site/; --strict fails on a broken link or nav entry.
 docs: $(VENV)/.installed
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: $(VENV)/.installed
 	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
