@@ -55,6 +55,31 @@ def target_workload(snapshot: Snapshot) -> list[tuple[Shape, float]]:
     return [(shape, c / total) for shape, c in top]
 
 
+Shape = tuple[int, int, int, int]  # (millis per card, whole cards, CPU millicores, host memory MiB)
+
+
+def expected_unusable_millis(
+    shapes: list[tuple[Shape, float]], frees: list[int], total: int, full: int, cpu: int, mem: int
+) -> float:
+    """FGD's fragmentation of one node: the free millis that the target workload (``shapes``, each with its
+    probability) could not use, given each usable card's free millis ``frees`` (``total`` of them, ``full`` cards
+    entirely free) and the node's free CPU and host memory. The simulator's fragmentation experiment scores with
+    this same function."""
+    out = 0.0
+    for (millis, whole, s_cpu, s_mem), p in shapes:
+        if cpu < s_cpu or mem < s_mem:
+            out += p * total
+        elif whole:
+            out += p * (total if full < whole else total - full * MILLIS_PER_DEVICE)
+        else:
+            stranded = 0  # a plain loop: this is the hot path of a fractional placement
+            for f in frees:
+                if f < millis:
+                    stranded += f
+            out += p * stranded
+    return out
+
+
 class Fragmentation:
     def __init__(self, cluster: Cluster, snapshot: Snapshot) -> None:
         self.c = cluster
@@ -76,19 +101,7 @@ class Fragmentation:
 
     def frag(self, frees: list[int], total: int, full: int, cpu: int, mem: int) -> float:
         """Expected free millis of the node that the target workload could not use."""
-        out = 0.0
-        for (millis, whole, s_cpu, s_mem), p in self.shapes:
-            if cpu < s_cpu or mem < s_mem:
-                out += p * total
-            elif whole:
-                out += p * (total if full < whole else total - full * MILLIS_PER_DEVICE)
-            else:
-                stranded = 0  # a plain loop: this is the hot path of a fractional placement
-                for f in frees:
-                    if f < millis:
-                        stranded += f
-                out += p * stranded
-        return out
+        return expected_unusable_millis(self.shapes, frees, total, full, cpu, mem)
 
     def whole_delta(self, n: int, flavor: str, n_cards: int, host: tuple[int, int]) -> float:
         """How much taking ``n_cards`` fully free cards (and ``host``) on node ``n`` raises its fragmentation."""

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduler.core import plan
-from scheduler.core.fragment import MAX_SHAPES
+from scheduler.core.fragment import MAX_SHAPES, expected_unusable_millis
 from scheduler.core.types import (
     MILLIS_PER_DEVICE,
     Allocation,
@@ -205,17 +205,8 @@ class _HostBook:
             self.card_free[name][i] -= millis
 
     def _frag(self, frees: list[int], cpu: int, mem: int) -> float:
-        total = sum(frees)
         full = sum(1 for f in frees if f >= MILLIS_PER_DEVICE)
-        out = 0.0
-        for (millis, whole, s_cpu, s_mem), p in self.shapes:
-            if cpu < s_cpu or mem < s_mem:
-                out += p * total
-            elif whole:
-                out += p * (total if full < whole else total - full * MILLIS_PER_DEVICE)
-            else:
-                out += p * sum(f for f in frees if f < millis)
-        return out
+        return expected_unusable_millis(self.shapes, frees, sum(frees), full, cpu, mem)
 
     def _key(self, n: Node, cpu: int, mem: int) -> tuple:
         fc, fm = self.free_cpu[n.name], self.free_mem[n.name]
