@@ -25,9 +25,7 @@ class StrictLimitOffsetPagination(LimitOffsetPagination):
                 raw, strict=minimum > 0, cutoff=self.max_limit if name == self.limit_query_param else None
             )
         except ValueError:
-            raise ValidationError(
-                {name: [f"must be a whole number of at least {minimum}, not {raw!r}."]}
-            ) from None
+            raise ValidationError({name: [f"must be a whole number of at least {minimum}, not {raw!r}."]}) from None
 
     def get_limit(self, request: Request) -> int | None:
         limit = self._whole_number(request, self.limit_query_param, minimum=1)

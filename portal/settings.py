@@ -116,7 +116,9 @@ _BACKENDS_WITH_PRE_COMMIT = {
     "django.db.backends.postgresql": "portal.db.postgresql",
     "django.db.backends.sqlite3": "portal.db.sqlite3",
 }
-DATABASES["default"]["ENGINE"] = _BACKENDS_WITH_PRE_COMMIT.get(DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"])
+DATABASES["default"]["ENGINE"] = _BACKENDS_WITH_PRE_COMMIT.get(
+    DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]
+)
 DATABASE_ENGINE = DATABASES["default"]["ENGINE"]
 IS_POSTGRES = "postgresql" in DATABASE_ENGINE
 if not IS_POSTGRES and "TEST" not in DATABASES["default"]:
