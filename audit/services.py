@@ -45,6 +45,7 @@ from audit.models import (
 from audit.signing import get_signer
 from portal.api import ConflictError, DomainError
 from portal.db import precommit
+from portal.db.bulk import insert_rows, reserve_ids
 
 logger = logging.getLogger(__name__)
 alert_logger = logging.getLogger("audit.alert")
@@ -392,22 +393,15 @@ _COPY_FROM = 64
 
 def _insert_records(records: list[AuditRecord]) -> None:
     """Insert ``records`` (filling in their primary keys): one multi-row INSERT, or on PostgreSQL for a large
-    batch, ids drawn from the sequence in one statement and the rows sent with COPY."""
-    if connection.vendor != "postgresql" or len(records) < _COPY_FROM:
+    batch, ids drawn from the sequence and the rows sent with COPY (``portal.db.bulk``)."""
+    ids = reserve_ids(AuditRecord, len(records)) if len(records) >= _COPY_FROM else None
+    if ids is None:
         AuditRecord.objects.bulk_create(records, batch_size=2000)
         return
-    table = AuditRecord._meta.db_table
-    fields = [f for f in AuditRecord._meta.concrete_fields]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", [len(records)]
-        )
-        for record, (pk,) in zip(records, cursor.fetchall(), strict=True):
-            record.pk = pk
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
-        with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
-            for record in records:
-                copy.write_row([f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields])
+    for record, pk in zip(records, ids, strict=True):
+        record.pk = pk
+    columns = [field.attname for field in AuditRecord._meta.concrete_fields]
+    insert_rows(AuditRecord, columns, [[getattr(record, column) for column in columns] for record in records])
     for record in records:
         record._state.adding = False
         record._state.db = connection.alias

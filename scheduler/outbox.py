@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from nodeagent import protocol
-from scheduler.bulk import insert_rows
+from portal.db.bulk import insert_rows, reserve_ids
 from scheduler.models import AgentCommand, Allocation, Job, Node
 
 logger = logging.getLogger(__name__)
@@ -82,22 +82,13 @@ def workload_start_create(*, job: Job, replica: int, allocations: Iterable[Alloc
     return _create(node=allocations[0].node_id, job=job, message=message)
 
 
-def _reserved_ids(count: int) -> list[int] | None:
-    """``count`` new AgentCommand ids taken from the table's sequence (PostgreSQL), so each frame can carry its
-    row's id in the same INSERT; None elsewhere (SQLite: insert first, then write the payloads)."""
-    if connection.vendor != "postgresql":
-        return None
-    table = AgentCommand._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [table, count])
-        return [row[0] for row in cursor.fetchall()]
-
-
 def commands_bulk_create(items: list[tuple[int, Job | None, protocol.Message]]) -> list[AgentCommand]:
     """Many commands at once, ``(node id, job, message)`` each: two statements however many (a cycle's starts)."""
     if not items:
         return []
-    ids = _reserved_ids(len(items))
+    # Ids first (PostgreSQL), so each frame carries its row's id in the same COPY; SQLite inserts, then
+    # writes the payloads.
+    ids = reserve_ids(AgentCommand, len(items))
     if ids is not None:
         now = timezone.now()
         commands = []

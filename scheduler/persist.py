@@ -40,8 +40,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from audit.services import audit_record
+from portal.db.bulk import AnyOf, insert_rows, update_rows
 from scheduler import outbox
-from scheduler.bulk import AnyOf, insert_rows, update_rows
 from scheduler.core import types as core
 from scheduler.models import (
     MILLIS_PER_DEVICE,

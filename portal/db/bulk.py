@@ -1,11 +1,12 @@
-"""Writing and finding thousands of rows fast, for the scheduling cycle (``scheduler.persist``, ``scheduler.outbox``).
+"""Writing and finding thousands of rows fast: the scheduling cycle (``scheduler.persist``, ``scheduler.outbox``)
+and the audit trail's records at commit (``audit.services``). A leaf module (Django only), so any app may use it.
 
 ``bulk_create`` composes one statement with a parameter per value; with psycopg's client-side binding (what
 Django uses) each of them is quoted in Python, about a second for the ~45,000 values of a cycle that places
 3,500 jobs. On PostgreSQL ``insert_rows`` streams the rows with ``COPY`` instead (the rows go in as data, in
 one round trip; row triggers fire as for INSERT). Elsewhere (SQLite, the embedded mode) it is ``bulk_create``.
-Neither returns the new rows' ids: use it where nobody needs them, or give the ids (``outbox`` takes them
-from the sequence first).
+Neither returns the new rows' ids: use it where nobody needs them, or give the ids, taken from the table's
+sequence first with ``reserve_ids``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,19 @@ def insert_rows(model: type[Model], columns: Sequence[str], rows: Sequence[Seque
     with connection.cursor() as cursor, connection.wrap_database_errors, cursor.cursor.copy(sql) as copy:
         for row in rows:
             copy.write_row([Jsonb(v) if isinstance(v, dict | list) else v for v in row])
+
+
+def reserve_ids(model: type[Model], count: int) -> list[int] | None:
+    """``count`` new primary keys of ``model`` taken from its table's sequence in one statement (PostgreSQL), so
+    rows can be sent by ``insert_rows`` with their ids known; None elsewhere (insert first, read the ids back)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [model._meta.db_table, count],
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 class AnyOf(Expression):
