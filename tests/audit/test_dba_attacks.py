@@ -85,7 +85,10 @@ def test_key_destroyed_by_hand_then_record_edited_and_chain_recomputed_fails_nam
     sealed_by_beat()
     key_id = DataKey.objects.get(tenant_id=tenant.pk).key_id
     # The DBA shreds by hand (so the seals can no longer be checked), edits record 3 and recomputes the chain.
-    raw("UPDATE audit_datakey SET destroyed_at = now(), wrapped_key = '' WHERE tenant_id = %s", [tenant.pk])
+    raw(
+        "UPDATE audit_datakey SET destroyed_at = CURRENT_TIMESTAMP, wrapped_key = %s WHERE tenant_id = %s",
+        [b"", tenant.pk],
+    )
     prev = row(stream, 2).hash
     for seq in range(3, 7):
         record = row(stream, seq)
@@ -112,7 +115,10 @@ def test_key_destroyed_by_hand_fails_the_offline_verifier_naming_tenant_and_key(
     tenant = tenant_with_records(3)
     sealed_by_beat()
     key_id = DataKey.objects.get(tenant_id=tenant.pk).key_id
-    raw("UPDATE audit_datakey SET destroyed_at = now(), wrapped_key = '' WHERE tenant_id = %s", [tenant.pk])
+    raw(
+        "UPDATE audit_datakey SET destroyed_at = CURRENT_TIMESTAMP, wrapped_key = %s WHERE tenant_id = %s",
+        [b"", tenant.pk],
+    )
     path, signing_key = export_bundle(tmp_path)
     code, out = offline_verify(capsys, path, "--key-id", signing_key)
     assert code == 1
@@ -125,7 +131,10 @@ def test_shred_by_hand_under_legal_hold_fails(capsys):
     legal_hold_place(actor=None, tenant_id=tenant.pk, reason="case 2026-17")
     sealed_by_beat()
     key_id = DataKey.objects.get(tenant_id=tenant.pk).key_id
-    raw("UPDATE audit_datakey SET destroyed_at = now(), wrapped_key = '' WHERE tenant_id = %s", [tenant.pk])
+    raw(
+        "UPDATE audit_datakey SET destroyed_at = CURRENT_TIMESTAMP, wrapped_key = %s WHERE tenant_id = %s",
+        [b"", tenant.pk],
+    )
     _message, out = auditor_runs_verify(capsys)
     assert f"data key {key_id} of tenant {tenant.pk} was destroyed" in out
 
@@ -135,7 +144,7 @@ def test_shred_command_after_a_hold_was_released_by_hand_fails(capsys):
     the shred record itself is valid, but the chain says the hold was still active."""
     tenant = tenant_with_records(2)
     hold = legal_hold_place(actor=None, tenant_id=tenant.pk, reason="case 2026-18")
-    raw("UPDATE audit_legalhold SET released_at = now() WHERE id = %s", [hold.pk])
+    raw("UPDATE audit_legalhold SET released_at = CURRENT_TIMESTAMP WHERE id = %s", [hold.pk])
     with TestCase.captureOnCommitCallbacks(execute=True):
         tenant_keys_shred(actor=None, tenant_id=tenant.pk, now=timezone.now() + AFTER_RETENTION)
     sealed_by_beat()
