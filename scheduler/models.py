@@ -205,11 +205,25 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The client's ``Idempotency-Key`` header on submit: a retried submit with the same key (same submitter)
+    # returns the job it created the first time instead of a second one. Empty when none was sent.
+    idempotency_key = models.CharField(max_length=128, blank=True, default="")
+    # When a pending job is expected to start (forward simulation of the live snapshot), with a p10..p90 band;
+    # ``estimated_at`` says when that estimate was made. Null when no estimate is known.
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
+    estimated_start_p10_at = models.DateTimeField(null=True, blank=True)
+    estimated_start_p90_at = models.DateTimeField(null=True, blank=True)
+    estimated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
         indexes = [models.Index(fields=["tenant", "state"], name="job_tenant_state")]
         constraints = [
+            models.UniqueConstraint(
+                fields=["submitter", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="job_idempotency_key_per_submitter",
+            ),
             models.CheckConstraint(condition=models.Q(replicas__gte=1), name="job_replicas_positive"),
             models.CheckConstraint(
                 condition=models.Q(millis_per_replica__gte=MIN_FRACTION_MILLIS), name="job_millis_at_least_min"
@@ -230,6 +244,26 @@ class Job(models.Model):
     @property
     def devices_per_replica(self) -> int:
         return 1 if self.fractional else self.millis_per_replica // MILLIS_PER_DEVICE
+
+
+class JobLogChunk(models.Model):
+    """A piece of one replica's output, as the node agent streamed it: ``offset`` is the byte position of
+    ``text`` in that replica's log, so a reader resumes with ``?offset=`` and a resent chunk is a no-op."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    replica = models.PositiveSmallIntegerField(default=0)
+    offset = models.PositiveBigIntegerField()
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "replica", "offset"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "replica", "offset"], name="job_log_chunk_unique_offset"),
+        ]
+
+    def __str__(self) -> str:
+        return f"log of job {self.job_id} replica {self.replica} at {self.offset}"
 
 
 class JobEvent(models.Model):
