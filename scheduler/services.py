@@ -330,8 +330,9 @@ def _mark_loaded(job: Job, name: str, rows: list) -> None:
 
 
 @transaction.atomic
-def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> Job:
+def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, idempotency_key: str = "") -> Job:
     """Validate ``spec``, create the job and queue it (or hold it for approval). ``actor`` None = system.
+    ``idempotency_key`` is stored on the job (``scheduler.idempotency`` answers a retried submit with it).
 
     The hot path of admission, a handful of statements in all: one query resolves the tenant, the actor's
     role and the flavors; the job is inserted already ``queued`` (or ``pending_approval``) with its two
@@ -348,6 +349,7 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> 
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     submitter = actor if getattr(actor, "pk", None) else None
     job = _new_job(parsed=parsed, tenant=tenant, submitter=submitter, state=state, message=message, now=timezone.now())
+    job.idempotency_key = idempotency_key
     job.save(force_insert=True)
     events = JobEvent.objects.bulk_create(_submit_events(job, reason=reason, message=message))
     audit_record(
@@ -404,6 +406,7 @@ def _array_copies_insert(*, first: Job, count: int) -> list[int]:
             copy = Job(**{f.attname: getattr(first, f.attname) for f in fields})
             copy.env = {**first.env, "GPUPOOL_ARRAY_INDEX": str(index)}
             copy.array_index = index
+            copy.idempotency_key = ""
             copies.append(copy)
         Job.objects.bulk_create(copies, batch_size=ARRAY_INSERT_BATCH)
         return [first.pk, *(copy.pk for copy in copies)]
@@ -411,6 +414,8 @@ def _array_copies_insert(*, first: Job, count: int) -> list[int]:
     copied = {
         "env": "first.env || jsonb_build_object('GPUPOOL_ARRAY_INDEX', g.n::text)",
         "array_index": "g.n",
+        # The key stays on job 0: it is unique per submitter.
+        "idempotency_key": "''",
     }
     columns = ", ".join(quote(f.column) for f in fields)
     values = ", ".join(copied.get(f.name, f"first.{quote(f.column)}") for f in fields)
@@ -446,7 +451,9 @@ def _array_events_insert(*, array_id: uuid.UUID, state: str, reason: str, messag
 
 
 @transaction.atomic
-def job_array_submit(*, actor: Any | None, spec: dict, request: Any | None = None) -> JobArray:
+def job_array_submit(
+    *, actor: Any | None, spec: dict, request: Any | None = None, idempotency_key: str = ""
+) -> JobArray:
     """Create ``spec["array"]["count"]`` independent jobs of one spec in one transaction (Slurm's job arrays).
 
     Job i gets ``GPUPOOL_ARRAY_INDEX=i`` (and ``GPUPOOL_ARRAY_ID``, ``GPUPOOL_ARRAY_COUNT``) in its env and the
@@ -454,7 +461,8 @@ def job_array_submit(*, actor: Any | None, spec: dict, request: Any | None = Non
     rule, queued at once; quotas (limits, max running jobs) bind each job when a cycle places it, as for any
     job. An array whose jobs would need approval is refused, not held: an approval per job would flood the
     approvers' inbox. The same statements whatever the count (job 0, its copies, the events: three inserts),
-    one audit record ``job.array.submit`` for the batch and one cycle request.
+    one audit record ``job.array.submit`` for the batch and one cycle request. ``idempotency_key`` goes on job 0
+    only (the key is unique per submitter; the copies carry '').
     """
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is None:
@@ -486,6 +494,7 @@ def job_array_submit(*, actor: Any | None, spec: dict, request: Any | None = Non
         array_id=array_id,
         array_index=0,
     )
+    first.idempotency_key = idempotency_key
     first.save(force_insert=True)
     job_ids = _array_copies_insert(first=first, count=count)
     _array_events_insert(array_id=array_id, state=state, reason=reason, message=message, now=now)

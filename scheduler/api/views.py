@@ -4,13 +4,19 @@ devices (read) and flavors (read; create). Views validate the shape and call one
 from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from scheduler import selectors, services
+from scheduler import idempotency, selectors, services
 from scheduler.access import is_system_admin
 from scheduler.api import serializers as s
 from scheduler.filtersets import DeviceFilterSet, JobFilterSet, NodeFilterSet
@@ -26,6 +32,15 @@ except ImportError:  # pragma: no cover
 
         def has_permission(self, request, view) -> bool:
             return is_system_admin(request.user)
+
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+IDEMPOTENT_REPLAYED_HEADER = "Idempotent-Replayed"
+SUBMIT_RESULT = PolymorphicProxySerializer(
+    component_name="JobSubmitResult",
+    serializers=[s.JobDetailSerializer, s.JobArraySerializer],
+    resource_type_field_name=None,
+)
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -52,12 +67,34 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "`POST /jobs/arrays/<array_id>/cancel/`."
         ),
         request=OpenApiTypes.OBJECT,
-        responses={
-            201: PolymorphicProxySerializer(
-                component_name="JobSubmitResult",
-                serializers=[s.JobDetailSerializer, s.JobArraySerializer],
-                resource_type_field_name=None,
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_KEY_HEADER,
+                {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": idempotency.MAX_IDEMPOTENCY_KEY_LENGTH,
+                    "pattern": "^[!-~]+$",
+                },
+                OpenApiParameter.HEADER,
+                required=False,
+                description=(
+                    "Makes a retried submit safe: the first submit with a key creates the job (201); a later one "
+                    "with the same key and the same spec creates nothing and answers that job or array (200, "
+                    f"`{IDEMPOTENT_REPLAYED_HEADER}: true`); the same key with another spec is refused (422 "
+                    "`idempotency_key_reused`). 1-128 printable ASCII characters, e.g. a UUID; per submitter."
+                ),
             )
+        ],
+        responses={
+            201: SUBMIT_RESULT,
+            200: OpenApiResponse(
+                SUBMIT_RESULT,
+                description="A replay: an earlier submit with the same Idempotency-Key created this job or array.",
+            ),
+            422: OpenApiResponse(
+                description="The Idempotency-Key was used before for a different spec (`idempotency_key_reused`)."
+            ),
         },
         examples=[
             OpenApiExample(
@@ -104,13 +141,20 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         ],
     )
     def create(self, request: Request) -> Response:
-        if isinstance(request.data, dict) and request.data.get("array") is not None:
-            array = services.job_array_submit(actor=request.user, spec=request.data, request=request)
-            body = s.JobArraySerializer(array, context={"request": request}).data
-            return Response(body, status=status.HTTP_201_CREATED)
-        # The service returns the job with its events loaded: serialized as written, nothing read back.
-        job = services.job_submit(actor=request.user, spec=request.data, request=request)
-        return Response(s.JobDetailSerializer(job).data, status=status.HTTP_201_CREATED)
+        outcome = idempotency.job_submit_request(
+            actor=request.user,
+            spec=request.data,
+            idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER),
+            request=request,
+        )
+        if outcome.array is not None:
+            body = s.JobArraySerializer(outcome.array, context={"request": request}).data
+        else:
+            # A new job comes with its events loaded: serialized as written, nothing read back.
+            body = s.JobDetailSerializer(outcome.job).data
+        if outcome.replayed:
+            return Response(body, status=status.HTTP_200_OK, headers={IDEMPOTENT_REPLAYED_HEADER: "true"})
+        return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(
         summary="Cancel every job of an array that has not ended",
