@@ -212,6 +212,9 @@ class ApprovalRequest(models.Model):
     reason = models.TextField(blank=True, default="")
     chain = models.JSONField(default=list)
     step = models.PositiveSmallIntegerField(default=0)
+    # Steps of the configured chain that were passed over because nobody but the requester could decide
+    # them: [{"role": ..., "reason": ...}] (the request went to the next step, or to the system admins).
+    escalations = models.JSONField(default=list, blank=True)
     result_message = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -166,18 +166,32 @@ class IsTenantAdminOf(BasePermission):
         return request.method in SAFE_METHODS or can_admin_tenant(request.user, tenant)
 
 
-def can_decide_approval(user: Any, approval: Any) -> bool:
-    """Whether ``user`` may take the decision ``approval`` is waiting for. Nobody approves their own request."""
+def holds_approval_role(user: Any, role: str, tenant: Tenant) -> bool:
+    """Whether ``user`` holds approver ``role`` (an ``ApprovalStepRole``) for a request about ``tenant``."""
     from tenants.models import ApprovalStepRole
 
-    role = approval.awaiting_role
-    if role is None or not _authenticated(user) or user.pk == approval.requester_id:
+    if not _authenticated(user):
         return False
     if role == ApprovalStepRole.SYSTEM_ADMIN:
         return is_system_admin(user)
     if role == ApprovalStepRole.TENANT_ADMIN:
-        return tenant_role(user, approval.tenant) == MembershipRole.TENANT_ADMIN
+        return tenant_role(user, tenant) == MembershipRole.TENANT_ADMIN
     if role == ApprovalStepRole.PARENT_TENANT_ADMIN:
-        parent = approval.tenant.parent
-        return parent is not None and tenant_role(user, parent) == MembershipRole.TENANT_ADMIN
+        return tenant.parent is not None and tenant_role(user, tenant.parent) == MembershipRole.TENANT_ADMIN
     return False
+
+
+def can_decide_approval(user: Any, approval: Any) -> bool:
+    """Whether ``user`` may take the decision ``approval`` is waiting for: whoever holds the awaited step's role,
+    and any system admin on any step (an override, which must say why: ``is_approval_override``). Nobody decides
+    their own request."""
+    role = approval.awaiting_role
+    if role is None or not _authenticated(user) or user.pk == approval.requester_id:
+        return False
+    return is_system_admin(user) or holds_approval_role(user, role, approval.tenant)
+
+
+def is_approval_override(user: Any, approval: Any) -> bool:
+    """A system admin deciding a step that waits for someone else's role (allowed, with a comment)."""
+    role = approval.awaiting_role
+    return role is not None and is_system_admin(user) and not holds_approval_role(user, role, approval.tenant)

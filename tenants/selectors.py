@@ -264,14 +264,26 @@ def approval_get_visible(*, user: Any, pk: Any) -> Any:
 
 
 def approvals_awaiting(user: Any) -> list:
-    """The caller's inbox: open requests whose current step the caller may decide."""
+    """The caller's inbox: open requests whose current step waits for a role the caller holds."""
     from tenants.models import ApprovalStatus
-    from tenants.permissions import can_decide_approval
+    from tenants.permissions import can_decide_approval, is_approval_override
 
     return [
         approval
         for approval in approvals_visible_to(user).filter(status=ApprovalStatus.PENDING)
-        if can_decide_approval(user, approval)
+        if can_decide_approval(user, approval) and not is_approval_override(user, approval)
+    ]
+
+
+def approvals_overridable(user: Any) -> list:
+    """For system admins: open requests waiting for someone else, which they may still decide (with a comment)."""
+    from tenants.models import ApprovalStatus
+    from tenants.permissions import can_decide_approval, is_approval_override
+
+    return [
+        approval
+        for approval in approvals_visible_to(user).filter(status=ApprovalStatus.PENDING)
+        if can_decide_approval(user, approval) and is_approval_override(user, approval)
     ]
 
 

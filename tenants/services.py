@@ -871,7 +871,7 @@ DEFAULT_APPROVAL_CHAINS = {
 }
 
 
-def _approval_chain(kind: str, tenant: Tenant) -> list[str]:
+def _configured_chain(kind: str, tenant: Tenant) -> list[str]:
     from tenants.models import ApprovalStepRole
 
     chains = getattr(settings, "GPUPOOL_APPROVAL_CHAINS", None) or DEFAULT_APPROVAL_CHAINS
@@ -883,6 +883,29 @@ def _approval_chain(kind: str, tenant: Tenant) -> list[str]:
         # A top-level tenant has no parent tenant admin to ask.
         chain = [role for role in chain if role != ApprovalStepRole.PARENT_TENANT_ADMIN]
     return chain or [ApprovalStepRole.SYSTEM_ADMIN]
+
+
+def _approval_chain(kind: str, tenant: Tenant, requester: User | None) -> tuple[list[str], list[dict]]:
+    """The configured chain with the steps nobody but the requester could decide passed over
+    (``tenants.approval_chain``), so every request reaches someone who can finish it."""
+    from tenants.approval_chain import resolve_chain
+
+    return resolve_chain(_configured_chain(kind, tenant), tenant, getattr(requester, "pk", None))
+
+
+def _require_decision_comment(actor: User, approval: Any, comment: str) -> bool:
+    """A system admin may decide a step that waits for someone else's role, saying why; returns whether this
+    decision is such an override (it is audited as one)."""
+    from tenants.permissions import is_approval_override
+
+    override = is_approval_override(actor, approval)
+    if override and not comment.strip():
+        role = (approval.awaiting_role or "").replace("_", " ")
+        raise DomainError(
+            f"This step waits for a {role}; a system admin deciding it instead must say why (comment).",
+            field="comment",
+        )
+    return override
 
 
 def _approval_expiry() -> dt.datetime:
@@ -908,23 +931,12 @@ def _approval_audit(approval: Any, verb: str, *, actor: User | None, details: di
 
 def approvers_for(approval: Any) -> list[User]:
     """Who can take the decision ``approval`` waits for (for notifications)."""
-    from tenants.models import ApprovalStepRole
-    from tenants.permissions import ancestors_and_self
+    from tenants.approval_chain import eligible_approvers
 
     role = approval.awaiting_role
     if role is None:
         return []
-    if role == ApprovalStepRole.SYSTEM_ADMIN:
-        users = User.objects.filter(platform_role=PlatformRole.SYSTEM_ADMIN, is_active=True)
-    else:
-        base = approval.tenant if role == ApprovalStepRole.TENANT_ADMIN else approval.tenant.parent
-        if base is None:
-            return []
-        ids = [node.pk for node in ancestors_and_self(base)]
-        users = User.objects.filter(
-            is_active=True, memberships__tenant_id__in=ids, memberships__role=MembershipRole.TENANT_ADMIN
-        ).distinct()
-    return [user for user in users.order_by("username") if user.pk != approval.requester_id]
+    return eligible_approvers(role, approval.tenant, approval.requester_id)
 
 
 def _notify(approval: Any, *, event: str, recipients: list[User], subject: str, body: str) -> None:
@@ -1000,6 +1012,16 @@ def quota_change_request_create(
     merged = {**(current.values() if current else {}), **values}
     cleaned = _clean_quota_values(merged, tenant=tenant, flavor=flavor)
     _check_quota_tree(tenant=tenant, flavor=flavor, new=cleaned)
+    chain, escalations = _approval_chain(ApprovalKind.QUOTA_CHANGE, tenant, actor)
+    from tenants.approval_chain import eligible_approvers
+
+    if not all(eligible_approvers(role, tenant, actor.pk) for role in chain):
+        # Only possible for the one system admin of the platform: nobody else exists to ask.
+        raise DomainError(
+            "Nobody but you could approve this request; as a system admin, set the quota directly "
+            "(PUT /api/v1/tenants/<id>/quotas/<flavor>/ or the tenant's quota page).",
+            code="no_approver",
+        )
     approval = ApprovalRequest.objects.create(
         kind=ApprovalKind.QUOTA_CHANGE,
         tenant=tenant,
@@ -1007,14 +1029,20 @@ def quota_change_request_create(
         requester=actor,
         payload=cleaned,
         reason=reason,
-        chain=_approval_chain(ApprovalKind.QUOTA_CHANGE, tenant),
+        chain=chain,
+        escalations=escalations,
         expires_at=_approval_expiry(),
     )
     _approval_audit(
         approval,
         "create",
         actor=actor,
-        details={"before": current.values() if current else None, "after": cleaned, "chain": approval.chain},
+        details={
+            "before": current.values() if current else None,
+            "after": cleaned,
+            "chain": approval.chain,
+            "escalations": escalations,
+        },
         request=request,
     )
     _notify_approvers(approval)
@@ -1058,6 +1086,15 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
         "You cannot approve this step: it waits for a "
         f"{(approval.awaiting_role or '').replace('_', ' ')}, and nobody approves their own request.",
     )
+    override = _require_decision_comment(actor, approval, comment)
+    if approval.step + 1 < len(approval.chain):
+        # Who can decide the later steps may have changed since the request was made: pass over the ones
+        # nobody but the requester could decide now, so the request cannot stall on them.
+        from tenants.approval_chain import resolve_chain
+
+        later, escalations = resolve_chain(approval.chain[approval.step + 1 :], approval.tenant, approval.requester_id)
+        approval.chain = approval.chain[: approval.step + 1] + later
+        approval.escalations = approval.escalations + escalations
     final = approval.step + 1 >= len(approval.chain)
     if final and approval.kind == ApprovalKind.QUOTA_CHANGE:
         # Locks first (before any audit write) so concurrent approvals queue here in one order.
@@ -1072,8 +1109,14 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
     )
     if not final:
         approval.step += 1
-        approval.save(update_fields=["step", "updated_at"])
-        _approval_audit(approval, "approve", actor=actor, details={"comment": comment, "final": False}, request=request)
+        approval.save(update_fields=["step", "chain", "escalations", "updated_at"])
+        _approval_audit(
+            approval,
+            "approve",
+            actor=actor,
+            details={"comment": comment, "final": False, "override": override, "chain": approval.chain},
+            request=request,
+        )
         _notify_approvers(approval)
         return approval
     approval.decided_at = timezone.now()
@@ -1106,7 +1149,7 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
         approval,
         verb,
         actor=actor,
-        details={"comment": comment, "final": True, "result": approval.result_message},
+        details={"comment": comment, "final": True, "result": approval.result_message, "override": override},
         request=request,
     )
     _notify_requester(approval, comment=comment)
@@ -1125,6 +1168,7 @@ def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = 
     _require(can_decide_approval(actor, approval), "You are not the approver this request is waiting for.")
     if not comment.strip():
         raise DomainError("Say why you reject the request (comment).", field="comment")
+    override = _require_decision_comment(actor, approval, comment)
     ApprovalStep.objects.create(
         request=approval,
         step=approval.step,
@@ -1141,7 +1185,9 @@ def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = 
         from scheduler.services import job_reject_from_approval
 
         job_reject_from_approval(job=approval.job, actor=actor, comment=comment)
-    _approval_audit(approval, "reject", actor=actor, details={"comment": comment}, request=request)
+    _approval_audit(
+        approval, "reject", actor=actor, details={"comment": comment, "override": override}, request=request
+    )
     _notify_requester(approval, comment=comment)
     return approval
 
@@ -1160,6 +1206,7 @@ def approval_request_changes(*, actor: User, approval: Any, comment: str, reques
         raise DomainError("A job admission can be approved or rejected, not sent back for changes.")
     if not comment.strip():
         raise DomainError("Say which changes you need (comment).", field="comment")
+    override = _require_decision_comment(actor, approval, comment)
     ApprovalStep.objects.create(
         request=approval,
         step=approval.step,
@@ -1170,7 +1217,9 @@ def approval_request_changes(*, actor: User, approval: Any, comment: str, reques
     )
     approval.status = ApprovalStatus.CHANGES_REQUESTED
     approval.save(update_fields=["status", "updated_at"])
-    _approval_audit(approval, "request_changes", actor=actor, details={"comment": comment}, request=request)
+    _approval_audit(
+        approval, "request_changes", actor=actor, details={"comment": comment, "override": override}, request=request
+    )
     _notify_requester(approval, comment=comment)
     return approval
 
@@ -1201,6 +1250,7 @@ def approval_resubmit(
     )
     approval.status = ApprovalStatus.PENDING
     approval.step = 0
+    approval.chain, approval.escalations = _approval_chain(approval.kind, approval.tenant, approval.requester)
     approval.expires_at = _approval_expiry()
     approval.save()
     _approval_audit(
@@ -1301,11 +1351,13 @@ def job_admission_request_create(*, job: Any, actor: User | None) -> Any:
     """Put ``job`` (already ``pending_approval``) in the approval inbox."""
     from tenants.models import ApprovalKind, ApprovalRequest
 
+    requester = actor if actor is not None else job.submitter
+    chain, escalations = _approval_chain(ApprovalKind.JOB_ADMISSION, job.tenant, requester)
     approval = ApprovalRequest.objects.create(
         kind=ApprovalKind.JOB_ADMISSION,
         tenant=job.tenant,
         job=job,
-        requester=actor if actor is not None else job.submitter,
+        requester=requester,
         payload={
             "job": job.pk,
             "name": job.name,
@@ -1313,10 +1365,16 @@ def job_admission_request_create(*, job: Any, actor: User | None) -> Any:
             "total_millis": job.total_millis,
             "summary": f"{job.name}: {job.replicas} x {job.millis_per_replica} millis, priority {job.priority_class}",
         },
-        chain=_approval_chain(ApprovalKind.JOB_ADMISSION, job.tenant),
+        chain=chain,
+        escalations=escalations,
         expires_at=_approval_expiry(),
     )
-    _approval_audit(approval, "request", actor=actor, details={"after": approval.payload, "chain": approval.chain})
+    _approval_audit(
+        approval,
+        "request",
+        actor=actor,
+        details={"after": approval.payload, "chain": approval.chain, "escalations": escalations},
+    )
     _notify_approvers(approval)
     return approval
 

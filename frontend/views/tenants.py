@@ -19,8 +19,9 @@ from portal.api import DomainError, NotFoundError
 from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
 from tenants import services as tenant_services
-from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, Quota, Tenant
-from tenants.permissions import can_admin_tenant, can_decide_approval
+from tenants.approval_chain import chain_plan, decided_by_sentence
+from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, ApprovalStepRole, Quota, Tenant
+from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override
 
 # Quota bars in the tree cost a few queries per tenant; past this many tenants the tree shows names only.
 TREE_QUOTA_LIMIT = 60
@@ -156,7 +157,17 @@ def quota_request(request, pk: int):
         except DomainError as exc:
             messages.error(request, exc.message)
         else:
-            messages.success(request, _("Quota change request %(id)s sent for approval.") % {"id": approval.pk})
+            messages.success(
+                request,
+                _("Quota change request %(id)s sent for approval. It will be decided by: %(chain)s.")
+                % {"id": approval.pk, "chain": decided_by_sentence(approval)},
+            )
+            if approval.escalations:
+                messages.warning(
+                    request,
+                    _("Nobody but you holds the role %(roles)s, so the request goes to the next approver instead.")
+                    % {"roles": ", ".join(str(ApprovalStepRole(step["role"]).label) for step in approval.escalations)},
+                )
             return redirect("frontend:approval-detail", pk=approval.pk)
     else:
         messages.error(request, " ".join(" ".join(errors) for errors in form.errors.values()))
@@ -179,6 +190,7 @@ def approval_inbox(request):
     context = {
         "section": Section.APPROVALS,
         "awaiting": tenant_selectors.approvals_awaiting(request.user),
+        "overridable": tenant_selectors.approvals_overridable(request.user),
         "mine": visible.filter(requester=request.user, status__in=OPEN_APPROVAL_STATUSES),
         "recent": visible.exclude(status__in=OPEN_APPROVAL_STATUSES).order_by("-updated_at")[:20],
     }
@@ -225,6 +237,8 @@ def approval_detail(request, pk: int):
         "fields": fields,
         "steps": list(approval.steps.all()),
         "can_decide": can_decide_approval(request.user, approval),
+        "is_override": is_approval_override(request.user, approval),
+        "plan": chain_plan(approval),
         "form": form,
     }
     return render(request, "frontend/tenants/approval_detail.html", context)

@@ -9,11 +9,13 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.serializers import JsonTypedSerializer
+from tenants.approval_chain import chain_plan
 from tenants.models import (
     QUOTA_FIELDS,
     ApiToken,
     ApprovalRequest,
     ApprovalStep,
+    ApprovalStepRole,
     FlavorPrice,
     Membership,
     MembershipRole,
@@ -317,6 +319,13 @@ class ApprovalStepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ApprovalPlanStepSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    role = serializers.ChoiceField(choices=ApprovalStepRole.choices)
+    state = serializers.ChoiceField(choices=["done", "awaiting", "upcoming"])
+    approvers = serializers.ListField(child=serializers.CharField(), help_text="usernames who may decide this step")
+
+
 class ApprovalSerializer(serializers.ModelSerializer):
     tenant_slug = serializers.CharField(source="tenant.slug", read_only=True)
     flavor_name = serializers.CharField(source="flavor.name", read_only=True, default=None, allow_null=True)
@@ -325,6 +334,13 @@ class ApprovalSerializer(serializers.ModelSerializer):
     )
     awaiting_role = serializers.CharField(read_only=True, allow_null=True)
     steps = ApprovalStepSerializer(many=True, read_only=True)
+    plan = serializers.SerializerMethodField(
+        help_text="Each step of the chain with its state (done, awaiting, upcoming) and the users who may decide it."
+    )
+
+    @extend_schema_field(ApprovalPlanStepSerializer(many=True))
+    def get_plan(self, approval: ApprovalRequest) -> list[dict]:
+        return chain_plan(approval)
 
     class Meta:
         model = ApprovalRequest
@@ -342,6 +358,8 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "payload",
             "reason",
             "chain",
+            "escalations",
+            "plan",
             "step",
             "awaiting_role",
             "result_message",
