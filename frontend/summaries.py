@@ -34,7 +34,10 @@ class FlavorCapacity:
     devices: int = 0
     schedulable_devices: int = 0
     capacity_millis: int = 0
+    # Allocated on schedulable cards (what the bar compares with capacity), and on the flavor's other cards
+    # (cordoned, draining, not ready or unhealthy nodes: jobs still running where nothing new is placed).
     allocated_millis: int = 0
+    allocated_unschedulable_millis: int = 0
     memory_mib: int = 0
     # Average utilisation of the flavor's cards from the latest telemetry (None: no recent values).
     utilisation_pct: float | None = None
@@ -84,7 +87,9 @@ def pool_summary() -> PoolSummary:
         if device.node.status == NodeStatus.READY and device.health != DeviceHealth.UNHEALTHY:
             row.schedulable_devices += 1
             row.capacity_millis += MILLIS_PER_DEVICE
-        row.allocated_millis += allocated.get(device.pk, 0)
+            row.allocated_millis += allocated.get(device.pk, 0)
+        else:
+            row.allocated_unschedulable_millis += allocated.get(device.pk, 0)
     _add_live_utilisation(flavors, devices)
     summary.flavors = sorted(flavors.values(), key=lambda f: f.name)
     summary.devices_total = sum(f.devices for f in summary.flavors)

@@ -64,7 +64,10 @@ def yesno_words(value: bool) -> str:
 def qbar(*, scale: int, used: int = 0, guaranteed: int | None = None, borrowed: int = 0, label: str = "") -> dict:
     """A bar drawn as SVG (no inline styles, so a strict CSP holds): track = ``scale``, a marker at the
     guarantee, green = used within it, orange = borrowed above it."""
-    scale = max(int(scale or 0), 1)
+    scale = int(scale or 0)
+    if scale <= 0:
+        # Nothing schedulable (every card cordoned): an empty track, not a full bar for 0.3 of 0.
+        return {"label": label, "used_pct": 0.0, "borrowed_start_pct": 0.0, "borrowed_pct": 0.0, "guaranteed_pct": None}
     used = int(used or 0)
     borrowed = int(borrowed or 0)
     in_quota = max(0, used - borrowed)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.db.models import Count, Prefetch, Q, Sum
+from django.db.models import Count, OuterRef, Prefetch, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
@@ -20,10 +21,21 @@ from scheduler.models import Allocation, Device, Node
 
 
 def _nodes():
+    # Both figures are subqueries: summing allocations in a join with the devices counted each allocation once
+    # per card of the node (0.3 shown as 2.4 on an 8-card node).
+    allocated = (
+        Allocation.objects.active()
+        .filter(node=OuterRef("pk"))
+        .order_by()
+        .values("node")
+        .annotate(total=Sum("millis"))
+        .values("total")
+    )
+    cards = Device.objects.filter(node=OuterRef("pk")).order_by().values("node").annotate(n=Count("id")).values("n")
     return (
         Node.objects.annotate(
-            device_count=Count("devices", distinct=True),
-            allocated_millis=Sum("allocations__millis", filter=Q(allocations__ended_at__isnull=True)),
+            device_count=Coalesce(Subquery(cards), 0),
+            allocated_millis=Coalesce(Subquery(allocated), 0),
         )
         .prefetch_related(Prefetch("devices", queryset=Device.objects.select_related("flavor")))
         .order_by("name")
