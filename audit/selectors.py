@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, Min, Q, QuerySet
 
-from audit.models import AuditRecord
+from audit import conf
+from audit.models import AuditRecord, ChainHead
 from audit.services import details_for, record_view
 
 AUDITOR_ROLE = "auditor"
@@ -64,3 +65,25 @@ def readable(records: list[AuditRecord]) -> list[dict[str, Any]]:
     """Records opened for an auditor (one key query for the page)."""
     details = details_for(records)
     return [record_view(record, details[record.pk]) for record in records]
+
+
+def unwitnessed_record_age_seconds(*, now: dt.datetime) -> float:
+    """How old the oldest audit record is that no witnessed checkpoint covers yet (0 when every record is covered).
+
+    Beat seals each changed stream every ``GPUPOOL_AUDIT_CHECKPOINT_SECONDS``; past ``witness_window_seconds()``
+    ``audit_verify`` fails, so this figure climbing towards the window means the sealing fell behind or stopped
+    (no beat, no worker, an unwritable witness). One row per stream whose head is ahead of its witness.
+    """
+    behind = list(ChainHead.objects.filter(seq__gt=F("witnessed_seq")).values_list("stream", "witnessed_seq"))
+    if not behind:
+        return 0.0
+    first_unwitnessed = Q()
+    for stream, witnessed_seq in behind:
+        first_unwitnessed |= Q(stream=stream, seq=witnessed_seq + 1)
+    oldest = AuditRecord.objects.filter(first_unwitnessed).aggregate(oldest=Min("created_at"))["oldest"]
+    return round(max(0.0, (now - oldest).total_seconds()), 3) if oldest is not None else 0.0
+
+
+def witness_window_seconds() -> int:
+    """The age past which every audit record must be covered by a witnessed checkpoint (``audit_verify``)."""
+    return conf.witness_window_seconds()

@@ -1,5 +1,7 @@
 """``/metrics``: Prometheus text exposition of the latest telemetry, with dcgm-exporter's metric names and
-labels (so existing Grafana dashboards work), plus a few gpupool gauges.
+labels (so existing Grafana dashboards work), plus gpupool's own: node readiness, jobs, pool capacity and
+allocation (per flavor and per card), each tenant's usage against its quota, the queue wait, the audit trail's
+sealing lag and PostgreSQL's deadlock count. ``deploy/grafana`` and ``deploy/prometheus`` read these names.
 
 Scraped with ``Authorization: Bearer $GPUPOOL_METRICS_TOKEN``, or opened by a signed-in system admin.
 """
@@ -84,7 +86,104 @@ def render_metrics(snapshot: dict) -> str:
     ]
     for flavor, millis in sorted(snapshot["allocated_by_flavor"].items()):
         lines.append(f"gpupool_allocated_millis{_labels({'flavor': flavor})} {millis}")
+    lines += _pool_lines(snapshot) + _tenant_lines(snapshot) + _queue_lines(snapshot) + _operations_lines(snapshot)
     return "\n".join(lines) + "\n"
+
+
+def _family(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, object], object]]) -> list[str]:
+    """One metric family: HELP, TYPE and a line per sample (samples without a number are left out)."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        number = _number(value)
+        if number is not None:
+            lines.append(f"{name}{_labels(labels) if labels else ''} {number}")
+    return lines
+
+
+def _pool_lines(snapshot: dict) -> list[str]:
+    capacity = [({"flavor": flavor}, millis) for flavor, millis in sorted(snapshot["capacity_by_flavor"].items())]
+    device_names = {device["uuid"]: device for device in snapshot["devices"]}
+    per_card = []
+    for uuid, millis in sorted(snapshot["device_allocated"].items()):
+        device = device_names.get(uuid)
+        if device is not None:
+            labels = {"gpu": device["index"], "UUID": uuid, "node": device["node__name"]}
+            per_card.append(({**labels, "flavor": device["flavor__name"] or ""}, millis))
+    return _family(
+        "gpupool_capacity_millis",
+        "gauge",
+        "Milli-devices the scheduler may place: devices of ready nodes that are not unhealthy (1000 = one card).",
+        capacity,
+    ) + _family(
+        "gpupool_device_allocated_millis", "gauge", "Milli-devices of one card held by active allocations.", per_card
+    )
+
+
+def _tenant_lines(snapshot: dict) -> list[str]:
+    allocated = [
+        ({"tenant": tenant, "flavor": flavor}, millis)
+        for (tenant, flavor), millis in sorted(snapshot["tenant_allocated"].items())
+    ]
+    guaranteed = [({"tenant": t, "flavor": f}, g) for t, f, g, _limit in snapshot["tenant_quotas"]]
+    limits = [({"tenant": t, "flavor": f}, limit) for t, f, _g, limit in snapshot["tenant_quotas"] if limit is not None]
+    jobs = [({"tenant": tenant, "state": state}, n) for (tenant, state), n in sorted(snapshot["tenant_jobs"].items())]
+    return (
+        _family(
+            "gpupool_tenant_allocated_millis", "gauge", "Milli-devices a tenant's active allocations hold.", allocated
+        )
+        + _family(
+            "gpupool_tenant_guaranteed_millis", "gauge", "Milli-devices guaranteed by the tenant's quota.", guaranteed
+        )
+        + _family("gpupool_tenant_limit_millis", "gauge", "The tenant's quota limit (absent: no limit).", limits)
+        + _family("gpupool_tenant_jobs", "gauge", "A tenant's unfinished jobs by state.", jobs)
+    )
+
+
+def _queue_lines(snapshot: dict) -> list[str]:
+    quantiles = [({"quantile": q}, seconds) for q, seconds in sorted(snapshot["queue_wait_quantiles"].items())]
+    return (
+        _family(
+            "gpupool_queue_wait_seconds",
+            "gauge",
+            "Seconds from queued to admitted, quantiles over the jobs admitted in the last 15 minutes "
+            "(absent when none was).",
+            quantiles,
+        )
+        + _family(
+            "gpupool_queue_wait_jobs",
+            "gauge",
+            "Jobs admitted in the last 15 minutes (what gpupool_queue_wait_seconds is over).",
+            [({}, snapshot["queue_wait_jobs"])],
+        )
+        + _family(
+            "gpupool_queue_oldest_pending_seconds",
+            "gauge",
+            "How long the longest-waiting queued job has waited (0: none waits).",
+            [({}, snapshot["queue_oldest_pending_seconds"])],
+        )
+    )
+
+
+def _operations_lines(snapshot: dict) -> list[str]:
+    lines = _family(
+        "gpupool_audit_unwitnessed_seconds",
+        "gauge",
+        "Age of the oldest audit record no witnessed checkpoint covers yet (0: all sealed).",
+        [({}, snapshot["audit_unwitnessed_seconds"])],
+    ) + _family(
+        "gpupool_audit_witness_window_seconds",
+        "gauge",
+        "Checkpoint interval + slack: audit_verify fails once a record this old is unsealed.",
+        [({}, snapshot["audit_witness_window_seconds"])],
+    )
+    if snapshot["database_deadlocks"] is not None:
+        lines += _family(
+            "gpupool_database_deadlocks_total",
+            "counter",
+            "Deadlocks PostgreSQL detected in the portal's database (pg_stat_database) since its statistics reset.",
+            [({}, snapshot["database_deadlocks"])],
+        )
+    return lines
 
 
 def _authorized(request: HttpRequest) -> bool:

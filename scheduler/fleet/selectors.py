@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 from collections import defaultdict
 from typing import Any
 
-from django.db.models import Count, QuerySet, Sum
+from django.db import connection
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from scheduler.fleet.models import NodeCredential
 from scheduler.fleet.telemetry import latest_store
-from scheduler.models import Allocation, Device, Job, Node
+from scheduler.models import (
+    FINAL_JOB_STATES,
+    MILLIS_PER_DEVICE,
+    Allocation,
+    Device,
+    DeviceHealth,
+    Job,
+    JobState,
+    Node,
+    NodeStatus,
+)
+
+#: /metrics' queue wait: the jobs admitted in this many seconds before the scrape, ...
+QUEUE_WAIT_WINDOW_S = 15 * 60
+#: ... among those submitted in this many days (bounds the scan to the submitted_at index).
+QUEUE_WAIT_LOOKBACK_DAYS = 7
+QUEUE_WAIT_QUANTILES = (0.5, 0.95)
 
 
 def _active_allocations() -> QuerySet:
@@ -123,6 +144,8 @@ def metrics_snapshot() -> dict[str, Any]:
         for row in allocations.order_by().values("flavor__name").annotate(millis=Sum("millis"))
     }
     jobs_by_state = {row["state"]: row["n"] for row in Job.objects.order_by().values("state").annotate(n=Count("pk"))}
+    now = timezone.now()
+    queue_wait_jobs, queue_wait_quantiles = _queue_wait_seconds(now=now)
     return {
         "nodes": nodes,
         "devices": devices,
@@ -130,4 +153,105 @@ def metrics_snapshot() -> dict[str, Any]:
         "device_tenant": dict(device_tenant),
         "allocated_by_flavor": allocated_by_flavor,
         "jobs_by_state": jobs_by_state,
+        "capacity_by_flavor": _capacity_millis_by_flavor(),
+        "device_allocated": {
+            row["device__uuid"]: row["millis"]
+            for row in allocations.order_by().values("device__uuid").annotate(millis=Sum("millis"))
+        },
+        **_tenant_usage(allocations),
+        "queue_wait_jobs": queue_wait_jobs,
+        "queue_wait_quantiles": queue_wait_quantiles,
+        "queue_oldest_pending_seconds": _oldest_queued_seconds(now=now),
+        **_audit_sealing(now=now),
+        "database_deadlocks": _database_deadlocks(),
     }
+
+
+def _capacity_millis_by_flavor() -> dict[str, int]:
+    """Millis the scheduler may place per flavor: the devices of ready nodes that are not unhealthy."""
+    rows = (
+        Device.objects.filter(node__status=NodeStatus.READY)
+        .exclude(health=DeviceHealth.UNHEALTHY)
+        .order_by()
+        .values("flavor__name")
+        .annotate(devices=Count("pk"))
+    )
+    return {row["flavor__name"] or "": row["devices"] * MILLIS_PER_DEVICE for row in rows}
+
+
+def _tenant_usage(allocations: QuerySet) -> dict[str, Any]:
+    """Per tenant (slug) and flavor: millis held, guaranteed and the limit; per tenant and state: unfinished jobs."""
+    from tenants.models import Quota
+
+    allocated = {
+        (row["tenant__slug"], row["flavor__name"]): row["millis"]
+        for row in allocations.order_by().values("tenant__slug", "flavor__name").annotate(millis=Sum("millis"))
+    }
+    quotas = list(
+        Quota.objects.order_by("tenant__slug", "flavor__name").values_list(
+            "tenant__slug", "flavor__name", "guaranteed_millis", "limit_millis"
+        )
+    )
+    jobs = {
+        (row["tenant__slug"], row["state"]): row["n"]
+        for row in Job.objects.exclude(state__in=FINAL_JOB_STATES)
+        .order_by()
+        .values("tenant__slug", "state")
+        .annotate(n=Count("pk"))
+    }
+    return {"tenant_allocated": allocated, "tenant_quotas": quotas, "tenant_jobs": jobs}
+
+
+def _queue_wait_seconds(*, now: dt.datetime) -> tuple[int, dict[float, float]]:
+    """Seconds from queued to admitted of the jobs admitted in the last ``QUEUE_WAIT_WINDOW_S``: their count and
+    the nearest-rank quantiles, each read with one ordered query (no rows are fetched beyond the one asked for)."""
+    admitted = (
+        Job.objects.filter(
+            submitted_at__gte=now - dt.timedelta(days=QUEUE_WAIT_LOOKBACK_DAYS),
+            admitted_at__gte=now - dt.timedelta(seconds=QUEUE_WAIT_WINDOW_S),
+        )
+        # A job requeued after its admission has a queued_at past its admitted_at until it is admitted again.
+        .filter(Q(queued_at__isnull=True) | Q(queued_at__lte=F("admitted_at")))
+        .annotate(
+            wait=ExpressionWrapper(
+                F("admitted_at") - Coalesce("queued_at", "submitted_at"), output_field=DurationField()
+            )
+        )
+        .order_by()
+    )
+    count = admitted.count()
+    quantiles: dict[float, float] = {}
+    if count:
+        for quantile in QUEUE_WAIT_QUANTILES:
+            rank = max(1, math.ceil(quantile * count))
+            wait = admitted.order_by("wait", "pk").values_list("wait", flat=True)[rank - 1]
+            quantiles[quantile] = round(max(0.0, wait.total_seconds()), 3)
+    return count, quantiles
+
+
+def _oldest_queued_seconds(*, now: dt.datetime) -> float:
+    """How long the longest-waiting queued job has waited (0 when none waits)."""
+    queued = Job.objects.filter(state=JobState.QUEUED)
+    oldest = queued.aggregate(oldest=Min(Coalesce("queued_at", "submitted_at")))["oldest"]
+    return round(max(0.0, (now - oldest).total_seconds()), 3) if oldest is not None else 0.0
+
+
+def _audit_sealing(*, now: dt.datetime) -> dict[str, float]:
+    from audit import selectors as audit_selectors
+
+    return {
+        "audit_unwitnessed_seconds": audit_selectors.unwitnessed_record_age_seconds(now=now),
+        "audit_witness_window_seconds": audit_selectors.witness_window_seconds(),
+    }
+
+
+def _database_deadlocks() -> int | None:
+    """Deadlocks PostgreSQL has detected in this database since its statistics were reset; None elsewhere."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        # Inside a transaction PostgreSQL answers statistics from the snapshot it took at the first read.
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        row = cursor.fetchone()
+    return int(row[0]) if row and row[0] is not None else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import re
 
 import pytest
@@ -112,3 +113,161 @@ def test_metrics_refuse_anonymous_wrong_tokens_and_non_admins(fleet, settings):
 def test_without_a_configured_token_no_bearer_is_accepted(fleet, settings):
     settings.GPUPOOL_METRICS_TOKEN = ""
     assert Client().get("/metrics", headers={"Authorization": "Bearer "}).status_code == 401
+
+
+# --- pool, tenants, queue, audit sealing, deadlocks (what the Grafana dashboard and the alert rules read) -----
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample of ``name`` whose labels include ``labels``; None when there is none."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def admin_scrape() -> str:
+    client = Client()
+    client.force_login(SystemAdminFactory())
+    return scrape(client)
+
+
+def test_pool_capacity_per_card_allocation_and_tenant_usage_against_its_quota(fleet):
+    from tenants.services import quota_set
+
+    device = Device.objects.get(uuid="GPU-gpu-01-0")
+    tenant = Job.objects.get(name="train").tenant
+    quota_set(actor=None, tenant=tenant, flavor=device.flavor, values={"guaranteed_millis": 1000, "limit_millis": 2000})
+    Job.objects.create(tenant=tenant, name="waits", millis_per_replica=1000, state=JobState.QUEUED)
+    flavor = device.flavor.name
+
+    text = admin_scrape()
+
+    assert metric_value(text, "gpupool_capacity_millis", flavor=flavor) == 2000  # two ready cards
+    assert metric_value(text, "gpupool_device_allocated_millis", UUID="GPU-gpu-01-0", node="gpu-01") == 500
+    assert metric_value(text, "gpupool_device_allocated_millis", UUID="GPU-gpu-01-1") is None  # nothing on it
+    assert metric_value(text, "gpupool_tenant_allocated_millis", tenant="vision", flavor=flavor) == 500
+    assert metric_value(text, "gpupool_tenant_guaranteed_millis", tenant="vision", flavor=flavor) == 1000
+    assert metric_value(text, "gpupool_tenant_limit_millis", tenant="vision", flavor=flavor) == 2000
+    assert metric_value(text, "gpupool_tenant_jobs", tenant="vision", state="running") == 1
+    assert metric_value(text, "gpupool_tenant_jobs", tenant="vision", state="queued") == 1
+    assert metric_value(text, "gpupool_queue_oldest_pending_seconds") >= 0
+
+    fleet.status = "not_ready"
+    fleet.save(update_fields=["status"])
+    assert metric_value(admin_scrape(), "gpupool_capacity_millis", flavor=flavor) is None  # nothing placeable
+
+
+def test_queue_wait_quantiles_cover_the_jobs_admitted_in_the_last_15_minutes(fleet):
+    tenant = TenantFactory()
+    now = timezone.now()
+
+    def admitted(*, wait_s: float, admitted_ago_s: float, requeued: bool = False) -> None:
+        admitted_at = now - dt.timedelta(seconds=admitted_ago_s)
+        queued_at = admitted_at + dt.timedelta(seconds=5) if requeued else admitted_at - dt.timedelta(seconds=wait_s)
+        job = Job.objects.create(tenant=tenant, name="q", millis_per_replica=100, state=JobState.RUNNING)
+        Job.objects.filter(pk=job.pk).update(queued_at=queued_at, admitted_at=admitted_at)
+
+    for wait_s in range(1, 21):  # 20 jobs admitted within the window, waits of 1..20 s
+        admitted(wait_s=wait_s, admitted_ago_s=60)
+    admitted(wait_s=5000, admitted_ago_s=3600)  # admitted an hour ago: outside the window
+    admitted(wait_s=0, admitted_ago_s=60, requeued=True)  # queued again since: not admitted from this queueing
+
+    text = admin_scrape()
+
+    assert metric_value(text, "gpupool_queue_wait_jobs") == 20
+    assert metric_value(text, "gpupool_queue_wait_seconds", quantile="0.5") == pytest.approx(10, abs=0.01)
+    assert metric_value(text, "gpupool_queue_wait_seconds", quantile="0.95") == pytest.approx(19, abs=0.01)
+
+
+def test_no_admission_in_the_window_leaves_the_quantiles_out(fleet):
+    text = admin_scrape()
+    assert metric_value(text, "gpupool_queue_wait_jobs") == 0
+    assert "# TYPE gpupool_queue_wait_seconds gauge" in text
+    assert metric_value(text, "gpupool_queue_wait_seconds", quantile="0.95") is None
+
+
+def test_audit_sealing_lag_grows_until_beat_seals_and_witnesses(fleet, settings):
+    from django.test import TestCase
+
+    from audit import selectors as audit_selectors
+    from audit.services import checkpoint_all
+
+    settings.GPUPOOL_AUDIT_CHECKPOINT_SECONDS, settings.GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS = 5, 25
+    later = timezone.now() + dt.timedelta(seconds=100)
+    # Registering the node wrote audit records that no checkpoint covers yet.
+    assert audit_selectors.unwitnessed_record_age_seconds(now=later) >= 100
+    text = admin_scrape()
+    assert metric_value(text, "gpupool_audit_unwitnessed_seconds") >= 0
+    assert metric_value(text, "gpupool_audit_witness_window_seconds") == 30
+
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        checkpoint_all()
+
+    assert audit_selectors.unwitnessed_record_age_seconds(now=later) == 0
+    settings.GPUPOOL_METRICS_TOKEN = "scrape-secret"  # a scraper, not a sign-in (which is audited)
+    assert (
+        metric_value(scrape(Client(), Authorization="Bearer scrape-secret"), "gpupool_audit_unwitnessed_seconds") == 0
+    )
+
+
+def test_the_deadlock_counter_is_postgresql_s_and_absent_elsewhere(fleet):
+    from django.db import connection
+
+    text = admin_scrape()
+    if connection.vendor != "postgresql":
+        assert "gpupool_database_deadlocks_total" not in text
+        return
+    assert "# TYPE gpupool_database_deadlocks_total counter" in text
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        expected = cursor.fetchone()[0]
+    assert metric_value(text, "gpupool_database_deadlocks_total") == expected
+
+
+@pytest.mark.services
+def test_a_deadlock_between_two_sessions_raises_the_deadlock_counter(fleet, postgres):
+    import threading
+    import time
+
+    import psycopg
+    from django.db import connection
+
+    before = metric_value(admin_scrape(), "gpupool_database_deadlocks_total")
+    params = connection.settings_dict
+    conninfo = {
+        "dbname": params["NAME"],
+        "user": params["USER"],
+        "password": params["PASSWORD"],
+        "host": params["HOST"],
+        "port": params["PORT"],
+    }
+    first, second = psycopg.connect(**conninfo), psycopg.connect(**conninfo)
+    refused: list[str] = []
+
+    def lock(session, key: int) -> None:
+        try:
+            session.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+        except psycopg.errors.DeadlockDetected:
+            refused.append("deadlock")
+        session.rollback()
+
+    try:
+        first.execute("SELECT pg_advisory_xact_lock(910001)")
+        second.execute("SELECT pg_advisory_xact_lock(910002)")
+        waiter = threading.Thread(target=lock, args=(first, 910002))
+        waiter.start()
+        time.sleep(0.3)
+        lock(second, 910001)  # each now waits for the other: PostgreSQL breaks the cycle after deadlock_timeout
+        waiter.join(timeout=30)
+    finally:
+        first.close()
+        second.close()  # a closing session flushes its statistics
+    assert refused == ["deadlock"]
+
+    deadline = time.monotonic() + 10
+    while metric_value(admin_scrape(), "gpupool_database_deadlocks_total") == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric_value(admin_scrape(), "gpupool_database_deadlocks_total") == before + 1
