@@ -3,6 +3,11 @@
 An operator tries a policy change before deploying it, e.g.::
 
     python -m scheduler.sim --trace philly --policy gpupool --days 7 --set grace_period_s=300 --out r.json
+    python -m scheduler.sim --trace-file jobs.csv --cluster-file cluster.csv --tenants-file tenants.csv \
+        --jobs-csv per-job.csv --tenants-csv per-tenant.csv
+    python -m scheduler.sim --trace philly --days 7 --write-trace philly-week/   # convert to gpupool's format
+
+The trace format (jobs, cluster, tenants; CSV or JSON Lines) is ``traceformat.py`` / docs/trace-format.md.
 """
 
 from __future__ import annotations
@@ -12,14 +17,12 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
-from scheduler.core.types import Policy
-
-from . import policies
-from .loaders import load_alibaba, load_philly
+from . import policies, records, traceformat
+from .loaders import TraceNotFound, load_alibaba, load_philly
 from .metrics import per_tenant, summarize
 from .simulator import SimConfig, SimResult, simulate
 from .workload import Workload
@@ -61,7 +64,20 @@ TENANT_COLUMNS = (
 def add_workload_arguments(
     parser: argparse.ArgumentParser, traces: Sequence[str] = ("philly", "alibaba"), default: str = "philly"
 ) -> None:
-    parser.add_argument("--trace", choices=tuple(traces), default=default)
+    parser.add_argument("--trace", choices=tuple(traces), default=default, help="a bundled trace (default philly)")
+    parser.add_argument(
+        "--trace-file",
+        type=Path,
+        help="replay this jobs file in gpupool's trace format (.csv or .jsonl; docs/trace-format.md) instead",
+    )
+    parser.add_argument(
+        "--cluster-file", type=Path, help="with --trace-file: the nodes (default: sized to the peak demand)"
+    )
+    parser.add_argument(
+        "--tenants-file",
+        type=Path,
+        help="with --trace-file: tenant tree and quotas (default: guarantees from the window's demand)",
+    )
     parser.add_argument("--traces", help="folder with the traces (default $GPUPOOL_TRACES_DIR or ../shared/traces)")
     parser.add_argument("--days", type=float, help="replay only jobs submitted in the first N days of the window")
     parser.add_argument("--jobs", type=int, help="replay only the first N jobs of the window")
@@ -107,6 +123,14 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_workload(args: argparse.Namespace) -> Workload:
+    trace_file = getattr(args, "trace_file", None)
+    if trace_file is not None:
+        try:
+            return traceformat.load_trace(trace_file, args.cluster_file, args.tenants_file)
+        except traceformat.TraceFormatError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    if getattr(args, "cluster_file", None) or getattr(args, "tenants_file", None):
+        raise SystemExit("error: --cluster-file and --tenants-file go with --trace-file")
     if args.trace == "alibaba":
         return load_alibaba(args.traces, pods=args.pods, max_jobs=args.jobs, days=args.days)
     cluster: str | int = int(args.cluster) if str(args.cluster).isdigit() else args.cluster
@@ -136,25 +160,12 @@ def build_config(args: argparse.Namespace) -> SimConfig:
 
 
 def policy_overrides(pairs: Sequence[str]) -> dict[str, object]:
-    """``["grace_period_s=300", "backfill=false"]`` → typed ``Policy`` field values."""
-    known = {f.name: f for f in fields(Policy)}
-    defaults = Policy()
-    out: dict[str, object] = {}
-    for pair in pairs:
-        name, sep, text = pair.partition("=")
-        if not sep or name not in known:
-            raise SystemExit(f"--set {pair!r}: expected FIELD=VALUE with FIELD one of {', '.join(known)}")
-        current = getattr(defaults, name)
-        if isinstance(current, bool):
-            value: object = text.lower() in ("1", "true", "yes", "on")
-        elif isinstance(current, int | float) and not isinstance(current, bool):
-            value = type(current)(float(text)) if isinstance(current, float) else int(text)
-        elif current is None:
-            value = None if text.lower() in ("", "none") else int(text)
-        else:
-            value = type(current)(text)  # the StrEnum fields
-        out[name] = value
-    return out
+    """``["grace_period_s=300", "backfill=false"]`` → typed ``Policy`` field values (``policies.parse_settings``);
+    a bad one exits with the list of valid names."""
+    try:
+        return policies.parse_settings(pairs)
+    except ValueError as exc:
+        raise SystemExit(f"error: --set {exc}") from None
 
 
 def policy_names(text: str) -> list[str]:
@@ -173,10 +184,17 @@ def run_policies(
     overrides: dict[str, object] | None = None,
     *,
     echo=None,
+    timelines: dict[str, records.JobTimeline] | None = None,
 ) -> list[tuple[dict, SimResult]]:
+    """Replay ``workload`` under each named policy; with ``timelines`` (filled in, by policy name) every
+    job's runs are recorded too."""
     out = []
     for name in names:
-        result = simulate(workload, policies.get(name, **(overrides or {})), config)
+        observers = []
+        if timelines is not None:
+            timelines[name] = records.JobTimeline()
+            observers.append(timelines[name])
+        result = simulate(workload, policies.get(name, **(overrides or {})), config, observers=observers)
         summary = summarize(result)
         if echo:
             echo(f"  {name}: {summary['cycles']:,} cycles, {summary['wall_s']:.0f} s wall")
@@ -223,13 +241,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="write the figures (and hourly allocation) as JSON here")
     parser.add_argument("--per-tenant", action="store_true", help="print a table per tenant for each policy")
+    parser.add_argument(
+        "--jobs-csv", type=Path, help="write one row per job and policy: submit, every start/stop, nodes, queued"
+    )
+    parser.add_argument("--tenants-csv", type=Path, help="write one row per tenant and policy")
+    parser.add_argument(
+        "--write-trace",
+        type=Path,
+        metavar="DIR",
+        help="write the workload in gpupool's trace format (jobs, cluster, tenants) to DIR and stop",
+    )
+    parser.add_argument("--trace-format", choices=traceformat.FORMATS, default="csv", help="for --write-trace")
     args = parser.parse_args(argv)
     names = policy_names(args.policy)
-    workload = build_workload(args)
+    overrides = policy_overrides(args.set)
+    try:
+        workload = build_workload(args)
+    except TraceNotFound as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.write_trace:
+        written = traceformat.write_workload(workload, args.write_trace, args.trace_format)
+        print(f"--trace-file {written['jobs']} --cluster-file {written['cluster']} --tenants-file {written['tenants']}")
+        return 0
     config = build_config(args)
     print(f"{workload.name}: {workload.meta.get('jobs')} jobs on {workload.meta.get('gpus')} GPUs", file=sys.stderr)
-    runs = run_policies(workload, names, config, policy_overrides(args.set), echo=lambda m: print(m, file=sys.stderr))
+    timelines: dict[str, records.JobTimeline] | None = {} if args.jobs_csv else None
+    runs = run_policies(
+        workload, names, config, overrides, echo=lambda m: print(m, file=sys.stderr), timelines=timelines
+    )
     print(format_table([s for s, _ in runs]))
+    if args.jobs_csv and timelines is not None:
+        rows = [
+            {"policy": name, **row}
+            for name, (_, result) in zip(names, runs, strict=True)
+            for row in records.job_rows(result, timelines[name])
+        ]
+        records.write_csv(args.jobs_csv, rows, ("policy", *records.JOB_CSV_COLUMNS))
+    if args.tenants_csv:
+        rows = [
+            {"policy": name, **row}
+            for name, (_, result) in zip(names, runs, strict=True)
+            for row in records.tenant_rows(result)
+        ]
+        records.write_csv(args.tenants_csv, rows, ("policy", *records.TENANT_CSV_COLUMNS))
     if args.per_tenant:
         for summary, result in runs:
             print(f"\n{summary['policy']} per tenant")

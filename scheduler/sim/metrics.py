@@ -49,8 +49,9 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
       capacity in the same span — allocation minus restarts and work redone after a stop;
     - ``queue_delay``: time to first start (first start - submit) — it hides the waits of a requeued job;
     - ``queued``: *total* time queued, every stay in the queue (after each preemption or failure too), over all
-      jobs (a job that never started counts its wait until the end of the run);
-    - ``jct``: finish - submit (mean, p95); ``makespan``: last finish - first arrival;
+      jobs (a job that never started counts its wait until the end of the run); mean, p95, p99;
+    - ``jct``: finish - submit (mean, p95, p99); ``makespan``: last finish - first arrival;
+    - ``gpu_hours``: the work of the jobs that finished (GPUs x duration), each counted once;
     - ``preemptions_per_job``: p50/p99/max over all jobs; ``preempted_3plus``: jobs preempted 3 times or
       more; ``preemptions_per_hour_max``: the most preemptions in one simulated hour;
     - ``starved_while_borrowed``: share of the run (first arrival to end) during which some tenant had a job
@@ -96,8 +97,11 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "queue_delay_p95_s": percentile(delays, 95),
         "queued_avg_s": mean(queued),
         "queued_p95_s": percentile(queued, 95),
+        "queued_p99_s": percentile(queued, 99),
         "jct_avg_s": mean(jct),
         "jct_p95_s": percentile(jct, 95),
+        "jct_p99_s": percentile(jct, 99),
+        "gpu_hours": useful_gpu_s / 3600.0,
         "makespan_s": (max(j.finish_s for j in finished) - first) if finished else math.nan,
         "preemptions": result.preemptions,
         "preemptions_per_job_p50": percentile(preempted, 50),
@@ -124,25 +128,34 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
 
 
 def per_tenant(result: SimResult) -> list[dict[str, float | int | str]]:
-    """One row per tenant: jobs, guarantee (GPUs), share within guarantee, time queued, JCT, preemptions."""
+    """One row per tenant: jobs (finished, never started), guarantee (GPUs), share within guarantee, time
+    starved, total time queued and JCT (mean, p95, p99), preemptions, and the GPU-hours of its finished jobs."""
     by_tenant: dict[str, list] = defaultdict(list)
     for j in result.jobs:
         by_tenant[j.tenant].append(j)
     rows = []
     for tenant, jobs in sorted(by_tenant.items()):
         jct = [j.finish_s - j.submit_s for j in jobs if j.finish_s is not None]
+        queued = [j.queued_s for j in jobs]
         rows.append(
             {
                 "tenant": tenant,
                 "jobs": len(jobs),
+                "finished": len(jct),
+                "never_started": sum(1 for j in jobs if j.first_start_s is None),
                 "guarantee_gpus": result.guarantee_millis.get(tenant, 0) / MILLIS_PER_DEVICE,
                 "within_guarantee": sum(1 for j in jobs if j.starved_s <= result.guarantee_tolerance_s) / len(jobs),
+                "starved_s": sum(j.starved_s for j in jobs),
                 "longest_starved_s": max(j.longest_starved_s for j in jobs),
-                "queued_avg_s": mean([j.queued_s for j in jobs]),
-                "queued_p95_s": percentile([j.queued_s for j in jobs], 95),
+                "queued_avg_s": mean(queued),
+                "queued_p95_s": percentile(queued, 95),
+                "queued_p99_s": percentile(queued, 99),
                 "jct_avg_s": mean(jct),
+                "jct_p95_s": percentile(jct, 95),
+                "jct_p99_s": percentile(jct, 99),
                 "preemptions": sum(j.preemptions for j in jobs),
                 "preemptions_max": max(j.preemptions for j in jobs),
+                "gpu_hours": sum(j.gpus * j.duration_s for j in jobs if j.finish_s is not None) / 3600.0,
             }
         )
     return rows

@@ -15,6 +15,10 @@ Work accounting: a job needs ``duration_s`` of work. A restart (any start after 
 ``checkpoint_interval_s`` of work; with ``checkpoint_on_preempt`` also at the stop of a preemption) and loses
 the rest, which it redoes later.
 
+Observers (``SimObserver``, passed as ``observers=``) are told of every start and stop of a job as it
+happens — on which nodes, and why it stopped — which is how per-job timelines are recorded
+(``records.JobTimeline``) without reaching into the simulator.
+
 The simulator decides nothing itself: which job runs where, who is preempted and who waits is the engine's.
 Only the *time* between a decision and its effect (grace period, restart cost) is modelled here.
 """
@@ -26,9 +30,11 @@ import math
 import random
 import time as wallclock
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from itertools import chain
+from typing import Protocol
 
 from scheduler.core import decay_usage, plan
 from scheduler.core.types import (
@@ -79,6 +85,23 @@ class Ev(IntEnum):
     ARRIVE = 4
     TICK = 8
     CYCLE = 9
+
+
+class StopReason(StrEnum):
+    """Why a job left its devices."""
+
+    FINISHED = "finished"  # its work was done
+    PREEMPTED = "preempted"  # its grace period after a preemption ended; it went back to the queue
+    NODE_FAILED = "node_failed"  # a node it ran on failed; it went back to the queue
+    END = "end"  # still running when the replay stopped (``SimConfig.horizon_s``)
+
+
+class SimObserver(Protocol):
+    """Receives a job's starts and stops in simulated-time order (see ``records.JobTimeline``)."""
+
+    def job_started(self, job_id: str, t: float, *, nodes: tuple[str, ...], flavor: str) -> None: ...
+
+    def job_stopped(self, job_id: str, t: float, *, reason: StopReason) -> None: ...
 
 
 class St(IntEnum):
@@ -156,10 +179,19 @@ class _Run:
 
 
 class Simulator:
-    """Replays ``workload`` under ``policy``; ``run()`` returns a ``SimResult``."""
+    """Replays ``workload`` under ``policy``; ``run()`` returns a ``SimResult``. Each of ``observers`` is told
+    of every start and stop of a job (``SimObserver``)."""
 
-    def __init__(self, workload: Workload, policy: SimPolicy, config: SimConfig | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: SimPolicy,
+        config: SimConfig | None = None,
+        *,
+        observers: Sequence[SimObserver] = (),
+    ) -> None:
         self.w = workload
+        self.observers = tuple(observers)
         self.sp = policy
         self.p = policy.policy
         self.c = config or SimConfig()
@@ -172,7 +204,7 @@ class Simulator:
         self.down: set[str] = set()
         self.node_idx = {n.name: i for i, n in enumerate(workload.nodes)}
         self.nodes: tuple[Node, ...] = tuple(workload.nodes)
-        self.tenants = tuple(Tenant(t) for t in workload.tenants)
+        self.tenants = tuple(Tenant(t, parent=workload.parents.get(t)) for t in workload.tenants)
         self.quotas = self._quotas() if policy.use_quotas else ()
         self.guarantee = {t: sum(f.values()) for t, f in workload.guarantees.items()}
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -225,7 +257,16 @@ class Simulator:
                 limit = self.w.limits.get(tenant, {}).get(flavor)
                 if not self.p.borrowing:
                     limit = millis  # a strict partition: the guarantee is also the cap
-                rows.append(Quota(tenant=tenant, flavor=flavor, guaranteed_millis=millis, limit_millis=limit))
+                rows.append(
+                    Quota(
+                        tenant=tenant,
+                        flavor=flavor,
+                        guaranteed_millis=millis,
+                        limit_millis=limit,
+                        lending_limit_millis=self.w.lending_limits.get(tenant, {}).get(flavor),
+                        max_running_jobs=self.w.max_running_jobs.get(tenant, {}).get(flavor),
+                    )
+                )
         return tuple(rows)
 
     def _push(self, t: float, kind: Ev, idx: int = -1, epoch: int = 0) -> None:
@@ -274,6 +315,9 @@ class Simulator:
             if run.state == St.QUEUED:
                 run.record.queued_s += end - run.queued_at
                 self._unflag(run, end)
+            elif run.state in (St.RUNNING, St.STOPPING):
+                for observer in self.observers:
+                    observer.job_stopped(run.job.job_id, end, reason=StopReason.END)
         self._account_starvation(end)
         window = max((r.job.submit_s for r in self.runs), default=0.0)
         return SimResult(
@@ -354,9 +398,20 @@ class Simulator:
             preemptible=j.preemptible,
             submitted_at=j.submit_s,
             replicas=j.replicas,
+            topology=j.topology,
             preempted_by=run.preempted_by,
-            runtime_estimate_s=run.remaining_s if self.c.runtime_estimates else None,
+            runtime_estimate_s=self._estimate_left(run),
         )
+
+    def _estimate_left(self, run: _Run) -> float | None:
+        """What the engine is told the job still needs: the truth with ``runtime_estimates`` (an oracle), else
+        the trace's estimate less the work already kept, else nothing."""
+        if self.c.runtime_estimates:
+            return run.remaining_s
+        estimate = run.job.runtime_estimate_s
+        if estimate is None:
+            return None
+        return max(0.0, estimate - (run.job.duration_s - run.remaining_s))
 
     def _start(self, run: _Run, place: Place, t: float) -> None:
         j = run.job
@@ -372,7 +427,8 @@ class Simulator:
         run.epoch += 1
         run.started_at = t
         run.productive_from = t + overhead
-        expected = run.productive_from + run.remaining_s if self.c.runtime_estimates else None
+        estimate = self._estimate_left(run)
+        expected = run.productive_from + estimate if estimate is not None else None
         borrowed_left = place.borrowed_millis
         allocs = []
         held = 0
@@ -409,6 +465,10 @@ class Simulator:
         self.tenant_flavor_held[j.tenant][place.flavor] += held
         self.flavor_of[j.job_id] = place.flavor
         self._push(run.productive_from + run.remaining_s, Ev.FINISH, self.index[j.job_id], run.epoch)
+        if self.observers:
+            nodes = tuple(sorted({a.node for a in place.assignments}))
+            for observer in self.observers:
+                observer.job_started(j.job_id, t, nodes=nodes, flavor=place.flavor)
 
     def _release(self, run: _Run) -> None:
         """Free the job's devices."""
@@ -431,6 +491,8 @@ class Simulator:
         run.epoch += 1
         run.record.finish_s = t
         self.done += 1
+        for observer in self.observers:
+            observer.job_stopped(run.job.job_id, t, reason=StopReason.FINISHED)
         self._want_cycle(t)
 
     def _stop(self, run: _Run, t: float, *, preempted: bool) -> None:
@@ -448,6 +510,10 @@ class Simulator:
         self.lost_gpu_s += gpus * (worked - saved)
         run.remaining_s -= saved
         self._release(run)
+        for observer in self.observers:
+            observer.job_stopped(
+                run.job.job_id, t, reason=StopReason.PREEMPTED if preempted else StopReason.NODE_FAILED
+            )
         run.state = St.QUEUED
         run.epoch += 1
         run.queued_at = t
@@ -630,6 +696,12 @@ def _record(job: SimJob) -> JobRecord:
     return JobRecord(job.job_id, job.tenant, job.submit_s, job.duration_s, job.gpus)
 
 
-def simulate(workload: Workload, policy: SimPolicy, config: SimConfig | None = None) -> SimResult:
-    """Replay ``workload`` under ``policy`` and return what happened."""
-    return Simulator(workload, policy, config).run()
+def simulate(
+    workload: Workload,
+    policy: SimPolicy,
+    config: SimConfig | None = None,
+    *,
+    observers: Sequence[SimObserver] = (),
+) -> SimResult:
+    """Replay ``workload`` under ``policy`` and return what happened (``observers`` see every start and stop)."""
+    return Simulator(workload, policy, config, observers=observers).run()

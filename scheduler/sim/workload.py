@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scheduler.core.types import MILLIS_PER_DEVICE, Device, Node, PriorityClass
+from scheduler.core.types import MILLIS_PER_DEVICE, Device, Node, PriorityClass, Topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,8 @@ class SimJob:
     trace_millis: int | None = None  # per replica as the trace asked, before rounding to the core's 100 steps
     cpu_millicores: int = 0  # host CPU per replica (0: none asked)
     host_memory_mib: int = 0  # host memory per replica (0: none asked)
+    topology: Topology = Topology.NONE
+    runtime_estimate_s: float | None = None  # what the submitter said it would take (the engine's backfill uses it)
 
     @property
     def gpus(self) -> float:
@@ -45,7 +47,10 @@ class Workload:
     """A cluster plus the jobs to replay on it.
 
     ``guarantees[tenant][flavor]`` (millis) is what each tenant is promised; policies that use quotas turn it
-    into ``Quota`` rows with ``limit_millis = limits[tenant][flavor]`` (None: no limit).
+    into ``Quota`` rows with ``limit_millis = limits[tenant][flavor]`` (None: no limit),
+    ``lending_limit_millis = lending_limits[tenant][flavor]`` and ``max_running_jobs[tenant][flavor]`` (both
+    None or missing: no limit). ``parents[tenant]`` places a tenant in the tree (missing: a root); a parent's
+    quota counts its whole subtree, as in the engine.
     """
 
     name: str
@@ -54,6 +59,9 @@ class Workload:
     guarantees: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     limits: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
     meta: Mapping[str, object] = field(default_factory=dict)
+    parents: Mapping[str, str | None] = field(default_factory=dict)
+    lending_limits: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
+    max_running_jobs: Mapping[str, Mapping[str, int | None]] = field(default_factory=dict)
 
     @property
     def capacity_millis(self) -> int:
@@ -61,7 +69,8 @@ class Workload:
 
     @property
     def tenants(self) -> tuple[str, ...]:
-        return tuple(sorted({j.tenant for j in self.jobs} | set(self.guarantees)))
+        named = {j.tenant for j in self.jobs} | set(self.guarantees) | set(self.parents)
+        return tuple(sorted(named | {p for p in self.parents.values() if p}))
 
 
 def uniform_nodes(
