@@ -184,9 +184,36 @@ class QuotaChangeForm(forms.Form):
         label=_("Reason"), widget=forms.Textarea(attrs={"rows": 3}), max_length=2000, required=False
     )
 
-    def __init__(self, *args, flavors: list[str], **kwargs) -> None:
+    # Form field -> the quota value it edits.
+    QUOTA_FIELD_OF = {
+        "guaranteed_cards": "guaranteed_millis",
+        "limit_cards": "limit_millis",
+        "lending_limit_cards": "lending_limit_millis",
+        "guaranteed_memory_gib": "guaranteed_memory_mib",
+        "max_running_jobs": "max_running_jobs",
+    }
+
+    def __init__(self, *args, flavors: list[str], current: dict | None = None, **kwargs) -> None:
+        """``current``: the tenant's quota values for the chosen flavor (millis/MiB), shown as the starting point
+        so that changing one figure leaves the others as they are."""
+        if current is not None:
+            kwargs["initial"] = {**self.initial_from(current), **kwargs.get("initial", {})}
         super().__init__(*args, **kwargs)
         self.fields["flavor"].choices = [(f, f) for f in flavors]
+        self.fields["flavor"].widget = forms.HiddenInput()
+
+    @staticmethod
+    def initial_from(current: dict) -> dict:
+        def cards(millis: int | None) -> Decimal | None:
+            return None if millis is None else Decimal(millis) / 1000
+
+        return {
+            "guaranteed_cards": cards(current.get("guaranteed_millis")) or 0,
+            "limit_cards": cards(current.get("limit_millis")),
+            "lending_limit_cards": cards(current.get("lending_limit_millis")),
+            "guaranteed_memory_gib": (current.get("guaranteed_memory_mib") or 0) // 1024,
+            "max_running_jobs": current.get("max_running_jobs"),
+        }
 
     def values(self) -> dict:
         data = self.cleaned_data
@@ -197,6 +224,12 @@ class QuotaChangeForm(forms.Form):
             "guaranteed_memory_mib": data["guaranteed_memory_gib"] * 1024,
             "max_running_jobs": data.get("max_running_jobs"),
         }
+
+    def changed_values(self) -> dict:
+        """Only the quota values the person changed from the ones shown (the service keeps the rest)."""
+        values = self.values()
+        changed = {self.QUOTA_FIELD_OF[name] for name in self.changed_data if name in self.QUOTA_FIELD_OF}
+        return {key: value for key, value in values.items() if key in changed}
 
 
 class DecisionForm(forms.Form):

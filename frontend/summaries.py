@@ -71,13 +71,20 @@ def device_allocated_millis() -> dict[int, int]:
     return {row["device_id"]: row["total"] for row in rows}
 
 
-def pool_summary() -> PoolSummary:
-    """Capacity vs. allocation per flavor, nodes by status, and the queue: the overview dashboard's numbers."""
-    summary = PoolSummary()
+def flavor_capacity() -> list[FlavorCapacity]:
+    """Cards, schedulable capacity and allocation per flavor (no live telemetry): the one source of the
+    overview's capacity bars, the overcommit warning and the quota form's default flavor."""
+    flavors, _devices = _flavor_capacity()
+    return sorted(flavors.values(), key=lambda f: f.name)
+
+
+def _flavor_capacity() -> tuple[dict[str, FlavorCapacity], list[Device]]:
     allocated = device_allocated_millis()
     flavors: dict[str, FlavorCapacity] = {}
-    devices = Device.objects.select_related("flavor", "node").only(
-        "id", "uuid", "node_id", "memory_mib", "health", "flavor__name", "node__status"
+    devices = list(
+        Device.objects.select_related("flavor", "node").only(
+            "id", "uuid", "node_id", "memory_mib", "health", "flavor__name", "node__status"
+        )
     )
     for device in devices:
         name = device.flavor.name if device.flavor else "—"
@@ -90,6 +97,47 @@ def pool_summary() -> PoolSummary:
             row.allocated_millis += allocated.get(device.pk, 0)
         else:
             row.allocated_unschedulable_millis += allocated.get(device.pk, 0)
+    return flavors, devices
+
+
+@dataclass
+class Overcommit:
+    flavor: str
+    guaranteed_millis: int
+    schedulable_millis: int
+
+
+def guarantee_overcommit(change_millis: dict[str, int] | None = None) -> list[Overcommit]:
+    """Flavors whose guarantees (summed over the top-level tenants; those below fit inside their parents)
+    exceed the pool's schedulable cards: promises the pool cannot keep at once. ``change_millis`` adds a
+    pending change per flavor (what approving a request would make of it)."""
+    from tenants.models import Quota
+
+    capacity = {row.name: row.capacity_millis for row in flavor_capacity()}
+    totals = {
+        row["flavor__name"]: row["total"] or 0
+        for row in Quota.objects.filter(tenant__parent__isnull=True)
+        .values("flavor__name")
+        .annotate(total=Sum("guaranteed_millis"))
+    }
+    for name, delta in (change_millis or {}).items():
+        totals[name] = totals.get(name, 0) + delta
+    rows = [{"flavor__name": name, "total": total} for name, total in sorted(totals.items())]
+    return [
+        Overcommit(
+            flavor=row["flavor__name"],
+            guaranteed_millis=row["total"],
+            schedulable_millis=capacity.get(row["flavor__name"], 0),
+        )
+        for row in rows
+        if row["total"] and row["total"] > capacity.get(row["flavor__name"], 0)
+    ]
+
+
+def pool_summary() -> PoolSummary:
+    """Capacity vs. allocation per flavor, nodes by status, and the queue: the overview dashboard's numbers."""
+    summary = PoolSummary()
+    flavors, devices = _flavor_capacity()
     _add_live_utilisation(flavors, devices)
     summary.flavors = sorted(flavors.values(), key=lambda f: f.name)
     summary.devices_total = sum(f.devices for f in summary.flavors)

@@ -8,7 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
 from frontend.access import Section, section_required, sections_for, visible_tenant_ids
-from frontend.summaries import devices_for_charts, job_counts, pool_summary
+from frontend.summaries import devices_for_charts, guarantee_overcommit, job_counts, pool_summary
 from scheduler.models import Device
 
 
@@ -43,6 +43,7 @@ def _context(request) -> dict:
     return {
         "subscribe_json": json.dumps(subscribe),
         "section": Section.OVERVIEW,
+        "overcommit": guarantee_overcommit() if sees_nodes else [],
         "summary": summary,
         "chart_devices": devices_for_charts(devices),
         "sees_nodes": sees_nodes,

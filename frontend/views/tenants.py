@@ -9,12 +9,14 @@ from django.contrib import messages
 from django.db.models import Count
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
 from frontend.access import Section, section_required, sections_for
 from frontend.forms import DecisionForm, QuotaChangeForm
+from frontend.summaries import flavor_capacity, guarantee_overcommit
 from portal.api import DomainError, NotFoundError
 from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
@@ -78,8 +80,16 @@ def tenant_detail(request, pk: int):
         "children": children,
         "quotas": quota_rows(tenant),
         "can_request": can_admin_tenant(request.user, tenant),
-        "quota_form": QuotaChangeForm(flavors=_flavor_names(), prefix="q"),
     }
+    if context["can_request"]:
+        flavors = _flavor_names()
+        chosen = _quota_form_flavor(tenant, request.GET.get("flavor"), flavors)
+        context["quota_flavors"] = flavors
+        context["quota_flavor"] = chosen
+        context["quota_form"] = QuotaChangeForm(
+            flavors=flavors, prefix="q", current=_current_quota(tenant, chosen), initial={"flavor": chosen}
+        )
+        context["overcommit"] = guarantee_overcommit()
     return render(request, "frontend/tenants/detail.html", context)
 
 
@@ -136,13 +146,36 @@ def _flavor_names() -> list[str]:
     return list(ResourceFlavor.objects.order_by("name").values_list("name", flat=True))
 
 
+def _current_quota(tenant: Tenant, flavor_name: str | None) -> dict:
+    quota = Quota.objects.filter(tenant=tenant, flavor__name=flavor_name).first() if flavor_name else None
+    return quota.values() if quota else {}
+
+
+def _quota_form_flavor(tenant: Tenant, asked: str | None, flavors: list[str]) -> str | None:
+    """The flavor the request form opens on: the one asked for, else one the tenant has a quota for, else one
+    with schedulable cards in the pool (not a flavor of 0 cards)."""
+    if asked in flavors:
+        return asked
+    with_quota = Quota.objects.filter(tenant=tenant).order_by("flavor__name").values_list("flavor__name", flat=True)
+    if with_quota:
+        return with_quota[0]
+    schedulable = [row.name for row in flavor_capacity() if row.capacity_millis > 0]
+    return (schedulable or flavors or [None])[0]
+
+
 @require_POST
 @section_required(Section.TENANTS)
 def quota_request(request, pk: int):
     tenant = _tenant_or_404(request, pk)
     if not can_admin_tenant(request.user, tenant):
         raise Http404
-    form = QuotaChangeForm(request.POST, flavors=_flavor_names(), prefix="q")
+    flavor_name = request.POST.get("q-flavor")
+    form = QuotaChangeForm(
+        request.POST, flavors=_flavor_names(), prefix="q", current=_current_quota(tenant, flavor_name)
+    )
+    if form.is_valid() and not form.changed_values():
+        messages.error(request, _("Nothing changed: edit at least one value before sending the request."))
+        return redirect(f"{reverse('frontend:tenant-detail', args=[tenant.pk])}?flavor={flavor_name}")
     if form.is_valid():
         flavor = ResourceFlavor.objects.get(name=form.cleaned_data["flavor"])
         try:
@@ -150,7 +183,7 @@ def quota_request(request, pk: int):
                 actor=request.user,
                 tenant=tenant,
                 flavor=flavor,
-                values=form.values(),
+                values=form.changed_values(),
                 reason=form.cleaned_data["reason"],
                 request=request,
             )
@@ -209,6 +242,7 @@ def approval_detail(request, pk: int):
                 label,
                 quota_value_text(field, current.values().get(field) if current else None, current is not None),
                 quota_value_text(field, approval.payload.get(field), True),
+                (current.values().get(field) if current else None) != approval.payload.get(field),
             )
             for field, label in QUOTA_FIELD_LABELS
         ]
@@ -237,11 +271,22 @@ def approval_detail(request, pk: int):
         "fields": fields,
         "steps": list(approval.steps.all()),
         "can_decide": can_decide_approval(request.user, approval),
+        "overcommit": _overcommit_if_approved(approval, current),
         "is_override": is_approval_override(request.user, approval),
         "plan": chain_plan(approval),
         "form": form,
     }
     return render(request, "frontend/tenants/approval_detail.html", context)
+
+
+def _overcommit_if_approved(approval, current) -> list:
+    """The overcommit the pool would have with this request applied (a top-level tenant's guarantee is what
+    adds up against the cards; a lower tenant's must fit inside its parent's)."""
+    change: dict[str, int] = {}
+    if approval.kind == ApprovalKind.QUOTA_CHANGE and approval.flavor_id and approval.tenant.parent_id is None:
+        before = current.guaranteed_millis if current else 0
+        change[approval.flavor.name] = (approval.payload.get("guaranteed_millis") or 0) - before
+    return guarantee_overcommit(change)
 
 
 QUOTA_FIELD_LABELS = [
