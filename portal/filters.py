@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import django_filters
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import QuerySet
 from django_filters.fields import IsoDateTimeField
+from rest_framework.exceptions import ValidationError
+from rest_framework.filters import BaseFilterBackend, OrderingFilter, SearchFilter
+from rest_framework.request import Request
 
 
 class UtcIsoDateTimeField(IsoDateTimeField):
@@ -20,9 +25,75 @@ class UtcIsoDateTimeField(IsoDateTimeField):
             try:
                 return result.astimezone(dt.UTC)
             except OverflowError as exc:  # e.g. 0001-01-01T00:00+01:00 is before year 1 in UTC
-                raise ValidationError(self.error_messages["invalid"], code="invalid") from exc
+                raise DjangoValidationError(self.error_messages["invalid"], code="invalid") from exc
         return result
 
 
 class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcIsoDateTimeField
+
+
+# Query parameters every list takes besides its filters: pagination (portal.pagination) and DRF's format.
+COMMON_LIST_PARAMETERS = frozenset({"limit", "offset", "format"})
+
+
+class KnownQueryParameters(BaseFilterBackend):
+    """Refuse what a list would otherwise ignore: an unknown query parameter (``?serach=x``), ``ordering`` on a
+    field the list cannot be ordered by, or ``search`` on a list without search. A silently ignored parameter
+    answers a different question than the one asked; here it is a 400 naming the parameter and what is
+    accepted. Only list actions are checked (a detail action may take its own parameters)."""
+
+    def filter_queryset(self, request: Request, queryset: QuerySet, view: Any) -> QuerySet:
+        if getattr(view, "action", None) != "list":
+            return queryset
+        allowed = set(COMMON_LIST_PARAMETERS)
+        filterset_class = getattr(view, "filterset_class", None)
+        if filterset_class is not None:
+            allowed.update(filterset_class.base_filters)
+        ordering = OrderingFilter()
+        if getattr(view, "ordering_fields", None):
+            allowed.add(ordering.ordering_param)
+        if getattr(view, "search_fields", None):
+            allowed.add(SearchFilter.search_param)
+        unknown = sorted(set(request.query_params) - allowed)
+        if unknown:
+            name = unknown[0]
+            if name == ordering.ordering_param:
+                detail = "this list cannot be ordered."
+            elif name == SearchFilter.search_param:
+                detail = "this list has no search; use its filters."
+            else:
+                detail = f"is not a parameter of this list; accepted: {', '.join(sorted(allowed))}."
+            raise ValidationError({name: [detail]})
+        if ordering.ordering_param in request.query_params:
+            valid = {field for field, _label in ordering.get_valid_fields(queryset, view, {"request": request})}
+            terms = [term.strip() for term in request.query_params[ordering.ordering_param].split(",")]
+            wrong = [term for term in terms if term.lstrip("-") not in valid]
+            if wrong:
+                raise ValidationError(
+                    {ordering.ordering_param: [f"cannot order by {wrong[0]!r}; accepted: {', '.join(sorted(valid))}."]}
+                )
+        return queryset
+
+
+class OfferedOrderingFilter(OrderingFilter):
+    """``?ordering=`` where a list offers it (``ordering_fields`` on the view), and only there in the schema."""
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        if not getattr(view, "ordering_fields", None):
+            return []
+        parameters = super().get_schema_operation_parameters(view)
+        fields = sorted(view.ordering_fields)
+        for parameter in parameters:
+            parameter["description"] = f"Comma-separated fields, '-' for descending: {', '.join(fields)}."
+            parameter["schema"] = {"type": "string", "example": f"-{fields[0]}"}
+        return parameters
+
+
+class OfferedSearchFilter(SearchFilter):
+    """``?search=`` where a list offers it (``search_fields`` on the view), and only there in the schema."""
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        if not getattr(view, "search_fields", None):
+            return []
+        return super().get_schema_operation_parameters(view)

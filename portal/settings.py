@@ -267,7 +267,13 @@ REST_FRAMEWORK = {
         "tenants.permissions.TokenScopePermission",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    # Lists refuse unknown parameters, and ordering/search they do not offer, with a 400 (portal/filters.py).
+    "DEFAULT_FILTER_BACKENDS": [
+        "portal.filters.KnownQueryParameters",
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "portal.filters.OfferedOrderingFilter",
+        "portal.filters.OfferedSearchFilter",
+    ],
     # LimitOffsetPagination that answers a malformed limit/offset with a 400 instead of the default page.
     "DEFAULT_PAGINATION_CLASS": "portal.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 50,
@@ -326,6 +332,19 @@ WHITENOISE_USE_FINDERS = True
 # Simulated agents the embedded demo starts (``gpupool demo``).
 GPUPOOL_DEMO_AGENTS = env_int("GPUPOOL_DEMO_AGENTS", 2)
 
+# Start-time estimates of pending jobs (scheduler.eta, docs/eta.md): recomputed at most every INTERVAL_S (and
+# never more often than one takes), and soon after a cycle that starts or preempts CHANGE_JOBS jobs or more.
+# Runtimes are predicted from each user's last HISTORY_JOBS finished jobs of the same name (or command) finished
+# in the last HISTORY_DAYS, else the job's runtime estimate, else the tenant's or the pool's recent jobs, else
+# DEFAULT_RUNTIME_S. The forecast looks HORIZON_S ahead in at most MAX_CYCLES engine cycles.
+GPUPOOL_ETA_INTERVAL_S = env_int("GPUPOOL_ETA_INTERVAL_S", 30)
+GPUPOOL_ETA_CHANGE_JOBS = env_int("GPUPOOL_ETA_CHANGE_JOBS", 10)
+GPUPOOL_ETA_HISTORY_JOBS = env_int("GPUPOOL_ETA_HISTORY_JOBS", 20)
+GPUPOOL_ETA_HISTORY_DAYS = env_int("GPUPOOL_ETA_HISTORY_DAYS", 30)
+GPUPOOL_ETA_DEFAULT_RUNTIME_S = env_int("GPUPOOL_ETA_DEFAULT_RUNTIME_S", 3600)
+GPUPOOL_ETA_HORIZON_S = env_int("GPUPOOL_ETA_HORIZON_S", 7 * 86400)
+GPUPOOL_ETA_MAX_CYCLES = env_int("GPUPOOL_ETA_MAX_CYCLES", 100)
+
 # Node agents and telemetry (scheduler.fleet). A node is not_ready after LEASE_MISSES missed heartbeats and
 # its jobs are requeued NODE_LOST_GRACE_S later. METRICS_TOKEN: bearer token for /metrics (empty = admins only).
 GPUPOOL_HEARTBEAT_INTERVAL_S = env_int("GPUPOOL_HEARTBEAT_INTERVAL_S", 5)
@@ -334,6 +353,10 @@ GPUPOOL_NODE_LOST_GRACE_S = env_int("GPUPOOL_NODE_LOST_GRACE_S", 120)
 GPUPOOL_TELEMETRY_INTERVAL_S = env_int("GPUPOOL_TELEMETRY_INTERVAL_S", 1)
 GPUPOOL_BOOTSTRAP_TOKEN_TTL_S = env_int("GPUPOOL_BOOTSTRAP_TOKEN_TTL_S", 3600)
 GPUPOOL_METRICS_TOKEN = env_str("GPUPOOL_METRICS_TOKEN", "")
+# Live logs of jobs (scheduler.logs): each replica's log keeps its newest MAX_BYTES (0 = no limit); the logs of
+# jobs finished more than RETENTION_DAYS ago are deleted (0 = kept).
+GPUPOOL_JOB_LOG_MAX_BYTES = env_int("GPUPOOL_JOB_LOG_MAX_BYTES", 8 * 1024 * 1024)
+GPUPOOL_JOB_LOG_RETENTION_DAYS = env_int("GPUPOOL_JOB_LOG_RETENTION_DAYS", 30)
 
 # --- Audit trail (audit/, README "Audit trail") --------------------------------------------------------
 # Master key ring "kid1:BASE64,kid2:BASE64" (last = active); unset = a development ring derived from

@@ -11,7 +11,12 @@ from scheduler.models import Device, DeviceHealth, Job, JobKind, JobState, Node,
 class JobFilterSet(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=JobState.choices)
     kind = django_filters.ChoiceFilter(choices=JobKind.choices)
-    priority_class = django_filters.TypedChoiceFilter(choices=PriorityClass.choices, coerce=int)
+    # The word the spec takes and the API shows ("normal"); the stored number (500) is still accepted.
+    priority_class = django_filters.TypedChoiceFilter(
+        choices=[(choice.name.lower(), choice.name.lower()) for choice in PriorityClass]
+        + [(str(choice.value), str(choice.value)) for choice in PriorityClass],
+        coerce=lambda value: int(value) if str(value).isdigit() else PriorityClass[str(value).upper()].value,
+    )
     tenant = django_filters.CharFilter(field_name="tenant__slug")
     submitter = django_filters.CharFilter(field_name="submitter__username")
     name = django_filters.CharFilter(lookup_expr="icontains")

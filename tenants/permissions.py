@@ -114,14 +114,28 @@ class TokenScopePermission(BasePermission):
     """Enforces the scope of a Bearer token (sessions are unaffected). In the default permission classes, so
     every app's views get it; a view sets ``required_scope = "admin"`` for platform operations."""
 
-    message = "This API token's scope does not allow this request; create a token with a wider scope."
+    message = "This API token's scope does not allow this request."
 
     def has_permission(self, request, view) -> bool:
         token = request.auth
         if not isinstance(token, ApiToken):
             return True
         required = getattr(view, "required_scope", None)
-        return token_scope_allows(token, method=request.method, required_scope=required)
+        if token_scope_allows(token, method=request.method, required_scope=required):
+            return True
+        # Say what would fix it: a wider token only helps someone whose role allows the operation.
+        if required == TokenScope.ADMIN and not has_platform_role(request.user):
+            self.message = (
+                "This is a platform operation for system admins; your account has no platform role, so no token "
+                "of yours can do it. Ask a system admin."
+            )
+        else:
+            needed = str(TokenScope.ADMIN.value if required == TokenScope.ADMIN else TokenScope.WRITE.value)
+            self.message = (
+                f"This API token has scope {str(token.scope)!r}; this request needs scope {needed!r}. Create a token "
+                f"with scope {needed!r} (POST /api/v1/tokens/) and use it instead."
+            )
+        return False
 
 
 class IsSystemAdmin(BasePermission):

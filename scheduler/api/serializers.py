@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from portal.serializers import JsonTypedSerializer
+from scheduler.jobspec import PRIORITY_NAMES
 from scheduler.models import (
     Allocation,
     Device,
@@ -129,7 +131,15 @@ class JobEventSerializer(serializers.ModelSerializer):
 class JobSerializer(serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.slug", read_only=True)
     submitter = serializers.CharField(source="submitter.username", default=None, allow_null=True, read_only=True)
-    priority = serializers.SerializerMethodField()
+    # The same word the spec takes ("normal"), not the stored number (500): what goes in comes out.
+    priority_class = serializers.SerializerMethodField()
+    priority = serializers.SerializerMethodField(help_text="Deprecated alias of priority_class.")
+    flavors = serializers.ListField(
+        child=serializers.CharField(), read_only=True, help_text="Acceptable flavors, in order of preference."
+    )
+    priority_value = serializers.IntegerField(
+        source="priority_class", read_only=True, help_text="The class's number (higher runs first)."
+    )
     pending_reason = serializers.SerializerMethodField()
     gpus_per_replica = serializers.SerializerMethodField()
 
@@ -143,6 +153,7 @@ class JobSerializer(serializers.ModelSerializer):
             "kind",
             "priority_class",
             "priority",
+            "priority_value",
             "preemptible",
             "replicas",
             "min_replicas",
@@ -159,6 +170,10 @@ class JobSerializer(serializers.ModelSerializer):
             "pending_reason",
             "position_in_tenant",
             "position_overall",
+            # When it is expected to start (median) and the band around it; null when not known (docs/eta.md).
+            "estimated_start_at",
+            "estimated_start_p10_at",
+            "estimated_start_p90_at",
             "preemption_count",
             "last_checkpoint_at",
             "submitted_at",
@@ -169,6 +184,11 @@ class JobSerializer(serializers.ModelSerializer):
             "array_index",
         ]
 
+    @extend_schema_field(serializers.ChoiceField(choices=list(PRIORITY_NAMES)))
+    def get_priority_class(self, job: Job) -> str:
+        return PriorityClass(job.priority_class).name.lower()
+
+    @extend_schema_field(serializers.ChoiceField(choices=list(PRIORITY_NAMES)))
     def get_priority(self, job: Job) -> str:
         return PriorityClass(job.priority_class).name.lower()
 

@@ -3,7 +3,6 @@ devices (read) and flavors (read; create). Views validate the shape and call one
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
     OpenApiParameter,
@@ -19,6 +18,7 @@ from rest_framework.response import Response
 from scheduler import idempotency, selectors, services
 from scheduler.access import is_system_admin
 from scheduler.api import serializers as s
+from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec
 from scheduler.filtersets import DeviceFilterSet, JobFilterSet, NodeFilterSet
 from scheduler.models import Job
 
@@ -47,6 +47,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Jobs of the tenants you can see. ``POST /jobs/`` submits a JSON job spec (see the README)."""
 
     filterset_class = JobFilterSet
+    ordering_fields = ["id", "submitted_at", "started_at", "finished_at", "priority_class", "state", "name"]
+    search_fields = ["name", "submitter__username", "tenant__slug"]
 
     def get_queryset(self):
         return selectors.jobs_visible_to(self.request.user)
@@ -66,7 +68,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             "List an array's jobs with `GET /jobs/?array=<array_id>`, cancel them with "
             "`POST /jobs/arrays/<array_id>/cancel/`."
         ),
-        request=OpenApiTypes.OBJECT,
+        request=JobSpec,
         parameters=[
             OpenApiParameter(
                 IDEMPOTENCY_KEY_HEADER,
@@ -97,17 +99,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             ),
         },
         examples=[
-            OpenApiExample(
-                "One job",
-                request_only=True,
-                value={
-                    "name": "resnet50",
-                    "tenant": "acme-vision",
-                    "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1},
-                    "command": ["python", "train.py"],
-                    "env": {"EPOCHS": "10"},
-                },
-            ),
+            OpenApiExample("One job", request_only=True, value=JOB_SPEC_EXAMPLE),
             OpenApiExample(
                 "An array of 1,000 jobs",
                 request_only=True,
