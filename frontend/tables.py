@@ -7,6 +7,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from scheduler.models import Node
+from scheduler.selectors import job_start_estimate_words
 
 
 class BadgeColumn(tables.Column):
@@ -106,9 +107,18 @@ class JobTable(ConsoleTable):
     priority_class = tables.Column(verbose_name=_("Priority"))
     request = tables.Column(verbose_name=_("Request"), empty_values=(), orderable=False)
     submitted_at = tables.DateTimeColumn(verbose_name=_("Submitted (UTC)"), format="Y-m-d H:i:s")
+    estimated_start_at = tables.Column(verbose_name=_("Expected start"), empty_values=())
 
     class Meta(ConsoleTable.Meta):
         empty_text = _("No jobs match these filters.")
+
+    def render_estimated_start_at(self, record):
+        return job_start_estimate_words(record) or "—"
+
+    def value_estimated_start_at(self, record):
+        if not job_start_estimate_words(record):
+            return ""
+        return record.estimated_start_at.strftime("%Y-%m-%d %H:%M:%S")
 
     def render_priority_class(self, record):
         return record.get_priority_class_display()

@@ -64,6 +64,11 @@ app.conf.beat_schedule.update(
 app.conf.beat_schedule.update(
     {"scheduler-run-cycle": {"task": "scheduler.run_cycle", "schedule": float(CYCLE_INTERVAL_S)}}
 )
+# Start-time estimates of pending jobs (scheduler.eta); the task itself skips a run that comes too soon.
+ETA_INTERVAL_S = env_int("GPUPOOL_ETA_INTERVAL_S", 30)
+app.conf.beat_schedule.update(
+    {"scheduler-estimate-starts": {"task": "scheduler.estimate_starts", "schedule": float(ETA_INTERVAL_S)}}
+)
 # Approval requests past their expiry (quota changes, job admissions).
 app.conf.beat_schedule.update({"tenants-approvals-expire": {"task": "tenants.approvals_expire", "schedule": 300.0}})
 

@@ -7,9 +7,12 @@ A job outside the caller's tenants is *missing* to them: ``job_get_visible`` rai
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Value
+from django.utils import timezone
+from django.utils.translation import gettext, ngettext
 
 from portal.api import NotFoundError
 from scheduler import access
@@ -89,4 +92,60 @@ def job_pending_sentence(job: Job) -> str:
             f"{message.rstrip('.')}. Position {job.position_in_tenant} in your tenant's queue, "
             f"{job.position_overall} overall."
         )
-    return message
+    expected = job_start_estimate_sentence(job)
+    return f"{message.rstrip()} {expected}" if expected else message
+
+
+def job_start_estimate_sentence(job: Job, *, now: datetime | None = None) -> str:
+    """When a queued job is expected to start, in words ("Expected to start in about 40 min (likely between
+    25 min and 1 h 10 min from now)."); '' when it has no estimate (``scheduler.eta``)."""
+    if job.state != JobState.QUEUED or job.estimated_start_at is None:
+        return ""
+    now = now or timezone.now()
+    wait_s = (job.estimated_start_at - now).total_seconds()
+    if wait_s < -60:
+        return gettext("Expected to start soon (later than estimated).")
+    if wait_s < 60:
+        return gettext("Expected to start within a minute.")
+    about = duration_words(wait_s)
+    if job.estimated_start_p90_at is None:
+        return gettext("Expected to start in about %(about)s, possibly much later.") % {"about": about}
+    early_s = (job.estimated_start_p10_at - now).total_seconds() if job.estimated_start_p10_at else wait_s
+    early = duration_words(early_s) if early_s >= 60 else gettext("now")
+    late = duration_words((job.estimated_start_p90_at - now).total_seconds())
+    if early == late:
+        return gettext("Expected to start in about %(about)s.") % {"about": about}
+    return gettext("Expected to start in about %(about)s (likely between %(early)s and %(late)s from now).") % {
+        "about": about,
+        "early": early,
+        "late": late,
+    }
+
+
+def job_start_estimate_words(job: Job, *, now: datetime | None = None) -> str:
+    """A queued job's expected start as a short phrase for a table ("in about 40 min"); '' without one."""
+    if job.state != JobState.QUEUED or job.estimated_start_at is None:
+        return ""
+    wait_s = (job.estimated_start_at - (now or timezone.now())).total_seconds()
+    if wait_s < 60:
+        return gettext("soon")
+    return gettext("in about %(about)s") % {"about": duration_words(wait_s)}
+
+
+def duration_words(seconds: float) -> str:
+    """A wait, rounded the way a person says it: '7 min', '40 min', '1 h 20 min', '14 h', '3 days'."""
+    minutes = max(1, round(seconds / 60))
+    if minutes < 10:
+        return gettext("%(n)d min") % {"n": minutes}
+    if minutes < 60:
+        return gettext("%(n)d min") % {"n": round(minutes / 5) * 5}
+    if minutes < 10 * 60:
+        tens = round(minutes / 10) * 10
+        hours, rest = divmod(tens, 60)
+        if rest == 0:
+            return gettext("%(n)d h") % {"n": hours}
+        return gettext("%(h)d h %(m)d min") % {"h": hours, "m": rest}
+    if minutes < 48 * 60:
+        return gettext("%(n)d h") % {"n": round(minutes / 60)}
+    days = round(minutes / 1440)
+    return ngettext("%(n)d day", "%(n)d days", days) % {"n": days}

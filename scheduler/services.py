@@ -986,7 +986,7 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
     from contextlib import nullcontext
     from time import perf_counter, time
 
-    from scheduler import locks, persist, snapshot
+    from scheduler import eta, locks, persist, snapshot
 
     lock = locks.cycle_lock(wait_s=lock_wait_s) if hold_lock else nullcontext(True)
     with transaction.atomic(), lock as acquired:
@@ -1009,6 +1009,8 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
         # Kept for the next cycle's decay; losing it (cache flush) only restarts the average.
         record = {"at": snap.now, "usage": {t: dict(f) for t, f in snap.usage.items()}}
         transaction.on_commit(lambda: cache.set(snapshot.USAGE_CACHE_KEY, record, timeout=7 * 24 * 3600))
+        if len(outcome.placed) + len(outcome.preempted) >= settings.GPUPOOL_ETA_CHANGE_JOBS:
+            transaction.on_commit(eta.estimates_refresh_request)  # the queue moved: new start-time estimates
         return CycleResult(
             ran=True,
             placed=outcome.placed,

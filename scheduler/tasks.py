@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from scheduler import services
+from scheduler import eta, services
 
 
 @shared_task(
@@ -46,3 +46,20 @@ def cycle_requested(self) -> int:
         queue = (self.request.delivery_info or {}).get("routing_key")
         services.cycle_task_send(queue=queue)
     return outcome.cycles
+
+
+@shared_task(
+    name="scheduler.estimate_starts",
+    acks_late=True,
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=2,
+    # A safety net under the forecast's own limits (GPUPOOL_ETA_MAX_CYCLES, GPUPOOL_ETA_HORIZON_S).
+    soft_time_limit=600,
+)
+def estimate_starts(after_change: bool = False) -> dict:
+    """Start-time estimates of the pending jobs (``scheduler.eta``). Beat asks every ``GPUPOOL_ETA_INTERVAL_S``
+    and a cycle that starts or preempts many jobs asks at once (``after_change``); it runs unless one ran less
+    than that interval (or than the last one took) ago, and never on two workers at once."""
+    return eta.job_start_estimates_refresh(after_change=after_change).as_dict()
