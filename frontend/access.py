@@ -26,6 +26,7 @@ class Section:
     REPORTS = "reports"
     APPROVALS = "approvals"
     AUDIT = "audit"
+    WHATIF = "whatif"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ NAV_ITEMS = [
     NavItem(Section.APPROVALS, _("Approvals"), "frontend:approval-inbox"),
     NavItem(Section.JOBS, _("Jobs"), "frontend:job-list"),
     NavItem(Section.REPORTS, _("Reports"), "frontend:reports"),
+    NavItem(Section.WHATIF, _("What-if"), "frontend:whatif"),
     NavItem(Section.AUDIT, _("Audit"), "frontend:audit"),
 ]
 
@@ -83,7 +85,15 @@ def sections_for(user: User) -> set[str]:
     if user.platform_role == PlatformRole.AUDITOR:
         return {Section.AUDIT}
     if user.platform_role == PlatformRole.SYSTEM_ADMIN:
-        return {Section.OVERVIEW, Section.NODES, Section.TENANTS, Section.APPROVALS, Section.JOBS, Section.REPORTS}
+        return {
+            Section.OVERVIEW,
+            Section.NODES,
+            Section.TENANTS,
+            Section.APPROVALS,
+            Section.JOBS,
+            Section.REPORTS,
+            Section.WHATIF,
+        }
     if user.platform_role == PlatformRole.SECURITY_ADMIN:
         # Runs users, roles and tokens; sees the pool's health but no tenant's work.
         return {Section.OVERVIEW}

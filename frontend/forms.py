@@ -273,3 +273,28 @@ class UsageReportForm(forms.Form):
             datetime.datetime.combine(self.cleaned_data["start"], midnight),
             datetime.datetime.combine(self.cleaned_data["end"] + datetime.timedelta(days=1), midnight),
         )
+
+
+class WhatIfForm(forms.Form):
+    """The window and the proposed settings of a what-if; read from the query string so a comparison is a link."""
+
+    days = forms.IntegerField(label=_("Replay the last (days)"), min_value=1, max_value=366, initial=30)
+    settings = forms.CharField(
+        label=_("Proposed settings, one per line"),
+        widget=forms.Textarea(attrs={"rows": 4, "placeholder": "preemption=false\nmin_runtime_before_preempt_s=900"}),
+        max_length=2000,
+    )
+
+    def clean_settings(self) -> dict[str, str]:
+        """``name=value`` lines → a dict; the service checks the names and values (and lists the valid ones)."""
+        changes: dict[str, str] = {}
+        for line in self.cleaned_data["settings"].splitlines():
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep or not name.strip():
+                raise forms.ValidationError(_("Write each setting as name=value, e.g. preemption=false."))
+            changes[name.strip()] = value.strip()
+        if not changes:
+            raise forms.ValidationError(_("Say what to change, e.g. preemption=false."))
+        return changes

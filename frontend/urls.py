@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend.views import audit, jobs, nodes, overview, reports, tenants
+from frontend.views import audit, jobs, nodes, overview, reports, tenants, whatif
 
 console_patterns = [
     path("overview/", overview.overview, name="overview"),
@@ -19,6 +19,8 @@ console_patterns = [
     path("jobs/<int:pk>/", jobs.job_detail, name="job-detail"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("reports/", reports.usage_reports, name="reports"),
+    path("whatif/", whatif.whatif_page, name="whatif"),
+    path("whatif/trace/", whatif.trace_download, name="whatif-trace"),
     path("audit/", audit.audit_list, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit-verify"),
     path("audit/export/", audit.audit_export, name="audit-export"),

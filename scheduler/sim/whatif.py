@@ -144,6 +144,59 @@ def _row(metric: Metric, current: object, proposed: object) -> dict:
     }
 
 
+def format_value(unit: str, value: object) -> str:
+    """A figure for people: seconds with thousands separators, shares as percentages, "-" when unknown."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if unit == "share":
+        return f"{value:.1%}"
+    if unit == "s":
+        return f"{value:,.0f} s"
+    if unit == "gpu_hours":
+        return f"{value:,.1f}"
+    return f"{value:,.0f}" if isinstance(value, float) else f"{value:,}"
+
+
+def format_setting(value: object) -> str:
+    """A setting as ``--set`` takes it: ``false``, ``900``, ``fifo``, ``none``."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Enum):
+        return str(value.value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def format_table(whatif: WhatIf, *, per_tenant: bool = False) -> str:
+    """The side-by-side table (``gpupool whatif``): metric, current, proposed, change."""
+    rows = whatif.tenant_rows() if per_tenant else whatif.rows()
+    head = ["tenant"] if per_tenant else []
+    table = [[*head, "metric", "current", "proposed", "change"]]
+    for row in rows:
+        change = row["change"]
+        sign = "+" if isinstance(change, int | float) and change > 0 else ""
+        verdict = {True: " (better)", False: " (worse)", None: ""}[row["better"]]
+        table.append(
+            [
+                *([row["tenant"]] if per_tenant else []),
+                row["label"],
+                format_value(row["unit"], row["current"]),
+                format_value(row["unit"], row["proposed"]),
+                (sign + format_value(row["unit"], change) + verdict) if change else "=",
+            ]
+        )
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    first_numeric = len(head) + 1
+    lines = [
+        "  ".join(
+            c.rjust(w) if i >= first_numeric else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in table
+    ]
+    return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
+
+
 def compare(
     workload: Workload,
     current: Policy,

@@ -25,6 +25,7 @@ ALLOWED = {
     "job": {"system_admin", "tenant_admin", "member"},
     "submit": {"tenant_admin", "member"},
     "reports": {"system_admin", "tenant_admin"},
+    "whatif": {"system_admin"},
     "audit": {"auditor"},
     "audit_record": {"auditor"},
 }
@@ -35,6 +36,7 @@ NAV = {
     "approvals": "/console/approvals/",
     "jobs": "/console/jobs/",
     "reports": "/console/reports/",
+    "whatif": "/console/whatif/",
     "audit": "/console/audit/",
 }
 

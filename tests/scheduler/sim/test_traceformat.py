@@ -4,6 +4,7 @@ window when no tenants file is given, and a replay writes per-job and per-tenant
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -302,3 +303,20 @@ def test_cli_says_what_is_wrong_with_a_trace_file(tmp_path):
 
     with pytest.raises(SystemExit, match=r"jobs\.csv line 2, column 'cards'"):
         main(["--trace-file", str(jobs)])
+
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "trace-format.md"
+
+
+def test_the_documented_examples_read_and_every_column_is_documented(tmp_path):
+    text = DOCS.read_text()
+    blocks = re.findall(r"```(csv|json)\n(.*?)```", text, re.S)
+    for (_, body), name in zip(blocks, ["jobs.csv", "jobs.jsonl", "cluster.csv", "tenants.csv"], strict=False):
+        (tmp_path / name).write_text(body)
+
+    workload = tf.load_trace(tmp_path / "jobs.csv", tmp_path / "cluster.csv", tmp_path / "tenants.csv")
+
+    assert tf.read_jobs(tmp_path / "jobs.jsonl") == list(workload.jobs)
+    assert len(workload.nodes) == 17 and workload.parents["vision"] == "acme"
+    for column in (*tf.JOB_COLUMNS, *tf.CLUSTER_COLUMNS, *tf.TENANT_COLUMNS):
+        assert f"| `{column.name}` |" in text, column.name
