@@ -120,7 +120,10 @@ def window_bounds(
     if since is None:
         if days is not None and not 0 < days <= MAX_WINDOW_DAYS:
             raise DomainError(f"days must be more than 0 and at most {MAX_WINDOW_DAYS}", field="days")
-        since = until - timedelta(days=30 if days is None else days)
+        try:
+            since = until - timedelta(days=30 if days is None else days)
+        except OverflowError:
+            raise DomainError("the window starts before the year 1; choose a later until", field="until") from None
     if since >= until:
         raise DomainError("since must be before until", field="since")
     if until - since > timedelta(days=MAX_WINDOW_DAYS):

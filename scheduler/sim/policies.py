@@ -11,6 +11,7 @@ The algorithm is the engine's; a baseline is only a different setting of its kno
 
 from __future__ import annotations
 
+import math
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
@@ -79,8 +80,9 @@ def setting_names() -> tuple[str, ...]:
 
 
 def parse_setting(name: str, text: object) -> object:
-    """``text`` as the value of ``Policy.<name>``: a bool from true/false/yes/no/on/off/1/0, numbers, the
-    enum's values, ``none`` where the field may be None. Raises ``ValueError`` saying what is accepted."""
+    """``text`` as the value of ``Policy.<name>``: a bool from true/false/yes/no/on/off/1/0, a number (finite,
+    at least 0), the enum's values, ``none`` where the field may be None. Raises ``ValueError`` saying what is
+    accepted."""
     hints = typing.get_type_hints(Policy)
     if name not in hints:
         raise ValueError(f"unknown setting {name!r}; the settings are {', '.join(setting_names())}")
@@ -110,8 +112,10 @@ def parse_setting(name: str, text: object) -> object:
             raise ValueError(f"{name}: expected one of {', '.join(m.value for m in kind)}, got {text!r}") from None
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name}: expected a number{' or none' if nullable else ''}, got {text!r}") from None
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{name}: expected a number of at least 0, got {text!r}")
     if kind is int:
         if not number.is_integer():
             raise ValueError(f"{name}: expected a whole number, got {text!r}")

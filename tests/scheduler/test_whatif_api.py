@@ -123,3 +123,11 @@ def test_a_bad_export_query_is_a_400(node):
 
     assert api.get("/api/v1/trace-export/?file_format=xml").status_code == 400
     assert api.get("/api/v1/trace-export/?days=0").status_code == 400
+
+
+def test_a_window_reaching_before_the_year_one_is_a_400_not_a_crash(node):
+    api = client_for(SystemAdminFactory())
+
+    response = api.get("/api/v1/trace-export/?until=0001-01-02T00:00:00Z&days=30")
+
+    assert response.status_code == 400 and response.json()["code"] == "invalid"

@@ -73,3 +73,9 @@ def test_settings_take_their_fields_types():
         "max_jobs_per_cycle": None,
         "seed": 3,
     }
+
+
+@pytest.mark.parametrize("pair", ["grace_period_s=-1", "seed=inf", "usage_half_life_s=nan"])
+def test_negative_or_endless_numbers_are_refused(pair):
+    with pytest.raises(ValueError, match="expected a number of at least 0"):
+        parse_settings([pair])
