@@ -1015,11 +1015,12 @@ def quota_change_request_create(
     chain, escalations = _approval_chain(ApprovalKind.QUOTA_CHANGE, tenant, actor)
     from tenants.approval_chain import eligible_approvers
 
-    if not all(eligible_approvers(role, tenant, actor.pk) for role in chain):
-        # Only possible for the one system admin of the platform: nobody else exists to ask.
+    if is_system_admin(actor) and not all(eligible_approvers(role, tenant, actor.pk) for role in chain):
+        # The platform's only system admin asking: nobody else exists to decide, and they need no one.
+        # (A platform with no system admin at all keeps the request for the first one appointed.)
         raise DomainError(
-            "Nobody but you could approve this request; as a system admin, set the quota directly "
-            "(PUT /api/v1/tenants/<id>/quotas/<flavor>/ or the tenant's quota page).",
+            "Nobody but you could approve this request: as a system admin, set the quota directly "
+            "(POST /api/v1/quotas/).",
             code="no_approver",
         )
     approval = ApprovalRequest.objects.create(
