@@ -31,3 +31,20 @@ def test_simulate_command_applies_the_deployed_policy_overrides(settings, tmp_pa
 
     summary = json.loads(out.read_text())["results"][0]["summary"]
     assert summary["policy"] == "gpupool" and summary["jobs"] == 4
+
+
+def test_gpupool_simulate_takes_a_trace_file_without_a_separator(tmp_path, settings):
+    from portal.cli import main as gpupool
+    from scheduler.sim import traceformat
+    from scheduler.sim.loaders import load_philly
+
+    settings.GPUPOOL_SCHEDULER_POLICY = {"backfill": False}
+    files = traceformat.write_workload(load_philly(FIXTURES, days=1, cluster=32), tmp_path)
+    out = tmp_path / "r.json"
+
+    gpupool(
+        ["simulate", "--trace-file", str(files["jobs"]), "--cluster-file", str(files["cluster"]), "--out", str(out)]
+    )
+
+    summary = json.loads(out.read_text())["results"][0]["summary"]
+    assert (summary["jobs"], summary["finished"], summary["gpus"]) == (4, 4, 32)
