@@ -68,8 +68,10 @@ def load_settings(
     """The settings to use: explicit arguments, else the environment, else the saved login."""
     path = config_path(environ)
     saved = read_config(path)
-    chosen_url = url or environ.get(ENV_URL) or saved.get("url", "")
-    chosen_token = token or environ.get(ENV_TOKEN) or saved.get("token", "")
+    chosen_url = (url or environ.get(ENV_URL) or saved.get("url", "")).rstrip("/")
+    # The saved token goes only to the server it was saved for: another --url must bring its own token.
+    saved_token = saved.get("token", "") if chosen_url == saved.get("url", "").rstrip("/") else ""
+    chosen_token = token or environ.get(ENV_TOKEN) or saved_token
     if not chosen_url:
         raise ConfigError(
             f"no server: run `gpupool-cli login <URL>`, or set {ENV_URL} (e.g. https://pool.example.com)."
@@ -85,7 +87,7 @@ def load_settings(
     except ValueError:
         raise ConfigError(f"{ENV_TIMEOUT} must be a number of seconds, not {raw_timeout!r}.") from None
     source = "environment" if (environ.get(ENV_URL) or environ.get(ENV_TOKEN)) else str(path)
-    return Settings(url=chosen_url.rstrip("/"), token=chosen_token, timeout_s=chosen_timeout, source=source)
+    return Settings(url=chosen_url, token=chosen_token, timeout_s=chosen_timeout, source=source)
 
 
 def save_login(*, url: str, token: str, environ: Mapping[str, str] = os.environ) -> Path:

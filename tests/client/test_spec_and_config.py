@@ -60,6 +60,9 @@ def test_the_saved_login_is_private_and_the_environment_overrides_it(tmp_path):
     assert (overridden.token, overridden.timeout_s) == ("gp_c_d", 5.0)
     with pytest.raises(ConfigError, match="gpupool-cli login"):
         load_settings(environ={"GPUPOOL_CONFIG": str(tmp_path / "none.json")})
+    # The saved token is never sent to another server.
+    with pytest.raises(ConfigError, match=r"no API token for https://other\.example\.com"):
+        load_settings(url="https://other.example.com", environ=environ)
 
 
 @pytest.mark.parametrize(("shell", "marker"), [("bash", "complete -o nosort -F"), ("zsh", "compdef")])
