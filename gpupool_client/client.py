@@ -270,8 +270,7 @@ class Client:
     ) -> Pages[Job]:
         """Jobs you can see, newest first; each filter narrows (``state`` may list several states)."""
         states = [state] if isinstance(state, str) else list(state or [])
-        params = {"state": states, "tenant": tenant, "submitter": submitter, "name": name, "kind": kind}
-        params["array"] = array
+        params = {"state": states, "tenant": tenant, "submitter": submitter, "name": name, "kind": kind, "array": array}
         return self.pages("jobs/", Job, params, page_size=page_size, limit=limit)
 
     def job(self, job_id: int) -> Job:

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-MILLIS_PER_CARD = 1000
-FRACTION_STEP = 0.1
+from gpupool_client.models import MILLIS_PER_CARD
+
 MIB = 1024 * 1024
 #: Size suffixes as Kubernetes writes them: binary (Ki, Mi, Gi, Ti) and decimal (K, M, G, T); bare = MiB.
 SIZE_UNITS = {
