@@ -10,9 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
+PROMTOOL = Path(__file__).resolve().parent.parent / "var" / "tools" / "promtool"
 
 
 def ensure_chromium() -> None:
@@ -31,8 +33,47 @@ def ensure_chromium() -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env)
 
 
+def _apt(*args: str) -> bool:
+    if not shutil.which("apt-get") or os.geteuid() != 0:
+        return False
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    return subprocess.run(["apt-get", *args], env=env).returncode == 0
+
+
+def ensure_deploy_validators() -> None:
+    """Caddy and promtool for tests/deploy (`caddy adapt`, `promtool check` and `promtool test rules`).
+
+    Caddy from Debian. promtool is unpacked from Debian's prometheus package into var/tools/ rather than
+    installed, so no Prometheus server gets set up. Where neither can be had those tests skip and say why.
+    """
+    if not shutil.which("caddy"):
+        print("test_prereqs: installing Debian's caddy for the deployment tests")
+        if not (_apt("update", "-qq") and _apt("install", "-y", "-qq", "--no-install-recommends", "caddy")):
+            print("test_prereqs: caddy could not be installed; the Caddyfile test will skip caddy adapt")
+    if shutil.which("promtool") or PROMTOOL.exists():
+        return
+    print(f"test_prereqs: unpacking promtool from Debian's prometheus package into {PROMTOOL.parent}")
+    with tempfile.TemporaryDirectory() as scratch:
+        for attempt in range(2):
+            if not shutil.which("apt-get"):
+                break
+            if attempt:  # a fresh machine's package lists may be missing or stale
+                _apt("update", "-qq")
+            subprocess.run(["apt-get", "download", "-qq", "prometheus"], cwd=scratch)
+            if list(Path(scratch).glob("prometheus_*.deb")):
+                break
+        packages = list(Path(scratch).glob("prometheus_*.deb"))
+        if not packages:
+            print("test_prereqs: promtool could not be fetched; the promtool tests will skip")
+            return
+        subprocess.run(["dpkg-deb", "-x", str(packages[0]), f"{scratch}/root"], check=True)
+        PROMTOOL.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f"{scratch}/root/usr/bin/promtool", PROMTOOL)
+
+
 def main() -> None:
     ensure_chromium()
+    ensure_deploy_validators()
 
 
 if __name__ == "__main__":
