@@ -300,6 +300,10 @@ SPECTACULAR_SETTINGS = {
         "JobStateEnum": "scheduler.models.JobState",
         "NodeStatusEnum": "scheduler.models.NodeStatus",
         "TenantKindEnum": "tenants.models.TenantKind",
+        "TopologyConstraintEnum": "scheduler.models.TopologyConstraint",
+        "ApprovalStepRoleEnum": "tenants.models.ApprovalStepRole",
+        "MembershipRoleEnum": "tenants.models.MembershipRole",
+        "PriorityClassNameEnum": ["critical", "high", "normal", "low", "best_effort"],
     },
 }
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GPUPOOL_MAX_BODY_BYTES", 1024 * 1024)

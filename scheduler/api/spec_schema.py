@@ -68,7 +68,7 @@ class JobSpec(serializers.Serializer):
     min_replicas = serializers.IntegerField(min_value=1, max_value=jobspec.MAX_REPLICAS, required=False)
     max_replicas = serializers.IntegerField(min_value=1, max_value=jobspec.MAX_REPLICAS, required=False)
     resources = JobSpecResources()
-    topology = serializers.ChoiceField(choices=TopologyConstraint.values, default=TopologyConstraint.NONE)
+    topology = serializers.ChoiceField(choices=TopologyConstraint.choices, default=TopologyConstraint.NONE)
     node_selector = serializers.DictField(child=serializers.CharField(), required=False)
     command = serializers.ListField(
         child=serializers.CharField(max_length=jobspec.MAX_ARG_LENGTH),
