@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from nodeagent import __version__, protocol
 from nodeagent.backends.base import DeviceBackend
+from nodeagent.logstream import BACKLOG_BYTES, LOG_INTERVAL_S, LogShipper
 from nodeagent.sampling import Sampler
 from nodeagent.workloads import WorkloadRejected, WorkloadRunner
 
@@ -41,6 +42,9 @@ CLOSE_REPLACED = 4409
 REPORT_RESEND_S = 5.0
 #: The longest a tick sleeps, so workload exits are noticed promptly even with slow telemetry.
 MAX_TICK_DELAY_S = 1.0
+#: Acknowledged log offsets are written to ``state.json`` at most this often (and when a workload's log is
+#: complete); after a crash the agent resends at most this much output, which the portal ignores.
+LOG_ACK_SAVE_S = 30.0
 
 
 def ws_url_for(server: str, path: str = "/ws/agent/") -> str:
@@ -233,6 +237,10 @@ class AgentSettings:
     report_resend_s: float = REPORT_RESEND_S
     #: Stop the workloads when the agent exits (the demo) instead of leaving them to the next agent.
     stop_workloads_on_exit: bool = False
+    #: Live logs: how often new output of a running workload is sent, and how much unsent output is kept before
+    #: the oldest is skipped (``nodeagent.logstream``).
+    log_interval_s: float = LOG_INTERVAL_S
+    log_backlog_bytes: int = BACKLOG_BYTES
 
 
 class Agent:
@@ -256,6 +264,14 @@ class Agent:
         self.sampler = Sampler(
             backend, process_interval_s=settings.process_interval_s, ecc_interval_s=settings.ecc_interval_s
         )
+        self.logs = LogShipper(
+            lambda: self.runner.records.values(),
+            clock=clock,
+            interval_s=settings.log_interval_s,
+            backlog_bytes=settings.log_backlog_bytes,
+        )
+        self._log_acks_saved_at = float("-inf")
+        self._log_acks_unsaved = False
         self.connection: Connection | None = None
         self.heartbeat_seq = 0
         self.connects = 0
@@ -286,6 +302,8 @@ class Agent:
             if telemetry is not None:
                 self.buffer.add(telemetry)
             return self._delay(now)
+        # Output before reports: a workload's last lines reach the portal before the report that ends its job.
+        await self._flush_logs()
         await self._flush_reports()
         if telemetry is not None and not await self._send(telemetry, now):
             self.buffer.add(telemetry)
@@ -337,8 +355,10 @@ class Agent:
         log.info("agent: connected to the portal as %s", self.settings.node_name)
         # Whatever the old socket carried may be lost: every unacknowledged report goes again after the hello.
         self.runner.outbox.reset_sent()
+        self.logs.reset()
         if not await self._send(self._hello(), now):
             return
+        await self._flush_logs()
         await self._flush_reports()
         await self._flush_buffer(now)
         self._next_heartbeat_at = now  # the first heartbeat right away: the portal marks the node alive
@@ -396,6 +416,24 @@ class Agent:
                 return
             outbox.mark_sent(status.report_id, now)
 
+    async def _flush_logs(self) -> None:
+        """Send the workloads' new output (``nodeagent.logstream``); the portal acks each piece."""
+        now = self.clock()
+        for piece in self.logs.due(now):
+            if not await self._send(piece, now):
+                return
+        if self._log_acks_unsaved and now - self._log_acks_saved_at >= LOG_ACK_SAVE_S:
+            self._save_log_acks(now)
+
+    def _save_log_acks(self, now: float) -> None:
+        try:
+            self.runner.save()
+        except OSError:
+            log.exception("agent: cannot save the acknowledged log offsets")
+            return
+        self._log_acks_saved_at = now
+        self._log_acks_unsaved = False
+
     async def _flush_buffer(self, now: float) -> None:
         if self.buffer.dropped:
             log.warning("agent: %d telemetry frames were dropped while disconnected", self.buffer.dropped)
@@ -429,11 +467,22 @@ class Agent:
                     message.detail,
                 )
             self.runner.outbox.ack(message.report_id)
+        elif isinstance(message, protocol.WorkloadLogAck):
+            if self.logs.acknowledge(message, self.runner.records):
+                self._log_acks_unsaved = True
+                record = self.runner.records.get((message.job_id, message.replica))
+                if record is not None and not record.active:
+                    self._save_log_acks(now)  # a finished workload's log: not sent again after a restart
         elif isinstance(message, protocol.Config):
             self._configure(message)
             if message.command_id is not None:
                 await self._send(protocol.Ack(command_id=message.command_id), now)
         elif isinstance(message, protocol.Error):
+            if message.code == protocol.ErrorCode.UNKNOWN_TYPE and (message.ref_id or "").startswith("log-"):
+                self.logs.unsupported()
+                return
+            if message.code == "retry_later" and (message.ref_id or "").startswith("log-"):
+                return  # sent again after the resend interval
             log.warning("agent: the portal reported %s: %s (frame %s)", message.code, message.detail, message.ref_id)
         else:
             log.warning("agent: ignoring %s frame, which only agents send", message.type)

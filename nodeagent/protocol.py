@@ -16,6 +16,7 @@ Conventions:
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import functools
 import json
@@ -35,6 +36,8 @@ MAX_FRAME_BYTES = 1024 * 1024
 #: parsing: ``json.loads`` recurses once per level, and a 6 KB frame nested 3,000 deep exhausted the stack. A
 #: frame with no more brackets than this (a telemetry frame of 8 cards with 5 processes each) is not scanned.
 MAX_FRAME_DEPTH = 64
+#: Largest piece of a workload's output one ``workload.log`` frame carries, in bytes of UTF-8.
+MAX_LOG_CHUNK_BYTES = 64 * 1024
 
 
 class ErrorCode:
@@ -139,6 +142,39 @@ MAX_REPORT_ID = 2**63 - 1
 def _check_report_id(value: object, where: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_REPORT_ID:
         raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where} must be an integer from 1 to {MAX_REPORT_ID}")
+
+
+#: Byte offsets of a log are stored as a signed 64-bit integer by the portal; replica numbers as a small one.
+MAX_LOG_OFFSET = 2**63 - 1
+MAX_REPLICA = 32767
+
+
+_REPLACE_EACH_BYTE = "gpupool-replace-each-byte"
+
+
+def _replace_each_byte(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    return "?" * (error.end - error.start), error.end
+
+
+codecs.register_error(_REPLACE_EACH_BYTE, _replace_each_byte)
+
+
+def decode_output(data: bytes) -> str:
+    """Output bytes as text of exactly ``len(data)`` bytes of UTF-8, for ``workload.log``: each byte that is not
+    part of valid UTF-8, and each NUL (which no database column takes), becomes ``?``, so byte offsets count the
+    same on the agent's file and in the portal's text."""
+    return data.decode("utf-8", _REPLACE_EACH_BYTE).replace("\0", "?")
+
+
+def _check_log_position(*, job_id: int, replica: int, offset: int, where: str) -> None:
+    if not 0 < job_id <= MAX_REPORT_ID:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where}.job_id must be a positive job id, not {job_id}")
+    if not 0 <= replica <= MAX_REPLICA:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where}.replica must be from 0 to {MAX_REPLICA}, not {replica}")
+    if not 0 <= offset <= MAX_LOG_OFFSET:
+        raise ProtocolError(ErrorCode.INVALID_FIELD, f"{where}.offset must be a byte offset from 0, not {offset}")
 
 
 # --- nested records ---------------------------------------------------------------------------------------
@@ -295,6 +331,37 @@ class WorkloadStatus(Message):
 
 
 @dataclass(kw_only=True)
+class WorkloadLog(Message):
+    """A piece of one workload replica's output: ``text`` is the bytes of the replica's log from byte ``offset``
+    on, as UTF-8 (the agent replaces each byte that is not valid UTF-8, and each NUL, with ``?``, so ``text``
+    is exactly as many bytes as it covers). At most :data:`MAX_LOG_CHUNK_BYTES`. The portal answers
+    ``workload.log.ack``; a piece sent again (same offsets) changes nothing."""
+
+    type: ClassVar[str] = "workload.log"
+    job_id: int
+    replica: int
+    offset: int
+    text: str
+
+    def __post_init__(self) -> None:
+        _check_log_position(job_id=self.job_id, replica=self.replica, offset=self.offset, where=self.type)
+        try:
+            size = len(self.text.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate (a JSON "\ud800" escape): no database can store it
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "workload.log.text is not valid Unicode") from None
+        if not 0 < size <= MAX_LOG_CHUNK_BYTES:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD,
+                f"workload.log.text must be 1 to {MAX_LOG_CHUNK_BYTES} bytes of UTF-8, not {size}; send it in parts",
+            )
+
+    @property
+    def next_offset(self) -> int:
+        """The offset right after this piece."""
+        return self.offset + len(self.text.encode("utf-8"))
+
+
+@dataclass(kw_only=True)
 class Ack(Message):
     type: ClassVar[str] = "ack"
     command_id: int
@@ -324,6 +391,15 @@ class WorkloadStart(Message):
     host_memory_mib: int | None = None
     #: An OCI image to run ``command`` in (podman or docker on the node); null: the node's own file system.
     image: str | None = None
+    #: Where this run's output continues the replica's log (``workload.log`` offsets): the bytes earlier runs of
+    #: the job (before a preemption or requeue) left there. 0 for a first run, and from portals before live logs.
+    log_offset: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.log_offset <= MAX_LOG_OFFSET:
+            raise ProtocolError(
+                ErrorCode.INVALID_FIELD, f"workload.start.log_offset must be from 0, not {self.log_offset}"
+            )
 
 
 @dataclass(kw_only=True)
@@ -357,6 +433,27 @@ class ReportAck(Message):
 
 
 @dataclass(kw_only=True)
+class WorkloadLogAck(Message):
+    """The portal has the replica's log up to ``next_offset`` (the end of the piece at ``offset``), or refused
+    the piece for good (``ok`` false: the node does not hold that replica; ``code`` and ``detail`` say why).
+    A piece the portal could not store for a passing reason gets an ``error`` frame ``retry_later`` instead."""
+
+    type: ClassVar[str] = "workload.log.ack"
+    job_id: int
+    replica: int
+    offset: int
+    next_offset: int
+    ok: bool = True
+    code: str = ""
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        _check_log_position(job_id=self.job_id, replica=self.replica, offset=self.offset, where=self.type)
+        if not self.offset <= self.next_offset <= MAX_LOG_OFFSET:
+            raise ProtocolError(ErrorCode.INVALID_FIELD, "workload.log.ack.next_offset must not be before its offset")
+
+
+@dataclass(kw_only=True)
 class Config(Message):
     type: ClassVar[str] = "config"
     telemetry_interval_s: float = 1.0
@@ -381,16 +478,22 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Heartbeat,
         Telemetry,
         WorkloadStatus,
+        WorkloadLog,
         Ack,
         WorkloadStart,
         WorkloadStop,
         ReportAck,
+        WorkloadLogAck,
         Config,
         Error,
     )
 }
-AGENT_TO_PORTAL: frozenset[str] = frozenset({"hello", "heartbeat", "telemetry", "workload.status", "ack"})
-PORTAL_TO_AGENT: frozenset[str] = frozenset({"workload.start", "workload.stop", "report.ack", "config", "error"})
+AGENT_TO_PORTAL: frozenset[str] = frozenset(
+    {"hello", "heartbeat", "telemetry", "workload.status", "workload.log", "ack"}
+)
+PORTAL_TO_AGENT: frozenset[str] = frozenset(
+    {"workload.start", "workload.stop", "report.ack", "workload.log.ack", "config", "error"}
+)
 
 
 # --- encoding ---------------------------------------------------------------------------------------------

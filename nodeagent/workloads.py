@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -50,6 +51,7 @@ from nodeagent import protocol
 from nodeagent.backends.base import WorkloadLoad
 from nodeagent.cgroups import Limits
 from nodeagent.containers import container_argv, device_nodes, write_env_file
+from nodeagent.logstream import open_output
 from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
 from nodeagent.sandbox import Sandbox, SandboxError, SandboxMode, hidden_device_nodes, own_tree
 
@@ -161,6 +163,14 @@ class WorkloadRecord:
     exit_file: str | None = None
     #: The container's name when the job named an OCI image (run by ``container_runtime``).
     container: str | None = None
+    #: Live logs (``nodeagent.logstream``): this run's output starts at byte ``log_start_pos`` of ``output.log``
+    #: (a rerun on this node appends to it), which is offset ``log_base`` of the replica's log on the portal;
+    #: the portal has acknowledged it up to ``log_acked``. ``log_inode`` is (st_dev, st_ino) of the file the agent
+    #: opened; None for a workload that never started (nothing is streamed for it).
+    log_base: int = 0
+    log_start_pos: int = 0
+    log_acked: int = 0
+    log_inode: list[int] | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -222,16 +232,30 @@ def _give_path(root: Path, path: Path, uid: int, gid: int) -> None:
         os.chown(current, uid, gid)
 
 
-def read_log_tail(path: Path, *, lines: int = LOG_TAIL_LINES) -> str:
+def read_log_tail(path: Path, *, lines: int = LOG_TAIL_LINES, inode: list[int] | None = None) -> str:
+    """The last ``lines`` lines of a workload's output; "" when the file is missing, or is a link or another file
+    than the one the agent created (``inode``): a sandboxed workload owns its job dir and could put a link to
+    one of the agent's files there."""
+    descriptor = open_output(path, inode)
+    if descriptor is None:
+        return ""
     try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - LOG_TAIL_BYTES))
-            data = handle.read()
+        size = os.fstat(descriptor).st_size
+        data = os.pread(descriptor, LOG_TAIL_BYTES, max(0, size - LOG_TAIL_BYTES))
     except OSError:
         return ""
+    finally:
+        os.close(descriptor)
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def open_output_for_append(path: Path) -> int:
+    """A descriptor appending to the workload's output file, created if missing. Whatever a previous run of the
+    workload left in its place that is not a plain file (a link to a file of the agent's) is removed first."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(path.lstat().st_mode):
+            path.unlink()
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
 
 
 class WorkloadRunner:
@@ -280,6 +304,10 @@ class WorkloadRunner:
     @property
     def state_path(self) -> Path:
         return self.work_dir / STATE_FILE
+
+    def save(self) -> None:
+        """Write ``state.json`` now (the agent calls it when acknowledged log offsets moved)."""
+        self._save()
 
     def _save(self) -> None:
         data = {"version": 1, "workloads": [asdict(record) for record in self.records.values()]}
@@ -430,7 +458,11 @@ class WorkloadRunner:
             # The job's environment goes to the sandbox in its spec file, never to unshare and the init, which
             # run as root: a job's LD_PRELOAD must not reach them even if the denylist were emptied.
             argv, cwd, popen_env = plan.argv, "/", {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
-        with (job_dir / LOG_FILE).open("ab") as log_file:
+        with os.fdopen(open_output_for_append(job_dir / LOG_FILE), "ab") as log_file:
+            info = os.fstat(log_file.fileno())
+            record.log_inode = [info.st_dev, info.st_ino]
+            record.log_start_pos = info.st_size
+            record.log_base = record.log_acked = start.log_offset
             process = subprocess.Popen(
                 argv,
                 cwd=cwd,
@@ -747,7 +779,7 @@ class WorkloadRunner:
             exit_code=record.exit_code,
             last_checkpoint_at=self.last_checkpoint_at(record),
             message=record.message,
-            log_tail=read_log_tail(Path(record.job_dir) / LOG_FILE) if final else "",
+            log_tail=read_log_tail(Path(record.job_dir) / LOG_FILE, inode=record.log_inode) if final else "",
             reason=record.reason if final else "",
         )
 

@@ -71,6 +71,8 @@ app.conf.beat_schedule.update(
 )
 # Approval requests past their expiry (quota changes, job admissions).
 app.conf.beat_schedule.update({"tenants-approvals-expire": {"task": "tenants.approvals_expire", "schedule": 300.0}})
+# Logs of jobs finished longer ago than GPUPOOL_JOB_LOG_RETENTION_DAYS.
+app.conf.beat_schedule.update({"scheduler-job-logs-purge": {"task": "scheduler.job_logs_purge", "schedule": 3600.0}})
 
 
 @worker_ready.connect

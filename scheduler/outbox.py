@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from portal.db.bulk import insert_rows, reserve_ids
+from scheduler.logs import job_log_ends
 from scheduler.models import AgentCommand, Allocation, Job, Node
 
 logger = logging.getLogger(__name__)
@@ -38,14 +39,16 @@ def workload_start_message(*, job: Job, replica: int, allocations: Iterable[Allo
         job=job,
         replica=replica,
         devices=[(a.device.index, a.device.uuid, a.millis, a.memory_mib) for a in allocations],
+        log_offset=job_log_ends(job_ids=[job.pk]).get((job.pk, replica), 0),
     )
 
 
 def workload_start_frame(
-    *, job: Job, replica: int, devices: Iterable[tuple[int, str, int, int]]
+    *, job: Job, replica: int, devices: Iterable[tuple[int, str, int, int]], log_offset: int = 0
 ) -> protocol.WorkloadStart:
     """The ``workload.start`` frame for one replica given its devices as ``(index, uuid, millis, memory_mib)``
-    (what a cycle has at hand without loading each allocation's device row)."""
+    (what a cycle has at hand without loading each allocation's device row). ``log_offset``: where this run's
+    output continues the replica's log (``scheduler.logs.job_log_ends``; 0 for a first run)."""
     env = {
         **job.env,
         "GPUPOOL_REPLICA": str(replica),
@@ -72,6 +75,7 @@ def workload_start_frame(
         cpu_cores=job.cpu_millicores_per_replica / 1000 or None,
         host_memory_mib=job.host_memory_mib_per_replica or None,
         image=(job.spec or {}).get("image") or None,
+        log_offset=log_offset,
     )
 
 

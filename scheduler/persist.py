@@ -43,6 +43,7 @@ from audit.services import audit_record
 from portal.db.bulk import AnyOf, insert_rows, update_rows
 from scheduler import outbox
 from scheduler.core import types as core
+from scheduler.logs import job_log_ends
 from scheduler.models import (
     MILLIS_PER_DEVICE,
     Allocation,
@@ -651,7 +652,10 @@ def persist_plan(
                 logger.info("place of job %s skipped: %s", place.job_id, exc)
                 _skipped(place.job_id, str(exc), outcome=outcome)
         starts = []
-        for write in _write_places(accepted, now=now, outcome=outcome):
+        written = _write_places(accepted, now=now, outcome=outcome)
+        # A job that ran before (preempted, requeued) continues its log where the last run ended.
+        log_ends = job_log_ends(job_ids=[write.job.pk for write in written])
+        for write in written:
             replica_devices: dict[int, list[tuple[int, str, int, int]]] = defaultdict(list)
             replica_node: dict[int, int] = {}
             for row in write.allocations:
@@ -659,7 +663,12 @@ def persist_plan(
                 replica_devices[row.replica].append((device.index, device.uuid, row.millis, row.memory_mib))
                 replica_node[row.replica] = row.node_id  # a replica's devices are all on one node
             for replica in sorted(replica_devices):
-                message = outbox.workload_start_frame(job=write.job, replica=replica, devices=replica_devices[replica])
+                message = outbox.workload_start_frame(
+                    job=write.job,
+                    replica=replica,
+                    devices=replica_devices[replica],
+                    log_offset=log_ends.get((write.job.pk, replica), 0),
+                )
                 starts.append((replica_node[replica], write.job, message))
             outcome.placed.append(write.job.pk)
         outbox.commands_bulk_create(starts)

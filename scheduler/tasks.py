@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from scheduler import eta, services
+from scheduler import eta, logs, services
 
 
 @shared_task(
@@ -46,6 +46,12 @@ def cycle_requested(self) -> int:
         queue = (self.request.delivery_info or {}).get("routing_key")
         services.cycle_task_send(queue=queue)
     return outcome.cycles
+
+
+@shared_task(name="scheduler.job_logs_purge", acks_late=True, ignore_result=True)
+def job_logs_purge() -> int:
+    """Delete the logs of jobs finished longer ago than ``GPUPOOL_JOB_LOG_RETENTION_DAYS`` (beat: hourly)."""
+    return logs.job_logs_purge()
 
 
 @shared_task(

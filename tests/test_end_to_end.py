@@ -70,7 +70,8 @@ def test_job_submitted_through_the_api_runs_on_a_real_agent_and_is_accounted(liv
             "command": [
                 WORKLOAD_PYTHON,  # the demo's agents sandbox the job as an unprivileged uid when run as root
                 "-c",
-                f"import os, time; time.sleep(2); print('{marker}', os.environ['CUDA_VISIBLE_DEVICES'])",
+                "import os, time; print('loading data', flush=True); time.sleep(4); "
+                f"print('{marker}', os.environ['CUDA_VISIBLE_DEVICES'])",
             ],
         },
     )
@@ -79,16 +80,26 @@ def test_job_submitted_through_the_api_runs_on_a_real_agent_and_is_accounted(liv
 
     deadline = time.monotonic() + 150
     seen_states = []
+    output_while_running = ""
     while time.monotonic() < deadline:
         status, job = _api(live_demo, token, f"/api/v1/jobs/{job_id}/")
         assert status == 200, job
         if not seen_states or seen_states[-1] != job["state"]:
             seen_states.append(job["state"])
+        if job["state"] == "running" and not output_while_running:
+            status, log = _api(live_demo, token, f"/api/v1/jobs/{job_id}/logs/?replica=0&offset=0")
+            assert status == 200, log
+            output_while_running = log["text"] if not log["complete"] else ""
         if job["state"] in ("succeeded", "failed", "cancelled"):
             break
         time.sleep(1)
     assert job["state"] == "succeeded", f"states seen: {seen_states}; demo log:\n{live_demo.log_tail(60)}"
     assert "running" in seen_states or any(event.get("to_state") == "running" for event in job.get("events", []))
+    # Live logs: the first line was readable while the job ran, and the whole output once it ended.
+    assert output_while_running.startswith("loading data\n") and marker not in output_while_running
+    status, log = _api(live_demo, token, f"/api/v1/jobs/{job_id}/logs/?replica=0&offset=0")
+    assert status == 200 and log["complete"] is True, log
+    assert log["text"].startswith(f"loading data\n{marker} "), log
     allocations = job.get("allocations", [])
     assert allocations and all(allocation["millis"] == 500 for allocation in allocations), allocations
 

@@ -20,6 +20,7 @@ from frontend.summaries import devices_for_charts
 from frontend.tables import JobTable
 from portal.api import DomainError, NotFoundError
 from scheduler import access as scheduler_access
+from scheduler import logs as scheduler_logs
 from scheduler import selectors as scheduler_selectors
 from scheduler import services as scheduler_services
 from scheduler.models import FINAL_JOB_STATES, JobState
@@ -132,6 +133,9 @@ def job_detail(request, pk: int):
         "past_allocations": [a for a in job.allocations.all() if a.ended_at is not None],
         "pending_sentence": scheduler_selectors.job_pending_sentence(job),
         "log_tail": log_tail,
+        # The output panel (live logs) replaces the final log tail once the agent streams the job's output.
+        "has_streamed_log": job.log_chunks.exists(),
+        "log_replicas": range(scheduler_logs.replica_count(job)),
         "can_cancel": job.state not in FINAL_JOB_STATES and scheduler_access.can_manage_job(request.user, job),
         "cancel_form": CancelForm(),
         "is_live": job.state not in FINAL_JOB_STATES,

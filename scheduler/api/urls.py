@@ -1,9 +1,9 @@
-"""/api/v1/ routes of the scheduler: jobs, nodes, devices, flavors."""
+"""/api/v1/ routes of the scheduler: jobs (and their logs), nodes, devices, flavors."""
 
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from scheduler.api import views, whatif
+from scheduler.api import logs, views, whatif
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -12,6 +12,7 @@ router.register("devices", views.DeviceViewSet, basename="device")
 router.register("flavors", views.FlavorViewSet, basename="flavor")
 
 urlpatterns = [
+    path("jobs/<int:pk>/logs/", logs.JobLogView.as_view(), name="job-logs"),
     path("whatif/", whatif.WhatIfView.as_view(), name="whatif"),
     path("trace-export/", whatif.TraceExportView.as_view(), name="trace-export"),
     *router.urls,

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from nodeagent import protocol
+from scheduler import logs
 from scheduler.fleet import selectors, services
 from scheduler.fleet.runtime import db, fleet_process
 from scheduler.fleet.telemetry import (
@@ -295,6 +296,53 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             )
         await self.send_message(
             protocol.ReportAck(report_id=message.report_id, ok=outcome.ok, code=outcome.code, detail=outcome.detail)
+        )
+
+    async def on_workload_log(self, message: protocol.WorkloadLog) -> None:
+        """Store a piece of a workload's output (``scheduler.logs``), tell the log's followers, ack it."""
+        try:
+            outcome = await db(logs.job_log_append)(
+                node_id=self.node_id,
+                job_id=message.job_id,
+                replica=message.replica,
+                offset=message.offset,
+                text=message.text,
+            )
+        except services.RETRYABLE_REPORT_ERRORS as exc:
+            logger.warning(
+                "node %s: log of job %s not stored, the agent will resend it: %s", self.node_name, message.job_id, exc
+            )
+            await self.send_error("retry_later", "the log piece could not be stored now; send it again", message.id)
+            return
+        except services.DomainError as exc:
+            outcome = logs.LogAppendOutcome(
+                next_offset=message.next_offset, ok=False, code=exc.code, detail=exc.message
+            )
+        except Exception as exc:
+            # Resending would fail the same way for ever: refuse it, and keep the trace.
+            logger.exception("node %s: storing the log of job %s failed", self.node_name, message.job_id)
+            outcome = logs.LogAppendOutcome(
+                next_offset=message.next_offset, ok=False, code="internal_error", detail=type(exc).__name__
+            )
+        if outcome.stored_bytes:
+            # From here, after the commit, and not from the service: the database thread does not wait on Redis.
+            try:
+                await self.channel_layer.group_send(
+                    logs.job_log_group(message.job_id, message.replica),
+                    {"type": "log.appended", "next_offset": outcome.next_offset},
+                )
+            except Exception:  # followers poll as well; a lost nudge costs them a few seconds
+                logger.warning("could not tell the followers of job %s's log", message.job_id, exc_info=True)
+        await self.send_message(
+            protocol.WorkloadLogAck(
+                job_id=message.job_id,
+                replica=message.replica,
+                offset=message.offset,
+                next_offset=outcome.next_offset,
+                ok=outcome.ok,
+                code=outcome.code,
+                detail=outcome.detail,
+            )
         )
 
     async def on_ack(self, message: protocol.Ack) -> None:

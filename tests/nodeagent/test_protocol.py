@@ -74,6 +74,8 @@ def _all_messages() -> list[protocol.Message]:
         protocol.ReportAck(report_id=1_764_000_000_000_001, ok=False, code="invalid_transition", detail="no"),
         protocol.Config(telemetry_interval_s=2, heartbeat_interval_s=5, process_sample_interval_s=10),
         protocol.Error(code="malformed", detail="bad", ref_id="abc"),
+        protocol.WorkloadLog(job_id=7, replica=1, offset=65536, text="epoch 3 loss 0.41 ✓\n"),
+        protocol.WorkloadLogAck(job_id=7, replica=1, offset=65536, next_offset=65558, ok=False, code="not_allocated"),
     ]
 
 

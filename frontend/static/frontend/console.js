@@ -3,6 +3,8 @@
 //   select[data-autosubmit]    submits its form on change (language switcher)
 //   [data-confirm]             asks before a destructive submit (cordon, drain, cancel)
 //   [data-live-telemetry]      a live chart area fed by the telemetry WebSocket (see telemetry.js)
+//   [data-job-log]             a job's output, followed live, paused, downloaded (see joblog.js)
+import { mountJobLogs } from "./joblog.js";
 import { mountLiveCharts } from "./telemetry.js";
 
 function setupThemeToggle() {
@@ -46,6 +48,7 @@ function start() {
   setupAutosubmit();
   setupConfirm();
   mountLiveCharts(document);
+  mountJobLogs(document);
   // Fragments that htmx swaps in may carry charts too.
   document.body.addEventListener("htmx:afterSwap", (event) => mountLiveCharts(event.target));
 }

@@ -1,0 +1,330 @@
+"""Live logs of jobs: what node agents stream (``workload.log``) kept as ``JobLogChunk`` rows, read back by offset.
+
+Each replica of a job has one log: a byte stream (UTF-8) that the runs of the replica continue one after another
+(a requeued job's next run starts where the last one ended: ``workload.start.log_offset``). A row holds the
+text of bytes ``[offset, offset + len(text as UTF-8))`` of it; rows never overlap and hold at most
+:data:`MAX_CHUNK_BYTES`, and small pieces that follow on are merged into the row before them, so a job that
+prints a line a second costs one row per 64 KiB, not one per second.
+
+Writes: :func:`job_log_append` (an agent's piece; idempotent: what is stored already is skipped, so a resent
+piece changes nothing) and :func:`job_logs_purge` (retention). Reads: :func:`job_log_slice` (the API, the
+console and the follow socket), :func:`job_log_ends` (where a new run's output continues). The caller checks
+who may read: the API and the socket fetch the job through ``selectors.job_get_visible`` first.
+
+Settings: ``GPUPOOL_JOB_LOG_MAX_BYTES`` (8 MiB; 0 = no limit) — each replica's log keeps its newest bytes up
+to this, the older rows are deleted as new ones come (``truncated_before`` says where the kept part starts);
+``GPUPOOL_JOB_LOG_RETENTION_DAYS`` (30; 0 = keep) — the logs of jobs finished longer ago are deleted by the
+``scheduler.job_logs_purge`` beat task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from nodeagent import protocol
+from portal.api import DomainError, NotFoundError
+from scheduler import selectors
+from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobLogChunk
+
+__all__ = [
+    "MAX_CHUNK_BYTES",
+    "LogAppendOutcome",
+    "LogSlice",
+    "job_get_readable",
+    "job_log_append",
+    "job_log_ends",
+    "job_log_group",
+    "job_log_slice",
+    "job_logs_purge",
+    "replica_count",
+]
+
+#: Largest row (and largest piece an agent sends).
+MAX_CHUNK_BYTES = protocol.MAX_LOG_CHUNK_BYTES
+#: What one read returns unless it asks for another size, and the most it may ask for.
+DEFAULT_SLICE_BYTES = 256 * 1024
+MAX_SLICE_BYTES = 8 * 1024 * 1024
+
+
+def log_max_bytes() -> int | None:
+    """The most bytes one replica's log keeps; None: no limit."""
+    return int(getattr(settings, "GPUPOOL_JOB_LOG_MAX_BYTES", 8 * 1024 * 1024)) or None
+
+
+def log_retention_days() -> int | None:
+    """Days the logs of a finished job are kept; None: for ever."""
+    return int(getattr(settings, "GPUPOOL_JOB_LOG_RETENTION_DAYS", 30)) or None
+
+
+def job_log_group(job_id: int, replica: int) -> str:
+    """The channel group told when a replica's log grew (the follow socket, ``scheduler.consumers``)."""
+    return f"joblog.{job_id}.{replica}"
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8"))
+
+
+# --- writes ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogAppendOutcome:
+    """The answer to one piece (``workload.log.ack``): ``ok`` false, with ``code``, when it was refused for good.
+    ``stored_bytes`` is how much of it was new (0 for a piece sent again)."""
+
+    next_offset: int
+    stored_bytes: int = 0
+    ok: bool = True
+    code: str = ""
+    detail: str = ""
+
+
+def _refusal(*, node_id: int, job_id: int, replica: int, next_offset: int) -> LogAppendOutcome | None:
+    """Why node ``node_id`` may not write this replica's log, or None when it may: it holds the replica now, or
+    held it last (the end of a run that stopped, arriving after its final report). A node that never held the
+    job, or whose run was replaced by one elsewhere, is refused: its output is not this run's."""
+    rows = list(Allocation.objects.filter(job_id=job_id, replica=replica).values_list("node_id", "ended_at"))
+    mine = [ended_at for holder, ended_at in rows if holder == node_id]
+    if not mine:
+        code = "not_held" if Job.objects.filter(pk=job_id).exists() else "unknown_job"
+        detail = f"node {node_id} never ran job {job_id} replica {replica}"
+        return LogAppendOutcome(next_offset=next_offset, ok=False, code=code, detail=detail)
+    runs_here = any(ended_at is None for ended_at in mine)
+    runs_elsewhere = any(holder != node_id and ended_at is None for holder, ended_at in rows)
+    if runs_elsewhere and not runs_here:
+        detail = f"job {job_id} replica {replica} runs on another node now; this run's output is no longer taken"
+        return LogAppendOutcome(next_offset=next_offset, ok=False, code="not_allocated", detail=detail)
+    return None
+
+
+def _uncovered(start: int, end: int, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``[start, end)`` no span in ``spans`` (sorted, non-overlapping) covers."""
+    gaps = []
+    position = start
+    for span_start, span_end in spans:
+        if span_end <= position:
+            continue
+        if span_start >= end:
+            break
+        if span_start > position:
+            gaps.append((position, span_start))
+        position = max(position, span_end)
+    if position < end:
+        gaps.append((position, end))
+    return gaps
+
+
+def job_log_append(*, node_id: int, job_id: int, replica: int, offset: int, text: str) -> LogAppendOutcome:
+    """Store bytes ``[offset, offset + len(text))`` of a replica's log, sent by node ``node_id``'s agent.
+
+    Idempotent: what is stored already is skipped, so a piece sent again changes nothing. A piece that follows
+    on from a row is merged into it while the row stays within :data:`MAX_CHUNK_BYTES`. Past
+    ``GPUPOOL_JOB_LOG_MAX_BYTES`` the oldest rows are deleted. Raises :class:`DomainError` for a piece that is
+    not a valid one (the protocol checks the same); database errors propagate (the agent sends it again).
+    """
+    data = text.encode("utf-8")
+    if not 0 < len(data) <= MAX_CHUNK_BYTES or offset < 0 or "\0" in text:
+        raise DomainError(
+            f"a log piece is 1 to {MAX_CHUNK_BYTES} bytes of text without NUL at an offset from 0", code="invalid_log"
+        )
+    end = offset + len(data)
+    refused = _refusal(node_id=node_id, job_id=job_id, replica=replica, next_offset=end)
+    if refused is not None:
+        return refused
+    stored = 0
+    with transaction.atomic():
+        # Locked: a piece resent while the first copy is being stored waits and then finds it stored.
+        rows = list(
+            JobLogChunk.objects.select_for_update()
+            .filter(job_id=job_id, replica=replica, offset__lt=end, offset__gte=max(0, offset - MAX_CHUNK_BYTES))
+            .order_by("offset")
+            .values_list("pk", "offset", "text")
+        )
+        spans = [(row_offset, row_offset + _size(row_text)) for _pk, row_offset, row_text in rows]
+        ending_at = {span_end: (pk, row_text) for (pk, _o, row_text), (_s, span_end) in zip(rows, spans, strict=True)}
+        new_rows = []
+        for gap_start, gap_end in _uncovered(offset, end, spans):
+            piece = protocol.decode_output(data[gap_start - offset : gap_end - offset])
+            stored += gap_end - gap_start
+            before = ending_at.get(gap_start)
+            if before is not None and _size(before[1]) + gap_end - gap_start <= MAX_CHUNK_BYTES:
+                JobLogChunk.objects.filter(pk=before[0]).update(text=before[1] + piece)
+            else:
+                new_rows.append(JobLogChunk(job_id=job_id, replica=replica, offset=gap_start, text=piece))
+        if new_rows:
+            JobLogChunk.objects.bulk_create(new_rows, ignore_conflicts=True)
+        cap = log_max_bytes()
+        if stored and cap is not None and end > cap:
+            _keep_newest(job_id=job_id, replica=replica, cap=cap)
+    return LogAppendOutcome(next_offset=end, stored_bytes=stored)
+
+
+def _keep_newest(*, job_id: int, replica: int, cap: int) -> None:
+    """Keep the last ``cap`` bytes of the log: rows before them are deleted, a row that straddles the cut loses
+    its head (up to the next whole character)."""
+    rows = JobLogChunk.objects.filter(job_id=job_id, replica=replica)
+    last = rows.order_by("-offset").values_list("offset", "text").first()
+    if last is None:
+        return
+    cutoff = last[0] + _size(last[1]) - cap
+    if cutoff <= 0:
+        return
+    rows.filter(offset__lt=cutoff - MAX_CHUNK_BYTES).delete()  # they end before the cut: rows hold ≤ 64 KiB
+    for pk, row_offset, row_text in rows.filter(offset__lt=cutoff).values_list("pk", "offset", "text"):
+        data = row_text.encode("utf-8")
+        if row_offset + len(data) <= cutoff:
+            JobLogChunk.objects.filter(pk=pk).delete()
+            continue
+        tail = data[cutoff - row_offset :]
+        skip = _continuation_bytes(tail)
+        JobLogChunk.objects.filter(pk=pk).update(offset=cutoff + skip, text=tail[skip:].decode("utf-8"))
+
+
+def job_logs_purge(*, now: datetime | None = None, batch_size: int = 5000) -> int:
+    """Delete the logs of jobs that finished more than ``GPUPOOL_JOB_LOG_RETENTION_DAYS`` ago, in batches (a
+    long table is not locked in one statement). Returns the rows deleted."""
+    days = log_retention_days()
+    if days is None:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    finished = Job.objects.filter(state__in=FINAL_JOB_STATES, finished_at__lt=cutoff).values("pk")
+    deleted = 0
+    while True:
+        ids = list(
+            JobLogChunk.objects.filter(job__in=finished).order_by("pk").values_list("pk", flat=True)[:batch_size]
+        )
+        if not ids:
+            return deleted
+        count, _ = JobLogChunk.objects.filter(pk__in=ids).delete()
+        deleted += count
+
+
+# --- reads -------------------------------------------------------------------------------------------------------
+
+
+def job_get_readable(*, user: Any, pk: Any) -> Job:
+    """The job whose log ``user`` asks for: the same rule as the job itself (``selectors.jobs_visible_to``: a
+    tenant's members see their subtree's jobs, platform roles all), and the same 404 for missing and not yours.
+    Without the job detail's events and allocations: a follower asks every few seconds."""
+    try:
+        return selectors.jobs_visible_to(user).get(pk=int(pk))
+    except (Job.DoesNotExist, TypeError, ValueError):
+        raise NotFoundError(f"No job with id {pk} is visible to you.") from None
+
+
+def replica_count(job: Job) -> int:
+    """How many replicas may have a log: the gang, or an inference service's most."""
+    return max(job.replicas, job.max_replicas or 0, 1)
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    """Text of a replica's log from ``offset`` (the API's answer): read on from ``next_offset``. ``complete`` is
+    true when the job has finished and nothing is stored past ``next_offset``; ``truncated_before`` is the first
+    offset still kept (0 when nothing was cut)."""
+
+    job: int
+    replica: int
+    offset: int
+    next_offset: int
+    text: str
+    complete: bool
+    truncated_before: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _continuation_bytes(data: bytes) -> int:
+    count = 0
+    while count < min(3, len(data)) and 0x80 <= data[count] < 0xC0:
+        count += 1
+    return count
+
+
+def _cut(data: bytes, limit: int) -> bytes:
+    """The longest prefix of ``data`` (valid UTF-8) of at most ``limit`` bytes that ends on a character."""
+    if len(data) <= limit:
+        return data
+    while limit > 0 and 0x80 <= data[limit] < 0xC0:
+        limit -= 1
+    return data[:limit]
+
+
+def job_log_slice(*, job: Job, replica: int, offset: int, limit_bytes: int = DEFAULT_SLICE_BYTES) -> LogSlice:
+    """Up to ``limit_bytes`` of replica ``replica``'s log from ``offset``, ending on a whole character.
+
+    An offset before what is kept reads from the first kept byte; one inside a character from the next
+    character; one past the end returns no text and the same offset to ask again. A gap (output the agent had
+    to skip) ends the text: the next read goes on after it.
+    """
+    if replica < 0 or offset < 0 or limit_bytes < 1:
+        raise DomainError("replica, offset and limit_bytes must be positive", code="invalid")
+    chunks = JobLogChunk.objects.filter(job=job, replica=replica)
+    first_offset = chunks.order_by("offset").values_list("offset", flat=True).first()
+    last = chunks.order_by("-offset").values_list("offset", "text").first()
+    log_end = last[0] + _size(last[1]) if last is not None else 0
+    position = offset
+    parts: list[bytes] = []
+    size = 0
+    rows = (
+        chunks.filter(offset__gte=max(0, offset - MAX_CHUNK_BYTES))
+        .order_by("offset")
+        .values_list("offset", "text")
+        .iterator(chunk_size=32)
+    )
+    for row_offset, row_text in rows:
+        data = row_text.encode("utf-8")
+        if row_offset + len(data) <= position:
+            continue
+        if row_offset > position:
+            if parts:
+                break  # a gap: the next read starts after it
+            position = row_offset
+        piece = data[position - row_offset :]
+        skip = _continuation_bytes(piece)
+        piece, position = piece[skip:], position + skip
+        piece = _cut(piece, limit_bytes - size)
+        if not piece:
+            break
+        parts.append(piece)
+        size += len(piece)
+        position += len(piece)
+        if size >= limit_bytes:
+            break
+    return LogSlice(
+        job=job.pk,
+        replica=replica,
+        offset=offset,
+        next_offset=position,
+        text=b"".join(parts).decode("utf-8"),
+        complete=job.state in FINAL_JOB_STATES and position >= log_end,
+        truncated_before=first_offset or 0,
+    )
+
+
+def job_log_ends(*, job_ids: Iterable[int]) -> dict[tuple[int, int], int]:
+    """``(job id, replica) → end of its log`` for the replicas of ``job_ids`` that have one: where a new run's
+    output continues (``workload.start.log_offset``). One query, whatever the number of jobs."""
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    later = JobLogChunk.objects.filter(
+        job_id=OuterRef("job_id"), replica=OuterRef("replica"), offset__gt=OuterRef("offset")
+    )
+    rows = (
+        JobLogChunk.objects.filter(job_id__in=ids)
+        .filter(~Exists(later))
+        .order_by()
+        .values_list("job_id", "replica", "offset", "text")
+    )
+    return {(job_id, replica): offset + _size(text) for job_id, replica, offset, text in rows}
