@@ -6,8 +6,8 @@ text of bytes ``[offset, offset + len(text as UTF-8))`` of it; rows never overla
 :data:`MAX_CHUNK_BYTES`, and small pieces that follow on are merged into the row before them, so a job that
 prints a line a second costs one row per 64 KiB, not one per second.
 
-Writes: :func:`job_log_append` (an agent's piece; idempotent: what is stored already is skipped, so a resent
-piece changes nothing) and :func:`job_logs_purge` (retention). Reads: :func:`job_log_slice` (the API, the
+Writes: :func:`job_logs_append` (agents' pieces, many at once; idempotent: what is stored already is skipped,
+so a resent piece changes nothing) and :func:`job_logs_purge` (retention). Reads: :func:`job_log_slice` (the API, the
 console and the follow socket), :func:`job_log_ends` (where a new run's output continues). The caller checks
 who may read: the API and the socket fetch the job through ``selectors.job_get_visible`` first.
 
@@ -19,30 +19,33 @@ to this, the older rows are deleted as new ones come (``truncated_before`` says 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from nodeagent import protocol
 from portal.api import DomainError, NotFoundError
+from portal.db.bulk import update_rows
 from scheduler import selectors
 from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobLogChunk
 
 __all__ = [
     "MAX_CHUNK_BYTES",
     "LogAppendOutcome",
+    "LogPiece",
     "LogSlice",
     "job_get_readable",
     "job_log_append",
     "job_log_ends",
     "job_log_group",
     "job_log_slice",
+    "job_logs_append",
     "job_logs_purge",
     "replica_count",
 ]
@@ -77,6 +80,21 @@ def _size(text: str) -> int:
 
 
 @dataclass(frozen=True)
+class LogPiece:
+    """Bytes ``[offset, offset + len(text as UTF-8))`` of a replica's log, as node ``node_id``'s agent sent them."""
+
+    node_id: int
+    job_id: int
+    replica: int
+    offset: int
+    text: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + _size(self.text)
+
+
+@dataclass(frozen=True)
 class LogAppendOutcome:
     """The answer to one piece (``workload.log.ack``): ``ok`` false, with ``code``, when it was refused for good.
     ``stored_bytes`` is how much of it was new (0 for a piece sent again)."""
@@ -88,22 +106,30 @@ class LogAppendOutcome:
     detail: str = ""
 
 
-def _refusal(*, node_id: int, job_id: int, replica: int, next_offset: int) -> LogAppendOutcome | None:
-    """Why node ``node_id`` may not write this replica's log, or None when it may: it holds the replica now, or
-    held it last (the end of a run that stopped, arriving after its final report). A node that never held the
-    job, or whose run was replaced by one elsewhere, is refused: its output is not this run's."""
-    rows = list(Allocation.objects.filter(job_id=job_id, replica=replica).values_list("node_id", "ended_at"))
-    mine = [ended_at for holder, ended_at in rows if holder == node_id]
+def _refusal(piece: LogPiece, holders: list[tuple[int, Any]], job_exists: bool) -> LogAppendOutcome | None:
+    """Why ``piece``'s node may not write the replica's log (``holders``: (node, ended_at) of every allocation the
+    replica ever had), or None when it may: the node holds the replica now, or held it last (the end of a run that
+    stopped, arriving after its final report). A node that never held it, or whose run was replaced by one
+    elsewhere, is refused: its output is not this run's."""
+    mine = [ended_at for holder, ended_at in holders if holder == piece.node_id]
+    where = f"job {piece.job_id} replica {piece.replica}"
     if not mine:
-        code = "not_held" if Job.objects.filter(pk=job_id).exists() else "unknown_job"
-        detail = f"node {node_id} never ran job {job_id} replica {replica}"
-        return LogAppendOutcome(next_offset=next_offset, ok=False, code=code, detail=detail)
+        detail = f"node {piece.node_id} never ran {where}"
+        return LogAppendOutcome(piece.end, ok=False, code="not_held" if job_exists else "unknown_job", detail=detail)
     runs_here = any(ended_at is None for ended_at in mine)
-    runs_elsewhere = any(holder != node_id and ended_at is None for holder, ended_at in rows)
+    runs_elsewhere = any(holder != piece.node_id and ended_at is None for holder, ended_at in holders)
     if runs_elsewhere and not runs_here:
-        detail = f"job {job_id} replica {replica} runs on another node now; this run's output is no longer taken"
-        return LogAppendOutcome(next_offset=next_offset, ok=False, code="not_allocated", detail=detail)
+        detail = f"{where} runs on another node now; this run's output is no longer taken"
+        return LogAppendOutcome(piece.end, ok=False, code="not_allocated", detail=detail)
     return None
+
+
+def _invalid(piece: LogPiece) -> LogAppendOutcome | None:
+    size = _size(piece.text)
+    if 0 < size <= MAX_CHUNK_BYTES and piece.offset >= 0 and piece.replica >= 0 and "\0" not in piece.text:
+        return None
+    detail = f"a log piece is 1 to {MAX_CHUNK_BYTES} bytes of text without NUL, at an offset from 0"
+    return LogAppendOutcome(piece.offset + size, ok=False, code="invalid_log", detail=detail)
 
 
 def _uncovered(start: int, end: int, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -123,49 +149,115 @@ def _uncovered(start: int, end: int, spans: list[tuple[int, int]]) -> list[tuple
     return gaps
 
 
-def job_log_append(*, node_id: int, job_id: int, replica: int, offset: int, text: str) -> LogAppendOutcome:
-    """Store bytes ``[offset, offset + len(text))`` of a replica's log, sent by node ``node_id``'s agent.
+@dataclass
+class _Row:
+    """A stored (``pk``) or new row of one replica's log, while a batch is applied."""
 
-    Idempotent: what is stored already is skipped, so a piece sent again changes nothing. A piece that follows
-    on from a row is merged into it while the row stays within :data:`MAX_CHUNK_BYTES`. Past
-    ``GPUPOOL_JOB_LOG_MAX_BYTES`` the oldest rows are deleted. Raises :class:`DomainError` for a piece that is
-    not a valid one (the protocol checks the same); database errors propagate (the agent sends it again).
-    """
-    data = text.encode("utf-8")
-    if not 0 < len(data) <= MAX_CHUNK_BYTES or offset < 0 or "\0" in text:
-        raise DomainError(
-            f"a log piece is 1 to {MAX_CHUNK_BYTES} bytes of text without NUL at an offset from 0", code="invalid_log"
-        )
-    end = offset + len(data)
-    refused = _refusal(node_id=node_id, job_id=job_id, replica=replica, next_offset=end)
-    if refused is not None:
-        return refused
+    pk: int | None
+    offset: int
+    text: str
+    changed: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.offset + _size(self.text)
+
+
+def _apply(rows: list[_Row], piece: LogPiece) -> int:
+    """Add the bytes of ``piece`` that ``rows`` (one replica's, sorted) lack; returns how many were new."""
+    data = piece.text.encode("utf-8")
     stored = 0
+    for gap_start, gap_end in _uncovered(piece.offset, piece.end, [(row.offset, row.end) for row in rows]):
+        text = protocol.decode_output(data[gap_start - piece.offset : gap_end - piece.offset])
+        stored += gap_end - gap_start
+        before = next((row for row in rows if row.end == gap_start), None)
+        if before is not None and before.end - before.offset + gap_end - gap_start <= MAX_CHUNK_BYTES:
+            before.text += text  # follows on: one row per 64 KiB, not one per second of output
+            before.changed = True
+        else:
+            rows.append(_Row(pk=None, offset=gap_start, text=text))
+            rows.sort(key=lambda row: row.offset)
+    return stored
+
+
+def job_logs_append(*, pieces: Sequence[LogPiece]) -> list[LogAppendOutcome]:
+    """Store agents' log pieces, many at once (the agent sockets of a process write theirs together); returns one
+    outcome per piece, in order.
+
+    Idempotent: what is stored already is skipped, so a piece sent again (or one that overlaps what is stored)
+    changes nothing twice. A piece that follows on from a row is merged into it while the row stays within
+    :data:`MAX_CHUNK_BYTES`. Past ``GPUPOOL_JOB_LOG_MAX_BYTES`` the oldest bytes are deleted. A piece that is not
+    a valid one, or comes from a node that may not write that log (:func:`_refusal`), is refused in its outcome;
+    database errors propagate (the agents send their pieces again). A handful of statements per call, however
+    many pieces.
+    """
+    outcomes: list[LogAppendOutcome | None] = [_invalid(piece) for piece in pieces]
+    valid = [index for index, outcome in enumerate(outcomes) if outcome is None]
+    if not valid:
+        return [outcome for outcome in outcomes if outcome is not None]
+    job_ids = {pieces[index].job_id for index in valid}
+    holders: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+    for job_id, replica, node_id, ended_at in Allocation.objects.filter(job_id__in=job_ids).values_list(
+        "job_id", "replica", "node_id", "ended_at"
+    ):
+        holders.setdefault((job_id, replica), []).append((node_id, ended_at))
+    placed = {job_id for job_id, _replica in holders}
+    unplaced = job_ids - placed
+    existing = placed | (set(Job.objects.filter(pk__in=unplaced).values_list("pk", flat=True)) if unplaced else set())
+    allowed = []
+    for index in valid:
+        piece = pieces[index]
+        refused = _refusal(piece, holders.get((piece.job_id, piece.replica), []), piece.job_id in existing)
+        if refused is None:
+            allowed.append(index)
+        outcomes[index] = refused
+    if allowed:
+        _store(pieces, allowed, outcomes)
+    return outcomes  # type: ignore[return-value]  # every slot is filled by now
+
+
+def _store(pieces: Sequence[LogPiece], allowed: list[int], outcomes: list[LogAppendOutcome | None]) -> None:
+    spans: dict[tuple[int, int], tuple[int, int]] = {}
+    for index in allowed:
+        piece = pieces[index]
+        low, high = spans.get((piece.job_id, piece.replica), (piece.offset, piece.end))
+        spans[(piece.job_id, piece.replica)] = (min(low, piece.offset), max(high, piece.end))
+    where = Q()
+    for (job_id, replica), (low, high) in spans.items():
+        where |= Q(job_id=job_id, replica=replica, offset__lt=high, offset__gte=max(0, low - MAX_CHUNK_BYTES))
     with transaction.atomic():
-        # Locked: a piece resent while the first copy is being stored waits and then finds it stored.
-        rows = list(
-            JobLogChunk.objects.select_for_update()
-            .filter(job_id=job_id, replica=replica, offset__lt=end, offset__gte=max(0, offset - MAX_CHUNK_BYTES))
-            .order_by("offset")
-            .values_list("pk", "offset", "text")
-        )
-        spans = [(row_offset, row_offset + _size(row_text)) for _pk, row_offset, row_text in rows]
-        ending_at = {span_end: (pk, row_text) for (pk, _o, row_text), (_s, span_end) in zip(rows, spans, strict=True)}
-        new_rows = []
-        for gap_start, gap_end in _uncovered(offset, end, spans):
-            piece = protocol.decode_output(data[gap_start - offset : gap_end - offset])
-            stored += gap_end - gap_start
-            before = ending_at.get(gap_start)
-            if before is not None and _size(before[1]) + gap_end - gap_start <= MAX_CHUNK_BYTES:
-                JobLogChunk.objects.filter(pk=before[0]).update(text=before[1] + piece)
-            else:
-                new_rows.append(JobLogChunk(job_id=job_id, replica=replica, offset=gap_start, text=piece))
-        if new_rows:
-            JobLogChunk.objects.bulk_create(new_rows, ignore_conflicts=True)
+        # Locked: a piece resent while the first copy is being stored waits, then finds it stored.
+        found = JobLogChunk.objects.select_for_update().filter(where).order_by("job_id", "replica", "offset")
+        rows: dict[tuple[int, int], list[_Row]] = {key: [] for key in spans}
+        for pk, job_id, replica, offset, text in found.values_list("pk", "job_id", "replica", "offset", "text"):
+            rows[(job_id, replica)].append(_Row(pk=pk, offset=offset, text=text))
+        grew: set[tuple[int, int]] = set()
+        for index in allowed:
+            piece = pieces[index]
+            stored = _apply(rows[(piece.job_id, piece.replica)], piece)
+            outcomes[index] = LogAppendOutcome(next_offset=piece.end, stored_bytes=stored)
+            if stored:
+                grew.add((piece.job_id, piece.replica))
+        new = [
+            JobLogChunk(job_id=job_id, replica=replica, offset=row.offset, text=row.text)
+            for (job_id, replica), replica_rows in rows.items()
+            for row in replica_rows
+            if row.pk is None
+        ]
+        JobLogChunk.objects.bulk_create(new, ignore_conflicts=True)
+        grown = [(row.pk, row.text) for replica_rows in rows.values() for row in replica_rows if row.pk and row.changed]
+        update_rows(JobLogChunk, columns=(("id", "bigint"), ("text", "text")), rows=grown, set_sql="text = v.text")
         cap = log_max_bytes()
-        if stored and cap is not None and end > cap:
-            _keep_newest(job_id=job_id, replica=replica, cap=cap)
-    return LogAppendOutcome(next_offset=end, stored_bytes=stored)
+        if cap is not None:
+            for job_id, replica in grew:
+                if rows[(job_id, replica)][-1].end > cap:
+                    _keep_newest(job_id=job_id, replica=replica, cap=cap)
+
+
+def job_log_append(*, node_id: int, job_id: int, replica: int, offset: int, text: str) -> LogAppendOutcome:
+    """Store one piece (:func:`job_logs_append`)."""
+    piece = LogPiece(node_id=node_id, job_id=job_id, replica=replica, offset=offset, text=text)
+    return job_logs_append(pieces=[piece])[0]
 
 
 def _keep_newest(*, job_id: int, replica: int, cap: int) -> None:
@@ -276,11 +368,13 @@ def job_log_slice(*, job: Job, replica: int, offset: int, limit_bytes: int = DEF
     position = offset
     parts: list[bytes] = []
     size = 0
+    # Rows are 64 KiB once merged; a log with gaps has smaller ones, and a read that runs out of rows before the
+    # limit simply says where to go on.
+    most_rows = limit_bytes // (16 * 1024) + 8
     rows = (
         chunks.filter(offset__gte=max(0, offset - MAX_CHUNK_BYTES))
         .order_by("offset")
-        .values_list("offset", "text")
-        .iterator(chunk_size=32)
+        .values_list("offset", "text")[:most_rows]
     )
     for row_offset, row_text in rows:
         data = row_text.encode("utf-8")

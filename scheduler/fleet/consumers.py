@@ -300,24 +300,21 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
 
     async def on_workload_log(self, message: protocol.WorkloadLog) -> None:
         """Store a piece of a workload's output (``scheduler.logs``), tell the log's followers, ack it."""
+        piece = logs.LogPiece(
+            node_id=self.node_id,
+            job_id=message.job_id,
+            replica=message.replica,
+            offset=message.offset,
+            text=message.text,
+        )
         try:
-            outcome = await db(logs.job_log_append)(
-                node_id=self.node_id,
-                job_id=message.job_id,
-                replica=message.replica,
-                offset=message.offset,
-                text=message.text,
-            )
+            outcome = await fleet_process().store_log_piece(piece)
         except services.RETRYABLE_REPORT_ERRORS as exc:
             logger.warning(
                 "node %s: log of job %s not stored, the agent will resend it: %s", self.node_name, message.job_id, exc
             )
             await self.send_error("retry_later", "the log piece could not be stored now; send it again", message.id)
             return
-        except services.DomainError as exc:
-            outcome = logs.LogAppendOutcome(
-                next_offset=message.next_offset, ok=False, code=exc.code, detail=exc.message
-            )
         except Exception as exc:
             # Resending would fail the same way for ever: refuse it, and keep the trace.
             logger.exception("node %s: storing the log of job %s failed", self.node_name, message.job_id)
@@ -325,14 +322,11 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 next_offset=message.next_offset, ok=False, code="internal_error", detail=type(exc).__name__
             )
         if outcome.stored_bytes:
-            # From here, after the commit, and not from the service: the database thread does not wait on Redis.
-            try:
-                await self.channel_layer.group_send(
-                    logs.job_log_group(message.job_id, message.replica),
-                    {"type": "log.appended", "next_offset": outcome.next_offset},
-                )
-            except Exception:  # followers poll as well; a lost nudge costs them a few seconds
-                logger.warning("could not tell the followers of job %s's log", message.job_id, exc_info=True)
+            # After the commit, from here and in the background: neither the database thread nor this socket waits
+            # on Redis. A lost nudge costs the followers a few seconds: they look again on their own.
+            nudge = {"type": "log.appended", "next_offset": outcome.next_offset}
+            group = logs.job_log_group(message.job_id, message.replica)
+            fleet_process().in_background(self.channel_layer.group_send(group, nudge), what="log follower nudges")
         await self.send_message(
             protocol.WorkloadLogAck(
                 job_id=message.job_id,

@@ -100,6 +100,8 @@ class FleetProcess:
         self.watched: set[str] = set()
         #: Finished telemetry minutes of this process's sockets: (aggregates, device UUID → device id).
         self.minutes: GroupWrite[tuple[list, dict[str, int]]] = GroupWrite(self._write_minutes)
+        #: Pieces of workloads' output from this process's sockets, each with the future of its outcome.
+        self.log_pieces: GroupWrite[tuple[Any, asyncio.Future]] = GroupWrite(self._write_log_pieces)
         self._background: set[asyncio.Task] = set()
         self._failure_logged_at: dict[str, float] = {}
         self._task: asyncio.Task | None = None
@@ -174,6 +176,22 @@ class FleetProcess:
             aggregates.extend(batch_aggregates)
             device_ids.update(batch_device_ids)
         await db(services.telemetry_minutes_write)(aggregates=aggregates, device_ids=device_ids)
+
+    async def store_log_piece(self, piece: Any) -> Any:
+        """Store an agent's log piece (``scheduler.logs.LogPiece``) together with those the other sockets of the
+        process store at the same moment, and return its outcome: a thousand jobs printing every second cost a
+        few transactions a second on the database thread, not a thousand."""
+        outcome = asyncio.get_running_loop().create_future()
+        await self.log_pieces.submit([(piece, outcome)])
+        return outcome.result()
+
+    @staticmethod
+    async def _write_log_pieces(items: list[tuple[Any, asyncio.Future]]) -> None:
+        from scheduler import logs
+
+        outcomes = await db(logs.job_logs_append)(pieces=[piece for piece, _outcome in items])
+        for (_piece, outcome), result in zip(items, outcomes, strict=True):
+            outcome.set_result(result)
 
     async def refresh_tenant_maps(self) -> None:
         from scheduler.fleet import selectors

@@ -418,3 +418,49 @@ def test_a_refused_text_request_still_answers_the_json_error(running, member) ->
 
     assert response.status_code == 400 and response["Content-Type"] == "application/json"
     assert response.json()["code"] == "invalid"
+
+
+def test_pieces_of_many_jobs_are_stored_together_in_a_few_statements(member, flavor, no_cycle_requests) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    nodes = [node_with_devices(2, name=f"node-{n}") for n in range(5)]
+    jobs = [place(member, flavor) for _ in range(10)]
+    holder = {job.pk: job.allocations.first().node_id for job in jobs}
+
+    def batch(count: int, offset: int) -> list[logs.LogPiece]:
+        return [
+            logs.LogPiece(node_id=holder[job.pk], job_id=job.pk, replica=0, offset=offset, text=f"line of {job.pk}\n")
+            for job in jobs[:count]
+        ]
+
+    with CaptureQueriesContext(connection) as two:
+        logs.job_logs_append(pieces=batch(2, 0))
+    with CaptureQueriesContext(connection) as ten:
+        outcomes = logs.job_logs_append(pieces=batch(10, 0))
+
+    assert len(ten.captured_queries) == len(two.captured_queries)
+    assert [o.stored_bytes > 0 for o in outcomes] == [False, False] + [True] * 8  # the first two were stored before
+    assert len(nodes) == 5 and all(read(member, job)[1]["text"] == f"line of {job.pk}\n" for job in jobs)
+
+
+def test_a_batch_refuses_its_bad_pieces_and_stores_the_rest(running, node, flavor) -> None:
+    stranger = node_with_devices(1, name="node-b")
+    pieces = [
+        logs.LogPiece(node_id=node.pk, job_id=running.pk, replica=0, offset=0, text="kept\n"),
+        logs.LogPiece(node_id=stranger.pk, job_id=running.pk, replica=0, offset=5, text="forged\n"),
+        logs.LogPiece(node_id=node.pk, job_id=running.pk, replica=0, offset=-1, text="bad offset\n"),
+        logs.LogPiece(node_id=node.pk, job_id=999_999, replica=0, offset=0, text="no such job\n"),
+        logs.LogPiece(node_id=node.pk, job_id=running.pk, replica=0, offset=5, text="also kept\n"),
+    ]
+
+    outcomes = logs.job_logs_append(pieces=pieces)
+
+    assert [(o.ok, o.code) for o in outcomes] == [
+        (True, ""),
+        (False, "not_held"),
+        (False, "invalid_log"),
+        (False, "unknown_job"),
+        (True, ""),
+    ]
+    assert logs.job_log_slice(job=running, replica=0, offset=0).text == "kept\nalso kept\n"
