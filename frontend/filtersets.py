@@ -8,6 +8,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from audit.models import Outcome
+from frontend.forms import DateInput
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     FINAL_JOB_STATES,
@@ -19,10 +20,6 @@ from scheduler.models import (
     PriorityClass,
     ResourceFlavor,
 )
-
-
-class DateInput(forms.DateInput):
-    input_type = "date"
 
 
 class NodeFilterSet(django_filters.FilterSet):

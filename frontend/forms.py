@@ -16,6 +16,16 @@ from scheduler.models import JobKind, PriorityClass
 FRACTION_CHOICES = [(str(m), f"{m / 1000:.1f}") for m in range(100, 1000, 100)]
 
 
+class DateInput(forms.DateInput):
+    """An ``<input type="date">``. Its value must be ISO (``2026-11-27``) whatever the language: browsers drop
+    a localised value such as Chinese ``2026/11/27``, and the default range with it."""
+
+    input_type = "date"
+
+    def __init__(self, attrs: dict | None = None, format: str | None = None) -> None:
+        super().__init__(attrs=attrs, format=format or "%Y-%m-%d")
+
+
 class JobSubmitForm(forms.Form):
     """The fields of a job spec most people need; anything else goes in the pasted JSON."""
 
@@ -127,10 +137,8 @@ class CancelForm(forms.Form):
 class AuditExportForm(forms.Form):
     """The range (and optionally one tenant's stream) of a signed audit export bundle."""
 
-    start = forms.DateField(label=_("From (date, UTC)"), widget=forms.DateInput(attrs={"type": "date"}))
-    end = forms.DateField(
-        label=_("To (date, UTC, inclusive)"), widget=forms.DateInput(attrs={"type": "date"}), required=False
-    )
+    start = forms.DateField(label=_("From (date, UTC)"), widget=DateInput())
+    end = forms.DateField(label=_("To (date, UTC, inclusive)"), widget=DateInput(), required=False)
     tenant = forms.IntegerField(label=_("Tenant id (empty = every stream)"), min_value=1, required=False)
 
     def clean(self) -> dict:
@@ -250,8 +258,8 @@ class DecisionForm(forms.Form):
 class UsageReportForm(forms.Form):
     """The range and grouping of a showback report; read from the query string so a report is a link."""
 
-    start = forms.DateField(label=_("From (date, UTC)"), widget=forms.DateInput(attrs={"type": "date"}))
-    end = forms.DateField(label=_("To (date, UTC, inclusive)"), widget=forms.DateInput(attrs={"type": "date"}))
+    start = forms.DateField(label=_("From (date, UTC)"), widget=DateInput())
+    end = forms.DateField(label=_("To (date, UTC, inclusive)"), widget=DateInput())
     period = forms.ChoiceField(
         label=_("Period"), choices=[("day", _("day")), ("week", _("week")), ("month", _("month"))], initial="day"
     )

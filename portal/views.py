@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
-from django.views.defaults import page_not_found
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import api_view, permission_classes
@@ -59,4 +59,4 @@ def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
         return JsonResponse(
             {"code": "not_found", "detail": "No such object or endpoint; the API's map is at /api/v1/."}, status=404
         )
-    return page_not_found(request, exception)
+    return render(request, "frontend/404.html", status=404)

@@ -16,6 +16,7 @@ from django.utils.translation import gettext, ngettext
 
 from portal.api import NotFoundError
 from scheduler import access
+from scheduler.message_text import localize
 from scheduler.models import Allocation, Device, Job, JobEvent, JobState, Node, ResourceFlavor
 
 
@@ -82,16 +83,18 @@ def node_get(*, pk: Any) -> Node:
 def job_pending_sentence(job: Job) -> str:
     """Why the job waits, in one sentence for its owner ('' once it left the queue)."""
     if job.state == JobState.PENDING_APPROVAL and not job.pending_message:
-        return "Waiting for approval by an administrator."
+        return gettext("Waiting for approval by an administrator.")
     if job.state not in (JobState.QUEUED, JobState.PENDING_APPROVAL):
         return ""
-    message = job.pending_message or "Queued; the scheduler looks at it within a few seconds."
+    stored = job.pending_message or "Queued; the scheduler looks at it within a few seconds."
+    message = localize(stored)
     # The engine's messages usually say the position already ("... (position 3 in the queue, ...)").
-    if job.position_in_tenant and job.position_overall and "position" not in message.lower():
-        message = (
-            f"{message.rstrip('.')}. Position {job.position_in_tenant} in your tenant's queue, "
-            f"{job.position_overall} overall."
-        )
+    if job.position_in_tenant and job.position_overall and "position" not in stored.lower():
+        message = gettext("%(message)s. Position %(mine)s in your tenant's queue, %(overall)s overall.") % {
+            "message": message.rstrip(".。"),
+            "mine": job.position_in_tenant,
+            "overall": job.position_overall,
+        }
     expected = job_start_estimate_sentence(job)
     return f"{message.rstrip()} {expected}" if expected else message
 

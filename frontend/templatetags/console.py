@@ -91,3 +91,11 @@ def approver_role(value: str | None) -> str:
         return str(ApprovalStepRole(value).label)
     except ValueError:
         return value
+
+
+@register.filter
+def scheduler_text(value: str | None) -> str:
+    """A sentence the scheduler stored (placement, preemption, why a job waits) in the page's language."""
+    from scheduler.message_text import localize
+
+    return localize(value or "")

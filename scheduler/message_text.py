@@ -1,0 +1,269 @@
+"""The scheduler's sentences in the reader's language.
+
+The engine (``scheduler.core``, no Django) and the persistence layer write why a job waits or what happened to
+it as English sentences with the data in them ("no node has 4 free nvidia-h100-80g cards on one node right now
+(most free on one node: 2)"); the database keeps them so the API, exports and the audit trail read the same
+words. ``localize`` turns such a sentence into the active language when it is shown: it splits it into
+clauses, recognises each by its pattern, and formats the translated template with the clause's own data. A
+clause no pattern knows stays as it was (a test renders every pattern in Chinese, so a new engine sentence
+without a pattern here shows up there).
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.utils.translation import gettext, gettext_noop
+
+_FLAVOR = r"(?P<flavor>[\w.-]+)"
+_N = r"(?P<n>\d+)"
+
+# (pattern of one clause, its English template with the same named groups). The template is the msgid.
+PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    (
+        rf"tenant (?P<tenant>[\w.-]+) has no quota for {_FLAVOR}",
+        gettext_noop("tenant %(tenant)s has no quota for %(flavor)s"),
+    ),
+    (r"ask a system admin for one", gettext_noop("ask a system admin for one")),
+    (
+        rf"tenant quota limit for {_FLAVOR} reached: (?P<used>[\d.]+)/(?P<limit>[\d.]+) cards in use, "
+        r"this job needs (?P<need>[\d.]+)",
+        gettext_noop(
+            "tenant quota limit for %(flavor)s reached: %(used)s/%(limit)s cards in use, this job needs %(need)s"
+        ),
+    ),
+    (
+        rf"parent tenant (?P<tenant>[\w.-]+) of quota limit for {_FLAVOR} reached: (?P<used>[\d.]+)/"
+        r"(?P<limit>[\d.]+) cards in use, this job needs (?P<need>[\d.]+)",
+        gettext_noop(
+            "quota limit of parent tenant %(tenant)s for %(flavor)s reached: %(used)s/%(limit)s cards in use, "
+            "this job needs %(need)s"
+        ),
+    ),
+    (
+        rf"tenant (?P<tenant>[\w.-]+) already runs (?P<jobs>\d+)/(?P<max>\d+) jobs on {_FLAVOR}",
+        gettext_noop("tenant %(tenant)s already runs %(jobs)s/%(max)s jobs on %(flavor)s"),
+    ),
+    (
+        rf"tenant quota for {_FLAVOR} exhausted: (?P<used>[\d.]+)/(?P<g>[\d.]+) cards in use \(borrowing is off\)",
+        gettext_noop("tenant quota for %(flavor)s exhausted: %(used)s/%(g)s cards in use (borrowing is off)"),
+    ),
+    (
+        rf"tenant quota for {_FLAVOR} exhausted: (?P<used>[\d.]+)/(?P<g>[\d.]+) cards in use and other tenants "
+        rf"have no idle [\w.-]+ capacity to lend \(this job would borrow (?P<borrow>[\d.]+)\)",
+        gettext_noop(
+            "tenant quota for %(flavor)s exhausted: %(used)s/%(g)s cards in use and other tenants have no idle "
+            "capacity to lend (this job would borrow %(borrow)s)"
+        ),
+    ),
+    (
+        rf"tenant quota for {_FLAVOR} exhausted: (?P<used>[\d.]+)/(?P<g>[\d.]+) cards in use",
+        gettext_noop("tenant quota for %(flavor)s exhausted: %(used)s/%(g)s cards in use"),
+    ),
+    (
+        r"only preemptible jobs may borrow idle capacity of other tenants",
+        gettext_noop("only preemptible jobs may borrow idle capacity of other tenants"),
+    ),
+    (
+        rf"no healthy, schedulable {_FLAVOR} device in the pool",
+        gettext_noop("no healthy, schedulable %(flavor)s device in the pool"),
+    ),
+    (
+        rf"no schedulable node with {_FLAVOR} matches (?P<wanted>.+)",
+        gettext_noop("no schedulable node with %(flavor)s matches %(wanted)s"),
+    ),
+    (
+        r"only (?P<placed>\d+) of (?P<count>\d+) replicas fit at once",
+        gettext_noop("only %(placed)s of %(count)s replicas fit at once"),
+    ),
+    (r"the job starts when all (?P<count>\d+) fit", gettext_noop("the job starts when all %(count)s fit")),
+    (
+        rf"no node has room for (?P<count>\d+) x (?P<size>[\d.]+) {_FLAVOR} \((?P<mem>\d+) MiB each\) on one node",
+        gettext_noop("no node has room for %(count)s x %(size)s %(flavor)s (%(mem)s MiB each) on one node"),
+    ),
+    (
+        rf"no {_FLAVOR} card has (?P<size>[\d.]+) card and (?P<mem>\d+) MiB memory free together",
+        gettext_noop("no %(flavor)s card has %(size)s card and %(mem)s MiB memory free together"),
+    ),
+    (
+        rf"no {_FLAVOR} card has (?P<size>[\d.]+) card \((?P<millis>\d+) millis\) free",
+        gettext_noop("no %(flavor)s card has %(size)s card (%(millis)s millis) free"),
+    ),
+    (
+        rf"no node has {_N} {_FLAVOR} cards \(the largest has (?P<largest>\d+)\)",
+        gettext_noop("no node has %(n)s %(flavor)s cards (the largest has %(largest)s)"),
+    ),
+    (r"ask for fewer cards per replica", gettext_noop("ask for fewer cards per replica")),
+    (
+        rf"no node has {_N} free {_FLAVOR} cards on one node for all replicas right now "
+        r"\(most free on one node: (?P<most>\d+)\)",
+        gettext_noop(
+            "no node has %(n)s free %(flavor)s cards on one node for all replicas right now "
+            "(most free on one node: %(most)s)"
+        ),
+    ),
+    (
+        rf"no node has {_N} free {_FLAVOR} cards on one node right now \(most free on one node: (?P<most>\d+)\)",
+        gettext_noop("no node has %(n)s free %(flavor)s cards on one node right now (most free on one node: %(most)s)"),
+    ),
+    (rf"no {_FLAVOR} card has (?P<mem>\d+) MiB memory", gettext_noop("no %(flavor)s card has %(mem)s MiB memory")),
+    (
+        rf"no node has {_N} free {_FLAVOR} cards on one NVLink domain",
+        gettext_noop("no node has %(n)s free %(flavor)s cards on one NVLink domain"),
+    ),
+    (
+        rf"no node has {_N} free {_FLAVOR} cards on one NUMA node",
+        gettext_noop("no node has %(n)s free %(flavor)s cards on one NUMA node"),
+    ),
+    (
+        rf"no node has {_N} free {_FLAVOR} cards that match the job's constraints right now",
+        gettext_noop("no node has %(n)s free %(flavor)s cards that match the job's constraints right now"),
+    ),
+    (
+        rf"no node has (?P<host>.+) beside (?P<size>[\d.]+) free {_FLAVOR} card",
+        gettext_noop("no node has %(host)s beside %(size)s free %(flavor)s card"),
+    ),
+    (
+        rf"no node has (?P<host>.+) beside (?P<size>[\d.]+) free {_FLAVOR} cards",
+        gettext_noop("no node has %(host)s beside %(size)s free %(flavor)s cards"),
+    ),
+    (
+        r"waiting for approval by an administrator\.?",
+        gettext_noop("waiting for approval by an administrator"),
+    ),
+    (
+        r"not looked at this cycle \(at most (?P<cap>\d+) jobs a cycle\)",
+        gettext_noop("not looked at this cycle (at most %(cap)s jobs a cycle)"),
+    ),
+    (
+        r"the request cannot be scheduled: (?P<problem>.+)",
+        gettext_noop("the request cannot be scheduled: %(problem)s"),
+    ),
+    (
+        rf"waiting behind job (?P<head>\d+), which is first in the {_FLAVOR} queue \(backfill is off\)",
+        gettext_noop("waiting behind job %(head)s, which is first in the %(flavor)s queue (backfill is off)"),
+    ),
+    (
+        rf"(?P<count>\d+) {_FLAVOR} device\(s\) are held for it as the head of the queue",
+        gettext_noop("%(count)s %(flavor)s device(s) are held for it as the head of the queue"),
+    ),
+    (
+        r"waiting for (?P<count>\d+) preempted job\(s\) to stop",
+        gettext_noop("waiting for %(count)s preempted job(s) to stop"),
+    ),
+    (
+        rf"(?P<count>\d+) {_FLAVOR} device\(s\) are held for it meanwhile",
+        gettext_noop("%(count)s %(flavor)s device(s) are held for it meanwhile"),
+    ),
+    (
+        rf"waiting for (?P<count>\d+) job\(s\) to stop and free (?P<size>[\d.]+) {_FLAVOR} card\(s\) for it",
+        gettext_noop("waiting for %(count)s job(s) to stop and free %(size)s %(flavor)s card(s) for it"),
+    ),
+    (r"it starts in a following cycle", gettext_noop("it starts in a following cycle")),
+    (
+        r"scaling up into its reservation",
+        gettext_noop("scaling up into its reservation"),
+    ),
+    (
+        r"waiting for (?P<count>\d+) job\(s\) running on it to stop",
+        gettext_noop("waiting for %(count)s job(s) running on it to stop"),
+    ),
+    (
+        r"its tenant (?P<tenant>[\w.-]+) borrowed capacity that (?P<other>[\w.-]+) needs back",
+        gettext_noop("its tenant %(tenant)s borrowed capacity that %(other)s needs back"),
+    ),
+    (
+        r"higher-priority job (?P<job>\d+) \(priority (?P<priority>\d+)\) needs the capacity",
+        gettext_noop("higher-priority job %(job)s (priority %(priority)s) needs the capacity"),
+    ),
+    # The problems of a request no waiting fixes (scheduler.core.engine.validate), inside the sentence above.
+    (r"the job names no device flavor", gettext_noop("the job names no device flavor")),
+    (r"the job asks for no replicas", gettext_noop("the job asks for no replicas")),
+    (
+        r"a replica must ask for at least (?P<min>\d+) millis \(1/10 of a card\)",
+        gettext_noop("a replica must ask for at least %(min)s millis (1/10 of a card)"),
+    ),
+    (
+        r"a fraction of a card must be a multiple of (?P<step>\d+) millis",
+        gettext_noop("a fraction of a card must be a multiple of %(step)s millis"),
+    ),
+    (r"a fractional request must state memory_mib", gettext_noop("a fractional request must state memory_mib")),
+    (
+        r"more than one card must be a whole number of cards \(a multiple of 1000 millis\)",
+        gettext_noop("more than one card must be a whole number of cards (a multiple of 1000 millis)"),
+    ),
+    (r"memory_mib cannot be negative", gettext_noop("memory_mib cannot be negative")),
+    (r"host CPU and host memory cannot be negative", gettext_noop("host CPU and host memory cannot be negative")),
+    # Written by the portal (scheduler.persist, scheduler.services).
+    (r"Placed on (?P<nodes>[\w., -]+)\.", gettext_noop("Placed on %(nodes)s.")),
+    (
+        r"Replicas (?P<replicas>[\d, ]+) placed on (?P<nodes>[\w., -]+)\.",
+        gettext_noop("Replicas %(replicas)s placed on %(nodes)s."),
+    ),
+    (r"Preempted for job (?P<job>\d+)\.", gettext_noop("Preempted for job %(job)s.")),
+    (
+        r"Queued; the scheduler looks at it within a few seconds\.",
+        gettext_noop("Queued; the scheduler looks at it within a few seconds."),
+    ),
+    (r"Waiting for approval by an administrator\.", gettext_noop("Waiting for approval by an administrator.")),
+    (
+        r"The devices chosen for this job were taken a moment ago; it is tried again next cycle\.",
+        gettext_noop("The devices chosen for this job were taken a moment ago; it is tried again next cycle."),
+    ),
+    (r"Cancelled\.", gettext_noop("Cancelled.")),
+    (r"Approved\.", gettext_noop("Approved.")),
+    (r"Rejected: (?P<comment>.*)", gettext_noop("Rejected: %(comment)s")),
+]
+_COMPILED = [(re.compile(f"^{pattern}$", re.DOTALL), template) for pattern, template in PATTERNS]
+_POSITION = re.compile(
+    r"^(?P<body>.*) \(position (?P<overall>\d+) in the queue, (?P<mine>\d+) among (?P<tenant>.+)'s jobs\)$", re.DOTALL
+)
+
+
+_CPU = re.compile(r"^(?P<cores>[\d.]+) free CPU cores$")
+_HOST_MEMORY = re.compile(r"^(?P<gib>[\d.]+) GiB free host memory$")
+
+
+def _host(text: str) -> str:
+    """``16 free CPU cores and 64 GiB free host memory`` (scheduler.core.placement.host_text)."""
+    parts = []
+    for part in text.split(" and "):
+        if match := _CPU.match(part):
+            parts.append(gettext("%(cores)s free CPU cores") % match.groupdict())
+        elif match := _HOST_MEMORY.match(part):
+            parts.append(gettext("%(gib)s GiB free host memory") % match.groupdict())
+        else:
+            return text
+    return gettext(" and ").join(parts)
+
+
+def _clause(text: str) -> str:
+    for pattern, template in _COMPILED:
+        match = pattern.match(text)
+        if match:
+            values = match.groupdict()
+            if "problem" in values:
+                values["problem"] = _clause(values["problem"])
+            if "host" in values:
+                values["host"] = _host(values["host"])
+            return gettext(template) % values
+    return text
+
+
+def localize(message: str) -> str:
+    """``message`` (a sentence the scheduler stored) in the active language; unchanged in English."""
+    if not message:
+        return message
+    position = _POSITION.match(message)
+    suffix = ""
+    if position:
+        message = position["body"]
+        suffix = gettext(" (position %(overall)s in the queue, %(mine)s among %(tenant)s's jobs)") % {
+            "overall": position["overall"],
+            "mine": position["mine"],
+            "tenant": position["tenant"],
+        }
+    whole = _clause(message)
+    if whole == message:  # a sentence of several clauses ("…; ask a system admin for one")
+        whole = gettext("; ").join(_clause(part) for part in message.split("; "))
+    return whole + suffix
