@@ -49,6 +49,7 @@ _EVENTS = [
     ("auth.login.failure", "auth", "A sign-in attempt failed"),
     ("auth.logout", "auth", "A user signed out"),
     ("auth.lockout", "auth", "An account was locked after repeated failures"),
+    ("auth.lockout.reset", "auth", "A security admin lifted a sign-in lockout"),
     ("auth.mfa.enrol.begin", "auth", "A user began enrolling a second factor"),
     ("auth.mfa.enrol.confirm", "auth", "A user confirmed a second factor"),
     ("auth.mfa.verify", "auth", "A second factor was checked at sign-in"),

@@ -27,6 +27,9 @@ class Section:
     APPROVALS = "approvals"
     AUDIT = "audit"
     WHATIF = "whatif"
+    USERS = "users"
+    LOCKOUTS = "lockouts"
+    ACCOUNT = "account"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ NAV_ITEMS = [
     NavItem(Section.REPORTS, _("Reports"), "frontend:reports"),
     NavItem(Section.WHATIF, _("What-if"), "frontend:whatif"),
     NavItem(Section.AUDIT, _("Audit"), "frontend:audit"),
+    NavItem(Section.USERS, _("Users & roles"), "frontend:user-list"),
+    NavItem(Section.LOCKOUTS, _("Sign-in lockouts"), "frontend:lockouts"),
+    NavItem(Section.ACCOUNT, _("API tokens"), "frontend:tokens"),
 ]
 
 
@@ -79,9 +85,13 @@ def visible_tenant_ids(user: User) -> set[int] | None:
 
 
 def sections_for(user: User) -> set[str]:
-    """The console sections ``user`` may open."""
+    """The console sections ``user`` may open. Everyone has their own account page (API tokens)."""
     if not user.is_authenticated:
         return set()
+    return _role_sections(user) | {Section.ACCOUNT}
+
+
+def _role_sections(user: User) -> set[str]:
     if user.platform_role == PlatformRole.AUDITOR:
         return {Section.AUDIT}
     if user.platform_role == PlatformRole.SYSTEM_ADMIN:
@@ -95,8 +105,8 @@ def sections_for(user: User) -> set[str]:
             Section.WHATIF,
         }
     if user.platform_role == PlatformRole.SECURITY_ADMIN:
-        # Runs users, roles and tokens; sees the pool's health but no tenant's work.
-        return {Section.OVERVIEW}
+        # Runs users, roles, two-factor and lockouts; sees the pool's health but no tenant's work.
+        return {Section.OVERVIEW, Section.USERS, Section.LOCKOUTS}
     if not memberships_of(user):
         return {Section.OVERVIEW}
     sections = {Section.OVERVIEW, Section.TENANTS, Section.JOBS}

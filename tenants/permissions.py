@@ -98,6 +98,16 @@ def can_submit_work(user: Any, tenant: Tenant) -> bool:
     return tenant_role(user, tenant) in (MembershipRole.MEMBER, MembershipRole.TENANT_ADMIN)
 
 
+def token_scopes_allowed(user: Any) -> list[str]:
+    """The scopes ``user`` may give a new token of their own: admin for system and security admins, read only
+    for auditors, read and write for everybody else."""
+    if is_auditor(user):
+        return [TokenScope.READ]
+    if is_system_admin(user) or is_security_admin(user):
+        return [TokenScope.READ, TokenScope.WRITE, TokenScope.ADMIN]
+    return [TokenScope.READ, TokenScope.WRITE]
+
+
 def token_scope_allows(token: ApiToken, *, method: str, required_scope: str | None = None) -> bool:
     """Every scope reads; ``write`` also changes things except admin operations; ``admin`` does all."""
     if method in SAFE_METHODS or token.scope == TokenScope.ADMIN:

@@ -60,6 +60,19 @@ def tenants_visible_to(user: Any) -> QuerySet[Tenant]:
     return queryset.filter(subtree_q(member_root_ids(user))).distinct()
 
 
+def tenants_administered_by(user: Any) -> QuerySet[Tenant]:
+    """The tenants ``user`` may change (``tenants.permissions.can_admin_tenant``): all for a system admin, the
+    subtrees where they are tenant admin for anyone else."""
+    from tenants.models import MembershipRole
+    from tenants.permissions import is_system_admin
+
+    queryset = tenants_visible_to(user)
+    if is_system_admin(user):
+        return queryset
+    roots = Membership.objects.filter(user=user, role=MembershipRole.TENANT_ADMIN).values_list("tenant_id", flat=True)
+    return queryset.filter(subtree_q(list(roots)))
+
+
 def tenant_ids_visible_to(user: Any) -> QuerySet:
     return tenants_visible_to(user).values("pk")
 
@@ -295,3 +308,41 @@ def notifications_visible_to(user: Any) -> QuerySet:
     if is_system_admin(user) or is_security_admin(user):
         return NotificationDelivery.objects.all()
     return NotificationDelivery.objects.none()
+
+
+# --- sign-in lockouts (django-axes) ---------------------------------------------------------------------
+
+
+def auth_lockout_cool_off() -> Any:
+    """How long failed sign-ins count (django-axes' AXES_COOLOFF_TIME as a timedelta; None = for ever)."""
+    from axes.helpers import get_cool_off
+
+    return get_cool_off()
+
+
+def auth_lockouts_visible_to(user: Any) -> QuerySet:
+    """Failed-sign-in records still inside the cool-off window, newest first, for security admins (nobody
+    else). ``locked`` marks those at or over AXES_FAILURE_LIMIT: that username cannot sign in from that
+    address until the cool-off after its last failure ends, or a security admin lifts the lockout."""
+    from axes.models import AccessAttempt
+    from django.conf import settings
+    from django.db.models import BooleanField, ExpressionWrapper
+
+    if not is_security_admin(user):
+        return AccessAttempt.objects.none()
+    attempts = AccessAttempt.objects.all()
+    cool_off = auth_lockout_cool_off()
+    if cool_off is not None:
+        from django.utils import timezone
+
+        attempts = attempts.filter(attempt_time__gte=timezone.now() - cool_off)
+    return attempts.annotate(
+        locked=ExpressionWrapper(Q(failures_since_start__gte=settings.AXES_FAILURE_LIMIT), output_field=BooleanField())
+    ).order_by("-attempt_time", "-id")
+
+
+def auth_lockout_get_visible(*, user: Any, pk: Any) -> Any:
+    found = auth_lockouts_visible_to(user).filter(pk=parse_id(pk)).first()
+    if found is None:
+        raise NotFoundError(f"No sign-in lockout with id {pk} is visible to you; it may have expired.")
+    return found

@@ -45,6 +45,7 @@ from tenants.permissions import (
     is_auditor,
     is_security_admin,
     is_system_admin,
+    token_scopes_allowed,
 )
 
 logger = logging.getLogger(__name__)
@@ -529,10 +530,10 @@ def api_token_create(
         raise PermissionDeniedError("This account is deactivated.")
     if scope not in TokenScope.values:
         raise DomainError(f"Unknown scope {scope!r}; use read, write or admin.", field="scope")
-    if scope == TokenScope.ADMIN and not (is_system_admin(actor) or is_security_admin(actor)):
+    if scope not in token_scopes_allowed(actor):
+        if is_auditor(actor):
+            raise DomainError("Auditors may only create read-scoped tokens.", field="scope")
         raise DomainError("Only system and security admins may create admin-scoped tokens.", field="scope")
-    if is_auditor(actor) and scope != TokenScope.READ:
-        raise DomainError("Auditors may only create read-scoped tokens.", field="scope")
     now = timezone.now()
     if expires_at is None:
         expires_at = now + dt.timedelta(days=TOKEN_DEFAULT_LIFETIME_DAYS)
@@ -1505,3 +1506,33 @@ def flavor_price_set(
         request=request,
     )
     return row
+
+
+# --- sign-in lockouts (django-axes) -----------------------------------------------------------------------
+
+
+@transaction.atomic
+def auth_lockout_reset(*, actor: User | None, attempt: Any, request: Any = None) -> int:
+    """Lift a sign-in lockout: forget the failed sign-ins of one username from one address (django-axes'
+    ``AccessAttempt``), so the person may try again at once instead of after the cool-off. Security admins
+    only — they check who is asking first. Returns the failures cleared; lifting twice is harmless (0)."""
+    from axes.models import AccessAttempt
+
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_security_admin(actor), "Only a security admin may lift a sign-in lockout.")
+    locked = AccessAttempt.objects.select_for_update().filter(pk=attempt.pk).first()
+    if locked is None:
+        return 0
+    failures = locked.failures_since_start
+    username = (locked.username or "")[:150]
+    # Instance delete (not a queryset one): axes' post_delete handler clears its cache for this attempt.
+    locked.delete()
+    audit_record(
+        action="auth.lockout.reset",
+        actor=actor,
+        target=f"username:{username}",
+        details={"username": username, "ip_address": locked.ip_address, "failures": failures},
+        request=request,
+    )
+    return failures

@@ -23,7 +23,7 @@ from tenants import selectors as tenant_selectors
 from tenants import services as tenant_services
 from tenants.approval_chain import chain_plan, decided_by_sentence
 from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, ApprovalStepRole, Quota, Tenant
-from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override
+from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override, is_system_admin
 
 # Quota bars in the tree cost a few queries per tenant; past this many tenants the tree shows names only.
 TREE_QUOTA_LIMIT = 60
@@ -63,7 +63,12 @@ def tenant_list(request):
     inbox = None
     if Section.APPROVALS in sections_for(request.user):
         inbox = len(tenant_selectors.approvals_awaiting(request.user))
-    context = {"section": Section.TENANTS, "tree": tenant_tree(request.user), "inbox_count": inbox}
+    context = {
+        "section": Section.TENANTS,
+        "tree": tenant_tree(request.user),
+        "inbox_count": inbox,
+        "can_create": tenant_selectors.tenants_administered_by(request.user).exists(),
+    }
     return render(request, "frontend/tenants/list.html", context)
 
 
@@ -80,6 +85,9 @@ def tenant_detail(request, pk: int):
         "children": children,
         "quotas": quota_rows(tenant),
         "can_request": can_admin_tenant(request.user, tenant),
+        # The same predicates the tenant-admin pages check (frontend.views.tenant_admin).
+        "can_edit": can_admin_tenant(request.user, tenant),
+        "can_set_quota": is_system_admin(request.user),
     }
     if context["can_request"]:
         flavors = _flavor_names()

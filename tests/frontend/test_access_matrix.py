@@ -1,5 +1,6 @@
 """Every console page against every role: 200 where the role may use it, 404 (not 403: nothing to discover)
-everywhere else, and the navigation offers exactly the pages that answer 200."""
+everywhere else, and the navigation offers exactly the pages that answer 200. One page answers 403 on purpose:
+the submit page tells a system admin why they cannot submit (the API's 403), instead of pretending not to exist."""
 
 from __future__ import annotations
 
@@ -24,11 +25,21 @@ ALLOWED = {
     "jobs": {"system_admin", "tenant_admin", "member"},
     "job": {"system_admin", "tenant_admin", "member"},
     "submit": {"tenant_admin", "member"},
+    "tokens": set(ROLES),
+    "users": {"security_admin"},
+    "user": {"security_admin"},
+    "user_new": {"security_admin"},
+    "lockouts": {"security_admin"},
+    "tenant_new": {"system_admin", "tenant_admin"},
+    "tenant_edit": {"system_admin", "tenant_admin"},
+    "tenant_quotas": {"system_admin"},
     "reports": {"system_admin", "tenant_admin"},
     "whatif": {"system_admin"},
     "audit": {"auditor"},
     "audit_record": {"auditor"},
 }
+# (page, role) → a status other than 200/404, on purpose.
+EXPLAINED = {("submit", "system_admin"): 403}
 NAV = {
     "overview": "/console/overview/",
     "nodes": "/console/nodes/",
@@ -38,6 +49,9 @@ NAV = {
     "reports": "/console/reports/",
     "whatif": "/console/whatif/",
     "audit": "/console/audit/",
+    "users": "/console/users/",
+    "lockouts": "/console/lockouts/",
+    "tokens": "/console/account/tokens/",
 }
 
 
@@ -66,6 +80,11 @@ def world():
         "job": f"/console/jobs/{job.pk}/",
         "submit": "/console/jobs/submit/",
         "audit_record": f"/console/audit/{record.pk}/",
+        "user": f"/console/users/{users['member'].pk}/",
+        "user_new": "/console/users/new/",
+        "tenant_new": "/console/tenants/new/",
+        "tenant_edit": f"/console/tenants/{tenant.pk}/edit/",
+        "tenant_quotas": f"/console/tenants/{tenant.pk}/quotas/",
     }
     return users, urls
 
@@ -75,7 +94,7 @@ def test_each_role_reaches_exactly_its_pages(client, world, role):
     users, urls = world
     client.force_login(users[role])
     got = {page: client.get(url).status_code for page, url in urls.items()}
-    expected = {page: 200 if role in ALLOWED[page] else 404 for page in urls}
+    expected = {page: EXPLAINED.get((page, role), 200 if role in ALLOWED[page] else 404) for page in urls}
     assert got == expected
     page = client.get("/console/audit/" if role == "auditor" else "/console/overview/").content.decode()
     offered = {name for name, url in NAV.items() if f'href="{url}"' in page}

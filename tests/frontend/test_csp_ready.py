@@ -48,10 +48,24 @@ def test_every_page_is_free_of_inline_script_and_style(client):
             "/console/jobs/",
             f"/console/jobs/{job.pk}/",
             "/console/reports/",
+            "/console/tenants/new/",
+            f"/console/tenants/{tenant.pk}/edit/",
+            f"/console/tenants/{tenant.pk}/quotas/",
         ],
-        member: ["/console/overview/", "/console/jobs/submit/", f"/console/jobs/{job.pk}/"],
+        member: [
+            "/console/overview/",
+            "/console/jobs/submit/",
+            f"/console/jobs/{job.pk}/",
+            "/console/account/tokens/",
+        ],
         admin_of_tenant: [f"/console/tenants/{tenant.pk}/", "/console/reports/"],
         make_user(platform_role=PlatformRole.AUDITOR): ["/console/audit/"],
+        make_user(platform_role=PlatformRole.SECURITY_ADMIN): [
+            "/console/users/",
+            "/console/users/new/",
+            f"/console/users/{member.pk}/",
+            "/console/lockouts/",
+        ],
     }
     for user, urls in pages.items():
         client.force_login(user)

@@ -155,7 +155,9 @@ def test_system_admin_sees_all_jobs_but_has_no_submit_form(client, world):
     submit(world["carol"], world["nlp"], name="nlp-job")
     client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
     assert "nlp-job" in client.get("/console/jobs/").content.decode()
-    assert client.get("/console/jobs/submit/").status_code == 404
+    # Like the API's 403: the page says why (separation of duties) instead of pretending not to exist.
+    refused = client.get("/console/jobs/submit/")
+    assert refused.status_code == 403 and "form" not in refused.context
 
 
 def test_job_list_filters_by_state_group(client, world):
