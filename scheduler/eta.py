@@ -71,19 +71,9 @@ class RuntimePrediction:
     source: str  # "name", "command", "estimate", "tenant", "pool" or "default"
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted ``values`` (linear between neighbours, like numpy's default)."""
-    if not values:
-        raise ValueError("no values")
-    pos = (len(values) - 1) * q
-    low = math.floor(pos)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (pos - low)
-
-
 def _band(samples: list[float]) -> tuple[float, float, float]:
     ordered = sorted(samples)
-    return quantile(ordered, 0.1), quantile(ordered, 0.5), quantile(ordered, 0.9)
+    return core_eta.quantile(ordered, 0.1), core_eta.quantile(ordered, 0.5), core_eta.quantile(ordered, 0.9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +215,10 @@ def forecast_runtimes(
         prediction = history.predict(job)
         # Since it first started (an admitted job that has not reported running yet: since it was placed).
         elapsed = max(0.0, now - (job.started_at.timestamp() if job.started_at else placed))
-        hard_stop = max(0.0, job.max_runtime_s - elapsed) if job.max_runtime_s else math.inf
         for table, predicted in zip(remaining, (prediction.p10_s, prediction.p50_s, prediction.p90_s), strict=True):
-            left = predicted - elapsed
-            table[job_id] = min(left if left > 0 else OVERDUE_REMAINING_S, hard_stop)
+            table[job_id] = core_eta.time_left(
+                predicted, elapsed, overdue_s=OVERDUE_REMAINING_S, max_runtime_s=job.max_runtime_s
+            )
     for pending in snap.pending:
         job = jobs.get(int(pending.job_id))
         if job is None or job.kind == JobKind.INFERENCE:
@@ -307,7 +297,11 @@ def estimates_compute(*, now: datetime | None = None) -> EstimatesRefresh:
     predicted = time.perf_counter()
     policy = live.policy_from_settings()
     limits = limits_from_settings()
-    results = [core_eta.forecast(snap, policy, runtimes, limits) for runtimes in (short, median, long)]
+    results = [
+        core_eta.forecast(snap, policy, short, core_eta.band_limits(limits)),
+        core_eta.forecast(snap, policy, median, limits),
+        core_eta.forecast(snap, policy, long, core_eta.band_limits(limits)),
+    ]
     bands = core_eta.bands_from(snap, *(r.starts for r in results))
     forecast_done = time.perf_counter()
     written = estimates_write(bands, now=at)

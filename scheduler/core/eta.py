@@ -15,7 +15,8 @@ jobs not started by then have no estimate. A job started by a cycle is given the
 before that cycle (when the capacity it took was freed), which is at most one step late.
 
 ``estimate_starts`` runs three forecasts (short, median and long runtimes, e.g. the 10th, 50th and 90th
-percentile of each job's prediction) and returns a band per job. A queue is not monotonic in its runtimes (a
+percentile of each job's prediction; the short and long ones with coarser steps, ``band_limits``) and returns a
+band per job. A queue is not monotonic in its runtimes (a
 job that ends sooner can let another job in first), so the band is made ordered: p10 is the earlier of the short
 and median starts, p90 the later of the long and median ones.
 
@@ -27,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from itertools import chain
@@ -74,9 +75,9 @@ class Limits:
     """How far and how finely a forecast looks ahead (its cost is about one ``plan`` per cycle)."""
 
     horizon_s: float = 7 * 86400.0
-    max_cycles: int = 200
+    max_cycles: int = 100
     min_step_s: float = 60.0
-    relative_step: float = 0.05
+    relative_step: float = 0.1
 
 
 class StopReason(StrEnum):
@@ -361,6 +362,27 @@ def _pending_from(rows: list[Allocation]) -> PendingJob:
     )
 
 
+def time_left(predicted_s: float, elapsed_s: float, *, overdue_s: float, max_runtime_s: float | None = None) -> float:
+    """What a running job has left: its predicted runtime less the time it has run; ``overdue_s`` once it has run
+    past the prediction (it has not ended, so it ends some time later); never past its ``max_runtime_s``."""
+    left = predicted_s - elapsed_s
+    if left <= 0:
+        left = overdue_s
+    if max_runtime_s:
+        left = min(left, max(0.0, max_runtime_s - elapsed_s))
+    return left
+
+
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``ordered`` (linear between neighbours, as numpy's default)."""
+    if not ordered:
+        raise ValueError("no values")
+    pos = (len(ordered) - 1) * q
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
 def forecast(
     snapshot: Snapshot,
     policy: Policy,
@@ -387,10 +409,17 @@ def estimate_starts(
     limits: Limits | None = None,
 ) -> dict[str, StartBand]:
     """A start band for every pending job of ``snapshot``: forecasts with short, median and long runtimes."""
-    low = forecast(snapshot, policy, short, limits).starts
+    limits = limits or Limits()
+    low = forecast(snapshot, policy, short, band_limits(limits)).starts
     mid = forecast(snapshot, policy, median, limits).starts
-    high = forecast(snapshot, policy, long, limits).starts
+    high = forecast(snapshot, policy, long, band_limits(limits)).starts
     return bands_from(snapshot, low, mid, high)
+
+
+def band_limits(limits: Limits) -> Limits:
+    """The limits of the short and long forecasts: five times the minimum step and twice the relative one (at
+    least 0.2) — the band's edges are a range, not a time to the minute, and they cost two of three forecasts."""
+    return replace(limits, min_step_s=5 * limits.min_step_s, relative_step=max(0.2, 2 * limits.relative_step))
 
 
 def bands_from(
@@ -410,4 +439,16 @@ def bands_from(
     return bands
 
 
-__all__ = ["Forecast", "Limits", "Runtimes", "StartBand", "StopReason", "bands_from", "estimate_starts", "forecast"]
+__all__ = [
+    "Forecast",
+    "Limits",
+    "Runtimes",
+    "StartBand",
+    "StopReason",
+    "band_limits",
+    "bands_from",
+    "estimate_starts",
+    "forecast",
+    "quantile",
+    "time_left",
+]
