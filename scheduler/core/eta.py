@@ -204,10 +204,10 @@ class _Forward:
         return Forecast(starts=dict(self.starts), never=frozenset(self.never), cycles=cycles, reached_at=t, stopped=why)
 
     def _apply(self, kind: _Ev, job_id: str, epoch: int, at: float) -> bool:
-        """Apply one event; False when it no longer applies (the job ended or stopped meanwhile)."""
+        """Apply one event; True when it freed capacity (not a tick, nor a job that ended or stopped already)."""
         if kind == _Ev.TICK:
             self.tick_at = None
-            return True
+            return False
         if self.epoch[job_id] != epoch or job_id not in self.allocs:
             return False
         rows = self.allocs.pop(job_id)
