@@ -1,5 +1,6 @@
 from django.contrib import admin
 
+from portal.admin_readonly import ReadOnlyAdmin
 from scheduler.models import (
     AgentCommand,
     Allocation,
@@ -14,31 +15,18 @@ from scheduler.models import (
 
 
 @admin.register(ResourceFlavor)
-class ResourceFlavorAdmin(admin.ModelAdmin):
+class ResourceFlavorAdmin(ReadOnlyAdmin):
     list_display = ("name", "vendor", "model", "memory_mib")
 
 
 @admin.register(Node)
-class NodeAdmin(admin.ModelAdmin):
+class NodeAdmin(ReadOnlyAdmin):
     list_display = ("name", "status", "last_heartbeat_at", "agent_version")
 
 
 @admin.register(Device)
-class DeviceAdmin(admin.ModelAdmin):
+class DeviceAdmin(ReadOnlyAdmin):
     list_display = ("uuid", "node", "index", "model", "flavor", "health")
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """State changes go through ``scheduler.services`` (audited); the admin only shows them."""
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(Job)

@@ -1,27 +1,13 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
 
+from portal.admin_readonly import ReadOnlyAdmin
 from tenants.models import ApiToken, ApprovalRequest, Membership, NotificationDelivery, Quota, Tenant, User
 
 
 @admin.register(User)
 class GpupoolUserAdmin(UserAdmin):
-    fieldsets = (*UserAdmin.fieldsets, ("gpupool", {"fields": ("platform_role",)}))
-    list_display = ("username", "email", "platform_role", "is_active")
-
-
-@admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "kind", "parent", "depth")
-
-
-@admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
-    list_display = ("user", "tenant", "role")
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Shown for inspection only: changes go through the services (API, console), which audit them."""
+    """Read-only like the rest: users, roles and passwords change through the services (audited)."""
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -31,6 +17,19 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+    fieldsets = (*UserAdmin.fieldsets, ("gpupool", {"fields": ("platform_role",)}))
+    list_display = ("username", "email", "platform_role", "is_active")
+
+
+@admin.register(Tenant)
+class TenantAdmin(ReadOnlyAdmin):
+    list_display = ("slug", "name", "kind", "parent", "depth")
+
+
+@admin.register(Membership)
+class MembershipAdmin(ReadOnlyAdmin):
+    list_display = ("user", "tenant", "role")
 
 
 @admin.register(ApiToken)

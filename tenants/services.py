@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 UNSET: Any = object()
 
 TOKEN_DEFAULT_LIFETIME_DAYS = 90
+TOKEN_SCOPE_RANK = {TokenScope.READ: 0, TokenScope.WRITE: 1, TokenScope.ADMIN: 2}
 TOKEN_MAX_LIFETIME_DAYS = 366
 
 
@@ -206,6 +207,15 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
     before = user.platform_role
     if before == platform_role:
         return user
+    if platform_role and Membership.objects.filter(user=user).exists():
+        # Separation of duties: a platform account (system, security admin, auditor) holds no tenant role, so
+        # an auditor never runs jobs and an admin never approves their own tenant's requests.
+        raise DomainError(
+            f"{user.username} is a member of tenants; a platform account holds no tenant membership. Remove the "
+            "memberships first (or use a separate account for the platform role).",
+            code="separation_of_duties",
+            field="platform_role",
+        )
     if before and platform_role:
         raise DomainError(
             f"{user.username} already holds the platform role {before!r}; one account cannot hold two platform "
@@ -416,6 +426,17 @@ def tenant_delete(*, actor: User | None, tenant: Tenant, request: Any = None) ->
 # --- memberships ------------------------------------------------------------------------------------------
 
 
+def cannot_add_member() -> DomainError:
+    """The one answer for "no such user" and "this user cannot be a tenant member" (no enumeration): it names
+    no account, so the answer is the same whichever was asked for."""
+    return DomainError(
+        "That user cannot be added: the account does not exist, is deactivated, or is a platform account "
+        "(platform accounts hold no tenant membership).",
+        code="cannot_add_member",
+        field="user",
+    )
+
+
 def _check_membership_role(role: str) -> None:
     if role not in MembershipRole.values:
         raise DomainError(
@@ -435,10 +456,10 @@ def membership_create(
             can_manage_memberships(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may add members to it."
         )
     _check_membership_role(role)
-    if user.platform_role == PlatformRole.AUDITOR:
-        raise DomainError(
-            f"{user.username} is an auditor; auditors cannot be tenant members.", code="separation_of_duties"
-        )
+    if user.platform_role or not user.is_active:
+        # Platform accounts hold no tenant roles (separation of duties). Said exactly as for a username that
+        # does not exist, so that a tenant admin cannot learn which accounts exist or hold platform roles.
+        raise cannot_add_member()
     if Membership.objects.filter(user=user, tenant=tenant).exists():
         raise DomainError(f"{user.username} is already a member of {tenant.slug}.", code="duplicate")
     membership = Membership.objects.create(user=user, tenant=tenant, role=role)
@@ -522,14 +543,30 @@ def api_token_create(
     name: str,
     scope: str = TokenScope.READ,
     expires_at: dt.datetime | None = None,
+    via_token: ApiToken | None = None,
     request: Any = None,
 ) -> tuple[ApiToken, str]:
     """Create a token for ``actor`` itself and return it with its secret — the only time the secret exists
-    outside the caller's hands. Tokens always expire (default 90 days, at most a year)."""
+    outside the caller's hands. Tokens always expire (default 90 days, at most a year). A request made with a
+    token (``via_token``) mints only a token of the same or a lower scope that expires no later than it: a
+    stolen write token must not become an admin token that skips the second factor of a console sign-in."""
     if not actor.is_active:
         raise PermissionDeniedError("This account is deactivated.")
     if scope not in TokenScope.values:
         raise DomainError(f"Unknown scope {scope!r}; use read, write or admin.", field="scope")
+    if via_token is not None:
+        if TOKEN_SCOPE_RANK[scope] > TOKEN_SCOPE_RANK[via_token.scope]:
+            raise PermissionDeniedError(
+                f"A {via_token.scope!s}-scoped token cannot create a {scope}-scoped token; sign in to the console "
+                "(with your second factor) or use a token of that scope."
+            )
+        if expires_at is None:
+            expires_at = min(via_token.expires_at, timezone.now() + dt.timedelta(days=TOKEN_DEFAULT_LIFETIME_DAYS))
+        elif expires_at > via_token.expires_at:
+            raise DomainError(
+                f"A token created with a token expires no later than it ({via_token.expires_at.isoformat()}).",
+                field="expires_at",
+            )
     if scope not in token_scopes_allowed(actor):
         if is_auditor(actor):
             raise DomainError("Auditors may only create read-scoped tokens.", field="scope")

@@ -28,7 +28,7 @@ from tenants.filtersets import (
     TenantFilterSet,
     UserFilterSet,
 )
-from tenants.models import FlavorPrice, Membership, Quota, TokenScope, User
+from tenants.models import ApiToken, FlavorPrice, Membership, Quota, TokenScope, User
 from tenants.permissions import ReadOnlyForAuditor, can_manage_memberships, is_security_admin
 
 ERROR = OpenApiResponse(description='Error: {"code": "...", "detail": "..."}')
@@ -134,7 +134,8 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         lookup = {"pk": data["user"]} if "user" in data else {"username": data["username"]}
         user = User.objects.filter(is_active=True, **lookup).first()
         if user is None:
-            raise NotFoundError(f"No active user {next(iter(lookup.values()))!r}.")
+            # The same answer as for an account that cannot be added (services.cannot_add_member).
+            raise services.cannot_add_member()
         membership = services.membership_create(
             actor=request.user, user=user, tenant=tenant, role=data["role"], request=request
         )
@@ -250,7 +251,8 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     )
     def create(self, request: Request) -> Response:
         data = _validated(s.ApiTokenCreateSerializer, request)
-        token, secret = services.api_token_create(actor=request.user, request=request, **data)
+        via_token = request.auth if isinstance(request.auth, ApiToken) else None
+        token, secret = services.api_token_create(actor=request.user, via_token=via_token, request=request, **data)
         token.secret = secret
         return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import Membership, Tenant, User
-from tests.factories import MembershipFactory, TenantFactory
+from tests.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -167,7 +167,10 @@ def test_create_user(world, role, expected):
     }
 )
 def test_grant_platform_role(world, role, expected):
-    target = world.users["outsider"] if role in ("security_admin", "system_admin", "auditor") else world.users["member"]
+    # Platform roles aim at an account without memberships (a member cannot get a platform role at all:
+    # test_separation_of_duties.py); tenant roles at a member they can see, to be refused for lack of the role.
+    platform = role in ("security_admin", "system_admin", "auditor", None)
+    target = UserFactory(username="future-auditor") if platform else world.users["member"]
     response = world.client(role).patch(f"/api/v1/users/{target.pk}/", {"platform_role": "auditor"})
     assert response.status_code == expected, response.content
     target.refresh_from_db()

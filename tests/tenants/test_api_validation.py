@@ -101,4 +101,5 @@ def test_auditor_cannot_be_a_tenant_member(world):
     response = world.client("security_admin").post(
         "/api/v1/memberships/", {"tenant": world.vision.pk, "username": "aud"}, format="json"
     )
-    assert response.status_code == 400 and response.json()["code"] == "separation_of_duties"
+    # Said exactly as for a username that does not exist (no enumeration of accounts or platform roles).
+    assert response.status_code == 400 and response.json()["code"] == "cannot_add_member"
