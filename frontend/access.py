@@ -37,6 +37,8 @@ class NavItem:
     section: str
     label: Any
     url_name: str
+    # Shown by the person's name (their own account), not in the main menu.
+    account: bool = False
 
 
 NAV_ITEMS = [
@@ -50,7 +52,7 @@ NAV_ITEMS = [
     NavItem(Section.AUDIT, _("Audit"), "frontend:audit"),
     NavItem(Section.USERS, _("Users & roles"), "frontend:user-list"),
     NavItem(Section.LOCKOUTS, _("Sign-in lockouts"), "frontend:lockouts"),
-    NavItem(Section.ACCOUNT, _("API tokens"), "frontend:tokens"),
+    NavItem(Section.ACCOUNT, _("API tokens"), "frontend:tokens", account=True),
 ]
 
 

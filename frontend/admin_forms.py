@@ -9,6 +9,7 @@ from __future__ import annotations
 import django_filters
 from django import forms
 from django.db.models import Exists, OuterRef, QuerySet
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from frontend.forms import QuotaChangeForm
@@ -34,7 +35,6 @@ class TokenCreateForm(forms.Form):
         min_value=1,
         max_value=TOKEN_MAX_LIFETIME_DAYS,
         initial=TOKEN_DEFAULT_LIFETIME_DAYS,
-        help_text=_("Tokens always expire; at most %(days)s days.") % {"days": TOKEN_MAX_LIFETIME_DAYS},
     )
 
     SCOPE_LABELS = {
@@ -47,6 +47,10 @@ class TokenCreateForm(forms.Form):
         """``scopes``: those the signed-in person's role allows (``tenants.permissions.token_scopes_allowed``)."""
         super().__init__(*args, **kwargs)
         self.fields["scope"].choices = [(scope, self.SCOPE_LABELS[scope]) for scope in scopes]
+        # Formatted per request, in the page's language (a lazy string formatted at import would stay English).
+        self.fields["lifetime_days"].help_text = gettext("Tokens always expire; at most %(days)s days.") % {
+            "days": TOKEN_MAX_LIFETIME_DAYS
+        }
 
 
 # --- accounts and roles (security admins) -------------------------------------------------------------------

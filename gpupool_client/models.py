@@ -331,3 +331,6 @@ class Device(Model):
     numa_node: int | None = None
     health: str = ""
     mig_mode: bool = False
+    #: Live values from the latest telemetry (None when none is recent, or when the card is not yours).
+    utilization_pct: float | None = None
+    memory_used_mib: int | None = None

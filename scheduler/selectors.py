@@ -152,3 +152,18 @@ def duration_words(seconds: float) -> str:
         return gettext("%(n)d h") % {"n": round(minutes / 60)}
     days = round(minutes / 1440)
     return ngettext("%(n)d day", "%(n)d days", days) % {"n": days}
+
+
+def latest_telemetry(node_ids: set[int]) -> dict[int, dict[str, dict]]:
+    """The latest per-card values of ``node_ids`` (node id → uuid → values); empty when the store is down:
+    live figures are a nicety beside the inventory, which still answers."""
+    import redis
+
+    from scheduler.fleet.telemetry import latest_store
+
+    if not node_ids:
+        return {}
+    try:
+        return latest_store().get_nodes(sorted(node_ids))
+    except (OSError, redis.RedisError):
+        return {}

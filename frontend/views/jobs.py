@@ -64,7 +64,7 @@ def job_submit(request):
     tenants = submittable_tenants(request.user)
     if not tenants:
         # The API's rule (scheduler.access.can_submit_work): members and tenant admins submit; viewers and
-        # platform roles (a system admin too: separation of duties) do not. Say so, as the API's 403 does.
+        # platform accounts (which hold no tenant role) do not. Say why, as the API's 403 does.
         context = {"section": Section.JOBS, "is_system_admin": is_system_admin(request.user)}
         return render(request, "frontend/jobs/cannot_submit.html", context, status=403)
     # Flavors with the most cards first: the default choice is one the pool can run.

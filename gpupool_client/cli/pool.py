@@ -114,7 +114,8 @@ def nodes(status: str | None, as_json: bool) -> None:
 @click.option("--once", is_flag=True, help="Print one view and exit (also when output is not a terminal).")
 @api_command
 def top(node: str | None, flavor: str | None, interval: float, once: bool) -> None:
-    """A live view of the cards: how much of each is allocated, device memory, and whose jobs hold it."""
+    """A live view of the cards: utilisation and memory in use (from the nodes' telemetry), how much of each is
+    allocated, and whose jobs hold it."""
     client = current_state().client()
     if once or not sys.stdout.isatty():
         console().print(_cards_view(client, node=node, flavor=flavor))
@@ -142,7 +143,7 @@ def _cards_view(client: Client, *, node: str | None, flavor: str | None) -> Grou
             if allocation.ended_at is None:
                 held.setdefault(allocation.device, []).append((detail, allocation.millis, allocation.memory_mib))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for column in ("NODE", "GPU", "FLAVOR", "HEALTH", "ALLOCATED", "DEVICE MEMORY", "JOBS"):
+    for column in ("NODE", "GPU", "FLAVOR", "HEALTH", "UTIL", "MEM USED", "ALLOCATED", "DEVICE MEMORY", "JOBS"):
         table.add_column(column, no_wrap=True)
     total_millis = 0
     for device in devices:
@@ -155,6 +156,8 @@ def _cards_view(client: Client, *, node: str | None, flavor: str | None) -> Grou
             str(device.index),
             device.flavor or device.model,
             Text(device.health, style="green" if device.health == "healthy" else "red"),
+            "-" if device.utilization_pct is None else f"{device.utilization_pct:.0f}%",
+            "-" if device.memory_used_mib is None else f"{device.memory_used_mib / 1024:.1f} GiB",
             share_bar(millis / MILLIS_PER_CARD),
             f"{memory / 1024:.1f}/{device.memory_mib / 1024:.0f} GiB",
             ", ".join(f"{job.id}:{job.tenant}" for job, _, _ in holders),

@@ -40,12 +40,20 @@ class DeviceSerializer(serializers.ModelSerializer):
     node = serializers.CharField(source="node.name", read_only=True)
     uuid = serializers.SerializerMethodField(help_text="null unless your job holds the card (platform roles: any)")
     flavor = serializers.CharField(source="flavor.name", default=None, allow_null=True, read_only=True)
+    utilization_pct = serializers.SerializerMethodField(
+        help_text="Live utilisation from the latest telemetry; null when none is recent or the card is not yours."
+    )
+    memory_used_mib = serializers.SerializerMethodField(
+        help_text="Live device memory in use; null when none is recent or the card is not yours."
+    )
 
     class Meta:
         model = Device
         fields = [
             "id",
             "uuid",
+            "utilization_pct",
+            "memory_used_mib",
             "node",
             "index",
             "vendor",
@@ -59,6 +67,23 @@ class DeviceSerializer(serializers.ModelSerializer):
             "health",
             "mig_mode",
         ]
+
+    def _live(self, device: Device, key: str) -> float | None:
+        # Telemetry of a card is shown under the same rule as its UUID (uuid_visible): to platform roles, and to
+        # tenant users for the cards their jobs hold now. ``live`` is the latest store's values for the page.
+        if not getattr(device, "uuid_visible", False):
+            return None
+        value = self.context.get("live", {}).get(device.node_id, {}).get(device.uuid, {}).get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_utilization_pct(self, device: Device) -> float | None:
+        return self._live(device, "utilization_pct")
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_memory_used_mib(self, device: Device) -> int | None:
+        value = self._live(device, "memory_used_mib")
+        return None if value is None else int(value)
 
     def get_uuid(self, device: Device) -> str | None:
         # ``uuid_visible`` comes from ``selectors.devices_visible_to``; without it, nothing is shown.

@@ -250,6 +250,18 @@ class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def get_queryset(self):
         return selectors.devices_visible_to(self.request.user)
 
+    def list(self, request: Request, *args, **kwargs) -> Response:
+        # One read of the latest telemetry for the page's nodes (gpupool-cli top polls this).
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
+        live = selectors.latest_telemetry({device.node_id for device in page})
+        serializer = self.get_serializer(page, many=True, context={**self.get_serializer_context(), "live": live})
+        return self.get_paginated_response(serializer.data)
+
+    def retrieve(self, request: Request, *args, **kwargs) -> Response:
+        device = self.get_object()
+        live = selectors.latest_telemetry({device.node_id})
+        return Response(self.get_serializer(device, context={**self.get_serializer_context(), "live": live}).data)
+
 
 class FlavorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Resource flavors. System admins create them."""

@@ -166,3 +166,17 @@ def test_nodes_and_the_installed_console_script(pool, run_cli):
     assert json.loads(listed.stdout) == []
     missing = subprocess.run([gpupool_cli, "cancel", "424242"], env=env, capture_output=True, text=True)
     assert missing.returncode == 4 and "not_found" in missing.stderr
+
+
+def test_top_shows_each_cards_live_utilisation_and_memory(pool, run_cli, monkeypatch):
+    from scheduler.fleet import telemetry
+
+    store = telemetry.MemoryLatestStore()
+    monkeypatch.setattr(telemetry, "latest_store", lambda: store)
+    first = pool.node.devices.order_by("index").first()
+    store.put(pool.node.pk, {first.uuid: {"utilization_pct": 87.0, "memory_used_mib": 6144}})
+
+    ran = run_cli("top", "--once", token=pool.admin_token)
+    assert ran.exit_code == 0, ran.stderr
+    row = next(line for line in ran.stdout.splitlines() if line.startswith("gpu-node-1") and " 0 " in f" {line} ")
+    assert "87%" in row and "6.0 GiB" in row

@@ -196,14 +196,23 @@ def test_tenant_roles_are_added_changed_and_removed(security_client):
     ]
 
 
-def test_an_auditor_cannot_be_made_a_tenant_member(security_client):
+def test_a_platform_account_gets_no_tenant_role(security_client):
     tenant = make_tenant("acme")
     auditor = make_user("audrey", platform_role=PlatformRole.AUDITOR)
+    page = security_client.get(f"/console/users/{auditor.pk}/").content.decode()
+    assert "Add to tenant" not in page and "A platform account holds no tenant role" in page
     done = security_client.post(
         f"/console/users/{auditor.pk}/memberships/", {"tenant": tenant.pk, "role": "member"}, follow=True
     )
-    assert "auditors cannot be tenant members" in done.content.decode()
+    assert "That user cannot be added" in done.content.decode()
     assert not Membership.objects.filter(user=auditor).exists()
+
+
+def test_a_member_gets_no_platform_role(security_client):
+    member = make_member(make_tenant("acme"), username="mo")
+    done = security_client.post(f"/console/users/{member.pk}/role/", {"platform_role": "auditor"}, follow=True)
+    member.refresh_from_db()
+    assert member.platform_role == "" and "a platform account holds no tenant membership" in done.content.decode()
 
 
 def test_security_admin_revokes_someone_elses_leaked_token(security_client):

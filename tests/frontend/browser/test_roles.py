@@ -25,7 +25,7 @@ def test_system_admin_sees_the_pool_and_live_chart(page):
 def test_auditor_sees_only_the_audit_trail(page):
     login(page, "auditor")
     page.wait_for_url("**/console/audit/")
-    assert nav_labels(page) == ["Audit", "API tokens"]
+    assert nav_labels(page) == ["Audit"]
     assert page.goto("/console/nodes/").status == 404
 
 
