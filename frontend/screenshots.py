@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from frontend.livedemo import ROOT, LiveDemo, launch_chromium, login
+from nodeagent.demo import DEMO_NODES
 
 DEFAULT_OUTPUT = ROOT / "docs" / "screenshots"
 LOOP = "python3 -c \"import time; [print('epoch', i, flush=True) or time.sleep(1) for i in range(3600)]\""
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
 
     output = Path(argv[0]) if argv else DEFAULT_OUTPUT
     output.mkdir(parents=True, exist_ok=True)
-    demo = LiveDemo(agents=2).start()
+    demo = LiveDemo(agents=len(DEMO_NODES)).start()
     try:
         with sync_playwright() as playwright:
             browser = launch_chromium(playwright)
@@ -114,7 +115,7 @@ def main(argv: list[str]) -> int:
             dora = page_for("dora")
             dora.goto(alice.url)
             dora.get_by_label("Flavor", exact=True).select_option("nvidia-h100-80g")
-            dora.get_by_label("Guaranteed (cards)").fill("6")
+            dora.get_by_label("Guaranteed (cards)").fill("5")
             dora.get_by_label("Limit incl. borrowing (cards, empty = no limit)").fill("8")
             dora.get_by_label("Reason").fill("Second vision model needs two more cards through Q3.")
             dora.get_by_role("button", name="Send for approval").click()

@@ -10,11 +10,73 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-#: The fleet the demo shows, cycled by agent index: (simulated model, cards).
-DEMO_NODES: list[tuple[str, int]] = [("H100-80G", 8), ("A100-40G", 4), ("910B", 8), ("H100-80G", 4)]
+from nodeagent import __version__, protocol
+from nodeagent.backends.simulated import MODELS, SimulatedBackend
+
+#: The fleet the demo shows, one node per agent (cycled past the end): (simulated model, cards). README.md
+#: names the same cards ("8 H100, 4 A100 and 8 Ascend 910B cards"); a test keeps the two in step.
+DEMO_NODES: list[tuple[str, int]] = [("H100-80G", 8), ("A100-40G", 4), ("910B", 8)]
+#: How a person names each simulated model (the README's words for the demo's cards).
+DEMO_MODEL_WORDS: dict[str, str] = {"H100-80G": "H100", "A100-40G": "A100", "910B": "Ascend 910B"}
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    """Demo agent ``index``'s node: its name, simulated model, card count and noise seed."""
+
+    index: int
+    name: str
+    model: str
+    cards: int
+
+    @property
+    def seed(self) -> int:
+        return self.index
+
+    def backend(self) -> SimulatedBackend:
+        """The same simulated cards (UUIDs, noise) the demo agent of this node reports."""
+        return SimulatedBackend(node_name=self.name, cards=self.cards, model=self.model, seed=self.seed)
+
+
+def demo_node(index: int) -> DemoNode:
+    model, cards = DEMO_NODES[index % len(DEMO_NODES)]
+    return DemoNode(index=index, name=f"sim-{index:02d}", model=model, cards=cards)
+
+
+def demo_fleet_cards(count: int = len(DEMO_NODES)) -> dict[str, int]:
+    """Cards per model (in :data:`DEMO_MODEL_WORDS`' words) of the first ``count`` demo nodes."""
+    cards: dict[str, int] = {}
+    for index in range(count):
+        node = demo_node(index)
+        words = DEMO_MODEL_WORDS.get(node.model, MODELS[node.model].model)
+        cards[words] = cards.get(words, 0) + node.cards
+    return cards
+
+
+def demo_hello(index: int) -> dict[str, Any]:
+    """The ``hello`` frame demo agent ``index`` sends (as a dict), so the portal can know the node's cards
+    before the agent process is up: the demo's history runs on the very devices the agent then reports."""
+    node = demo_node(index)
+    backend = node.backend()
+    return protocol.to_dict(
+        protocol.Hello(
+            node_name=node.name,
+            agent_version=__version__,
+            hostname=socket.gethostname(),
+            cpu_cores=os.cpu_count() or 0,
+            memory_mib=0,
+            labels={"gpupool.io/backend": backend.name},
+            topology=backend.topology(),
+            devices=backend.inventory(),
+            workloads=[],
+            workloads_complete=True,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -30,7 +92,7 @@ def _data_dir(data_dir: str | os.PathLike | None) -> Path:
 
 
 def demo_agent_paths(*, index: int, data_dir: str | os.PathLike | None = None) -> DemoAgentPaths:
-    node_name = f"sim-{index:02d}"
+    node_name = demo_node(index).name
     root = _data_dir(data_dir) / "demo-agents" / node_name
     return DemoAgentPaths(
         node_name=node_name,
@@ -74,7 +136,7 @@ def demo_agent_command(
     """The command line of demo agent ``index``: a simulated node ``sim-NN`` of the model DEMO_NODES picks,
     sandboxed as :func:`demo_sandbox_mode` says unless ``sandbox`` is given."""
     paths = demo_agent_paths(index=index, data_dir=data_dir)
-    model, cards = DEMO_NODES[index % len(DEMO_NODES)]
+    node = demo_node(index)
     return [
         python,
         "-m",
@@ -93,11 +155,11 @@ def demo_agent_command(
         "--backend",
         "simulated",
         "--model",
-        model,
+        node.model,
         "--cards",
-        str(cards),
+        str(node.cards),
         "--seed",
-        str(index),
+        str(node.seed),
         "--sandbox",
         sandbox or demo_sandbox_mode(),
     ]

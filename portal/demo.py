@@ -6,8 +6,12 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.db import transaction
+
+from nodeagent import demo as agent_demo
+from nodeagent.demo import DemoNode
 
 DEMO_PASSWORD = "gpupool-demo-2026"
 
@@ -16,6 +20,15 @@ DEMO_PASSWORD = "gpupool-demo-2026"
 class DemoLogin:
     username: str
     role: str
+
+
+@dataclass(frozen=True)
+class DemoNodeRow:
+    """A registered demo node: its row's id, what the demo agent simulates on it, and its cards' UUID → id."""
+
+    node_id: int
+    demo: DemoNode
+    device_ids: dict[str, int]
 
 
 DEMO_LOGINS = [
@@ -28,15 +41,47 @@ DEMO_LOGINS = [
 ]
 
 
+#: The demo's quotas (millis; 1000 = one card) on its fleet of 8 H100, 4 A100 and 8 Ascend 910B cards
+#: (``nodeagent.demo.DEMO_NODES``): the company is guaranteed exactly the pool, research all of it, and each team
+#: a guarantee it may exceed by borrowing what its sibling and the department leave idle. No guarantee is a
+#: promise the pool cannot keep (``frontend.summaries.guarantee_overcommit`` stays empty).
+DEMO_QUOTAS: list[tuple[str, str, int, int]] = [
+    ("acme", "nvidia-h100-80g", 8000, 8000),
+    ("acme", "nvidia-a100-40g", 4000, 4000),
+    ("acme", "ascend-910b", 8000, 8000),
+    ("acme-research", "nvidia-h100-80g", 8000, 8000),
+    ("acme-research", "nvidia-a100-40g", 4000, 4000),
+    ("acme-research", "ascend-910b", 8000, 8000),
+    ("acme-vision", "nvidia-h100-80g", 3000, 8000),
+    ("acme-nlp", "nvidia-h100-80g", 3000, 8000),
+    ("acme-vision", "nvidia-a100-40g", 1000, 4000),
+    ("acme-nlp", "nvidia-a100-40g", 1000, 4000),
+    ("acme-nlp", "ascend-910b", 2000, 8000),
+]
+
+DEMO_FLAVORS = [
+    ("nvidia-h100-80g", "nvidia", "NVIDIA H100 80GB HBM3", 81559),
+    ("nvidia-a100-40g", "nvidia", "NVIDIA A100-SXM4-40GB", 40960),
+    ("ascend-910b", "ascend", "Ascend 910B", 65536),
+]
+
+
 @transaction.atomic
-def load_demo_data() -> bool:
-    """Create the demo tenants, users and flavors. Idempotent: returns False when they already exist."""
-    from scheduler.models import ResourceFlavor, Vendor
-    from tenants.models import MembershipRole, PlatformRole, TenantKind, User
-    from tenants.services import membership_create, tenant_create, user_create
+def load_demo_data(*, agents: int | None = None, now: datetime | None = None) -> bool:
+    """Create the demo tenants, users, flavors and quotas, register the nodes of the first ``agents`` demo agents
+    (``GPUPOOL_DEMO_AGENTS`` by default) with the cards they will report, and give the pool its last hour
+    (``portal.demo_history``): finished jobs, per-minute telemetry, quota approvals, and two jobs that the live
+    agents then run. Idempotent: returns False when the demo data already exist."""
+    from django.conf import settings
+
+    from portal import demo_history
+    from scheduler.models import ResourceFlavor
+    from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
+    from tenants.services import membership_create, quota_set, tenant_create, user_create
 
     if User.objects.filter(username="admin").exists():
         return False
+    agents = settings.GPUPOOL_DEMO_AGENTS if agents is None else agents
     users = {
         "admin": user_create(
             actor=None, username="admin", password=DEMO_PASSWORD, platform_role=PlatformRole.SYSTEM_ADMIN
@@ -58,37 +103,37 @@ def load_demo_data() -> bool:
     membership_create(actor=None, user=users["alice"], tenant=research, role=MembershipRole.TENANT_ADMIN)
     membership_create(actor=None, user=users["bob"], tenant=vision, role=MembershipRole.MEMBER)
     membership_create(actor=None, user=users["carol"], tenant=nlp, role=MembershipRole.MEMBER)
-    for name, vendor, model, memory_mib in [
-        ("nvidia-h100-80g", Vendor.NVIDIA, "NVIDIA H100 80GB HBM3", 81559),
-        ("nvidia-a100-40g", Vendor.NVIDIA, "NVIDIA A100-SXM4-40GB", 40960),
-        ("ascend-910b", Vendor.ASCEND, "Ascend 910B", 65536),
-    ]:
+    for name, vendor, model, memory_mib in DEMO_FLAVORS:
         ResourceFlavor.objects.get_or_create(
             name=name, defaults={"vendor": vendor, "model": model, "memory_mib": memory_mib}
         )
-    # Quotas (millis; 1000 = one card), so demo jobs can run: the company holds the pool, research part of it,
-    # and each team a guarantee it may exceed by borrowing its sibling's idle share.
-    from tenants.services import quota_set
-
-    for tenant, flavor, guaranteed, limit in [
-        (acme, "nvidia-h100-80g", 16000, 16000),
-        (acme, "nvidia-a100-40g", 4000, 4000),
-        (acme, "ascend-910b", 8000, 8000),
-        (research, "nvidia-h100-80g", 12000, 16000),
-        (research, "nvidia-a100-40g", 4000, 4000),
-        (research, "ascend-910b", 8000, 8000),
-        (vision, "nvidia-h100-80g", 4000, 8000),
-        (nlp, "nvidia-h100-80g", 4000, 8000),
-        (vision, "nvidia-a100-40g", 2000, 4000),
-        (nlp, "nvidia-a100-40g", 2000, 4000),
-    ]:
+    for slug, flavor, guaranteed, limit in DEMO_QUOTAS:
         quota_set(
             actor=None,
-            tenant=tenant,
+            tenant=Tenant.objects.get(slug=slug),
             flavor=ResourceFlavor.objects.get(name=flavor),
             values={"guaranteed_millis": guaranteed, "limit_millis": limit},
         )
+    nodes = register_demo_nodes(count=agents)
+    demo_history.load_history(nodes=nodes, now=now)
     return True
+
+
+def register_demo_nodes(*, count: int) -> list[DemoNodeRow]:
+    """Register demo nodes ``sim-00`` … and apply the hello their agents will send, so the nodes and their cards
+    exist (ready) before the agent processes start. Each agent registers again with its own token when it
+    starts, which replaces the credential made here."""
+    from scheduler.fleet.services import agent_register, bootstrap_token_create, node_hello
+
+    nodes = []
+    for index in range(count):
+        demo_node = agent_demo.demo_node(index)
+        _token, secret = bootstrap_token_create(actor=None, ttl_s=60, description=f"gpupool demo: {demo_node.name}")
+        node, _credential = agent_register(token=secret, node_name=demo_node.name, hostname="gpupool-demo")
+        hello = agent_demo.demo_hello(index)
+        device_ids = node_hello(node_id=node.pk, hello=hello)
+        nodes.append(DemoNodeRow(node_id=node.pk, demo=demo_node, device_ids=device_ids))
+    return nodes
 
 
 def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
@@ -100,10 +145,6 @@ def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
     """
     processes: list[subprocess.Popen] = []
     if count <= 0:
-        return processes
-    try:
-        from nodeagent import demo as agent_demo
-    except ImportError:
         return processes
     from django.conf import settings
 

@@ -334,7 +334,7 @@ WHITENOISE_USE_FINDERS = True
 
 # --- gpupool ------------------------------------------------------------------------------------------
 # Simulated agents the embedded demo starts (``gpupool demo``).
-GPUPOOL_DEMO_AGENTS = env_int("GPUPOOL_DEMO_AGENTS", 2)
+GPUPOOL_DEMO_AGENTS = env_int("GPUPOOL_DEMO_AGENTS", 3)  # one per node of nodeagent.demo.DEMO_NODES
 
 # Start-time estimates of pending jobs (scheduler.eta, docs/eta.md): recomputed at most every INTERVAL_S (and
 # never more often than one takes), and soon after a cycle that starts or preempts CHANGE_JOBS jobs or more.

@@ -12,9 +12,9 @@ pytestmark = pytest.mark.django_db
 
 
 def test_demo_data_has_quotas_that_respect_the_tree():
-    assert load_demo_data() is True
-    assert load_demo_data() is False
+    assert load_demo_data(agents=0) is True
+    assert load_demo_data(agents=0) is False
     vision = Tenant.objects.get(slug="acme-vision")
     usage = quota_usage(vision)
-    assert usage["nvidia-h100-80g"]["guaranteed"] == 4000
+    assert usage["nvidia-h100-80g"]["guaranteed"] == 3000
     assert Quota.objects.filter(tenant__slug="acme").count() == 3

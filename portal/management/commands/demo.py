@@ -48,7 +48,7 @@ class Command(BaseCommand):
         settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
         if not no_migrate:
             call_command("migrate", interactive=False, verbosity=0)
-        created = demo.load_demo_data()
+        created = demo.load_demo_data(agents=agents)
         self.stdout.write("demo data " + ("loaded" if created else "already present"))
 
         children: list[subprocess.Popen] = []
