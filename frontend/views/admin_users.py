@@ -156,7 +156,11 @@ def membership_add(request, pk: int):
     if not form.is_valid():
         messages.error(request, " ".join(" ".join(errors) for errors in form.errors.values()))
         return redirect("frontend:user-detail", pk=account.pk)
-    tenant = tenant_selectors.tenant_get_visible(user=request.user, pk=form.cleaned_data["tenant"])
+    try:
+        tenant = tenant_selectors.tenant_get_visible(user=request.user, pk=form.cleaned_data["tenant"])
+    except NotFoundError as exc:  # deleted since the page was drawn
+        messages.error(request, exc.message)
+        return redirect("frontend:user-detail", pk=account.pk)
     _done(
         request,
         lambda: tenant_services.membership_create(
