@@ -216,3 +216,104 @@ def devices_for_charts(devices: Iterable[Device]) -> list[dict]:
         }
         for d in devices
     ]
+
+
+def job_chart_devices(allocations: Iterable[Allocation]) -> list[dict]:
+    """``devices_for_charts`` of a job's active allocations, once per card, with the job's share of each card it
+    shares (``job_millis`` under 1000) and what all jobs hold on that card (``card_allocated_millis``), so the
+    chart draws the job's part of the card's work and not other tenants' as if it were the job's."""
+    mine: dict[int, int] = {}
+    devices: dict[int, Device] = {}
+    for allocation in allocations:
+        mine[allocation.device_id] = mine.get(allocation.device_id, 0) + allocation.millis
+        devices[allocation.device_id] = allocation.device
+    shared = [device_id for device_id, millis in mine.items() if millis < MILLIS_PER_DEVICE]
+    on_card = {}
+    if shared:
+        rows = (
+            Allocation.objects.active().filter(device_id__in=shared).values("device_id").annotate(total=Sum("millis"))
+        )
+        on_card = {row["device_id"]: row["total"] for row in rows.order_by()}
+    charts = []
+    for device_id, chart in zip(devices, devices_for_charts(devices.values()), strict=True):
+        if device_id in on_card:
+            chart.update(job_millis=mine[device_id], card_allocated_millis=on_card[device_id])
+        charts.append(chart)
+    return charts
+
+
+#: Colour steps of the fleet heatmap: h0 (under 5 %) up to h10 (95 % and more); hn = no recent telemetry.
+HEAT_STEPS = 10
+
+
+@dataclass
+class HeatCell:
+    uuid: str
+    index: int
+    utilisation_pct: float | None
+    allocated_millis: int
+    label: str = ""
+    label_template: str = ""
+
+    @property
+    def level(self) -> str:
+        if self.utilisation_pct is None:
+            return "hn"
+        return f"h{max(0, min(HEAT_STEPS, round(self.utilisation_pct / (100 / HEAT_STEPS))))}"
+
+    @property
+    def allocation(self) -> str:
+        """``free``, ``part`` (a share of the card is allocated) or ``full``: the cell's outline."""
+        if self.allocated_millis <= 0:
+            return "free"
+        return "full" if self.allocated_millis >= MILLIS_PER_DEVICE else "part"
+
+
+@dataclass
+class HeatRow:
+    node_id: int
+    name: str
+    status: str
+    cells: list[HeatCell] = field(default_factory=list)
+
+
+def fleet_heatmap() -> list[HeatRow]:
+    """Every node's cards with their latest utilisation and allocated share, for the overview's heatmap (system
+    admins): two queries and one read of the latest values, however many nodes."""
+    import redis
+    from django.utils.translation import gettext
+
+    from scheduler.fleet.telemetry import latest_store
+
+    allocated = device_allocated_millis()
+    rows: dict[int, HeatRow] = {}
+    devices = Device.objects.select_related("node").only("id", "uuid", "index", "node__name", "node__status")
+    for device in devices.order_by("node__name", "index"):
+        row = rows.get(device.node_id)
+        if row is None:
+            row = rows[device.node_id] = HeatRow(
+                node_id=device.node_id, name=device.node.name, status=device.node.status
+            )
+        row.cells.append(HeatCell(device.uuid, device.index, None, allocated.get(device.pk, 0)))
+    try:
+        latest = latest_store().get_nodes(rows)
+    except (OSError, redis.RedisError):
+        logger.warning("latest telemetry unavailable for the heatmap", exc_info=True)
+        latest = {}
+    no_data, utilised = gettext("no data"), gettext("%(pct)s utilised")
+    for row in rows.values():
+        values = latest.get(row.node_id, {})
+        for cell in row.cells:
+            utilisation = (values.get(cell.uuid) or {}).get("utilization_pct")
+            if isinstance(utilisation, int | float) and not isinstance(utilisation, bool):
+                cell.utilisation_pct = float(utilisation)
+            # "{util}" stays in the template: the page's script puts each live reading there.
+            cell.label_template = gettext("%(node)s, card %(index)s: %(util)s, %(share)s allocated") % {
+                "node": row.name,
+                "index": cell.index,
+                "util": "{util}",
+                "share": f"{round(100 * min(cell.allocated_millis, MILLIS_PER_DEVICE) / MILLIS_PER_DEVICE)}%",
+            }
+            shown = no_data if cell.utilisation_pct is None else utilised % {"pct": f"{round(cell.utilisation_pct)}%"}
+            cell.label = cell.label_template.replace("{util}", shown)
+    return list(rows.values())

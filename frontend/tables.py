@@ -6,6 +6,7 @@ import django_tables2 as tables
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from frontend.datetimes import format_moment
 from scheduler.models import Node
 from scheduler.selectors import job_start_estimate_words
 
@@ -22,6 +23,20 @@ class BadgeColumn(tables.Column):
         return value
 
 
+class WhenColumn(tables.Column):
+    """A moment in the page language's one format (``frontend.datetimes``); exports keep the plain ISO text."""
+
+    def __init__(self, *args, seconds: bool = False, **kwargs) -> None:
+        self.seconds = seconds
+        super().__init__(*args, **kwargs)
+
+    def render(self, value):
+        return format_moment(value, seconds=self.seconds)
+
+    def value(self, value):
+        return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
 class ConsoleTable(tables.Table):
     class Meta:
         attrs = {"class": "data"}
@@ -35,7 +50,7 @@ class NodeTable(ConsoleTable):
     flavor_names = tables.Column(verbose_name=_("Flavors"), orderable=False, empty_values=())
     allocated_millis = tables.Column(verbose_name=_("Allocated (cards)"), orderable=True)
     utilisation = tables.Column(verbose_name=_("Utilisation (live)"), orderable=False, empty_values=())
-    last_heartbeat_at = tables.DateTimeColumn(verbose_name=_("Last heartbeat"), format="Y-m-d H:i:s")
+    last_heartbeat_at = WhenColumn(verbose_name=_("Last heartbeat"), seconds=True)
     agent_version = tables.Column(verbose_name=_("Agent"))
 
     class Meta(ConsoleTable.Meta):
@@ -77,7 +92,7 @@ class NodeTable(ConsoleTable):
 
 class AuditTable(ConsoleTable):
     id = tables.LinkColumn("frontend:audit-detail", args=[tables.A("pk")], verbose_name=_("ID"))
-    created_at = tables.DateTimeColumn(verbose_name=_("Time (UTC)"), format="Y-m-d H:i:s")
+    created_at = WhenColumn(verbose_name=_("Time (UTC)"), seconds=True)
     stream = tables.Column(verbose_name=_("Stream"))
     seq = tables.Column(verbose_name=_("Seq"))
     actor_username = tables.Column(verbose_name=_("Actor"), empty_values=())
@@ -106,7 +121,7 @@ class JobTable(ConsoleTable):
     state = BadgeColumn(verbose_name=_("State"))
     priority_class = tables.Column(verbose_name=_("Priority"))
     request = tables.Column(verbose_name=_("Request"), empty_values=(), orderable=False)
-    submitted_at = tables.DateTimeColumn(verbose_name=_("Submitted (UTC)"), format="Y-m-d H:i:s")
+    submitted_at = WhenColumn(verbose_name=_("Submitted (UTC)"))
     estimated_start_at = tables.Column(verbose_name=_("Expected start"), empty_values=())
 
     class Meta(ConsoleTable.Meta):
@@ -156,7 +171,7 @@ class UserTable(ConsoleTable):
     is_active = YesNoColumn(verbose_name=_("Active"))
     has_mfa = YesNoColumn(verbose_name=_("Two-factor"))
     is_locked = tables.Column(verbose_name=_("Locked out"))
-    last_login = tables.DateTimeColumn(verbose_name=_("Last sign-in (UTC)"), format="Y-m-d H:i")
+    last_login = WhenColumn(verbose_name=_("Last sign-in (UTC)"))
 
     class Meta(ConsoleTable.Meta):
         empty_text = _("No accounts match these filters.")

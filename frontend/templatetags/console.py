@@ -6,6 +6,7 @@ from django import template
 from django.utils.translation import gettext as _
 
 from frontend.access import nav_for
+from frontend.datetimes import format_moment, moment_format
 
 register = template.Library()
 
@@ -99,3 +100,16 @@ def scheduler_text(value: str | None) -> str:
     from scheduler.message_text import localize
 
     return localize(value or "")
+
+
+@register.filter
+def when(value, precision: str = "") -> str:
+    """A moment in the page language's one format (``frontend.datetimes``): ``{{ job.submitted_at|when }}``,
+    ``|when:"seconds"`` where the order within a minute matters."""
+    return format_moment(value, seconds=precision == "seconds")
+
+
+@register.simple_tag
+def datetime_format_script() -> str:
+    """The page language's one format in the charts' tokens, for ``<html data-datetime-format>``."""
+    return moment_format().script

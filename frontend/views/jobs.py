@@ -16,7 +16,7 @@ from frontend.access import Section, is_system_admin, section_required
 from frontend.export import export_response
 from frontend.filtersets import JobFilterSet
 from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
-from frontend.summaries import devices_for_charts
+from frontend.summaries import job_chart_devices
 from frontend.tables import JobTable
 from portal.api import DomainError, NotFoundError
 from scheduler import access as scheduler_access
@@ -142,7 +142,7 @@ def job_detail(request, pk: int):
         "can_cancel": job.state not in FINAL_JOB_STATES and scheduler_access.can_manage_job(request.user, job),
         "cancel_form": CancelForm(),
         "is_live": job.state not in FINAL_JOB_STATES,
-        "chart_devices": devices_for_charts(a.device for a in active),
+        "chart_devices": job_chart_devices(active),
         "subscribe_json": json.dumps([{"subscribe": {"node": n}} for n in subscribe]) if subscribe else "",
         "JobState": JobState,
     }

@@ -8,7 +8,14 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 
 from frontend.access import Section, section_required, sections_for, visible_tenant_ids
-from frontend.summaries import devices_for_charts, guarantee_overcommit, job_counts, pool_summary
+from frontend.summaries import (
+    HEAT_STEPS,
+    devices_for_charts,
+    fleet_heatmap,
+    guarantee_overcommit,
+    job_counts,
+    pool_summary,
+)
 from scheduler.models import Device
 
 
@@ -23,7 +30,7 @@ def home(request):
     return render(request, "frontend/empty.html", {})
 
 
-def _context(request) -> dict:
+def _context(request, *, full_page: bool = True) -> dict:
     summary = pool_summary()
     tenant_ids = visible_tenant_ids(request.user)
     own_queued, own_running = job_counts(tenant_ids) if tenant_ids else (None, None)
@@ -42,6 +49,8 @@ def _context(request) -> dict:
         devices, subscribe = [], []
     return {
         "subscribe_json": json.dumps(subscribe),
+        "heatmap": fleet_heatmap() if sees_nodes and full_page else [],
+        "heat_levels": range(HEAT_STEPS + 1),
         "section": Section.OVERVIEW,
         "overcommit": guarantee_overcommit() if sees_nodes else [],
         "summary": summary,
@@ -59,4 +68,4 @@ def overview(request):
 @section_required(Section.OVERVIEW)
 def overview_numbers(request):
     """The numbers block alone: htmx swaps it in every few seconds, so the dashboard stays current."""
-    return render(request, "frontend/partials/overview_numbers.html", _context(request))
+    return render(request, "frontend/partials/overview_numbers.html", _context(request, full_page=False))

@@ -5,15 +5,16 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections import defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Sum
+from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from scheduler.fleet.models import NodeCredential
-from scheduler.fleet.telemetry import latest_store
+from scheduler.fleet.models import NodeCredential, TelemetryMinute
+from scheduler.fleet.telemetry import latest_store, minute_of
 from scheduler.models import (
     FINAL_JOB_STATES,
     MILLIS_PER_DEVICE,
@@ -102,6 +103,142 @@ def tenant_devices(*, tenant_ids: list[int]) -> dict[int, set[str]]:
     for node_id, uuid in allocations.filter(tenant_id__in=tenant_ids).values_list("node_id", "device__uuid"):
         result[node_id].add(uuid)
     return dict(result)
+
+
+def tenant_devices_held_since(*, tenant_ids: list[int]) -> dict[str, dt.datetime]:
+    """Device UUID → when the earliest active allocation of one of ``tenant_ids`` on it began: the cards of
+    ``tenant_devices``, each with the moment the tenants' holding of it began."""
+    if not tenant_ids:
+        return {}
+    rows = (
+        _active_allocations()
+        .filter(tenant_id__in=tenant_ids)
+        .order_by()
+        .values("device__uuid")
+        .annotate(since=Min("started_at"))
+    )
+    return {row["device__uuid"]: row["since"] for row in rows}
+
+
+@dataclass(frozen=True)
+class TelemetryView:
+    """What telemetry one person may read: every card (system admins), or the cards the person's tenants hold
+    now, each from the moment that holding began (what the card did for someone else before is not theirs)."""
+
+    all_cards: bool
+    held_since: dict[str, dt.datetime] = field(default_factory=dict)
+
+
+def telemetry_view_for(user: Any) -> TelemetryView | None:
+    """The live stream's rule (``TelemetryConsumer.connect``) for reads of stored telemetry; None: nothing."""
+    if is_telemetry_admin(user):
+        return TelemetryView(all_cards=True)
+    tenant_ids = telemetry_tenant_ids_for(user)
+    if not tenant_ids:
+        return None
+    return TelemetryView(all_cards=False, held_since=tenant_devices_held_since(tenant_ids=tenant_ids))
+
+
+#: The longest stretch of minute rollups one history read returns (a day: 1,440 points per card).
+HISTORY_MAX_MINUTES = 24 * 60
+#: A minute's rollup is drawn at the middle of its minute, where its average belongs.
+_MINUTE_MIDDLE_S = 30
+
+
+def _history_rows(
+    *, view: TelemetryView, now: dt.datetime, minutes: int, node_id: int | None, uuids: list[str] | None
+) -> QuerySet:
+    """The minute rollups of the last ``minutes`` the viewer may read, optionally of one node or some cards."""
+    rows = TelemetryMinute.objects.filter(minute__gte=minute_of(now) - dt.timedelta(minutes=minutes))
+    if node_id is not None:
+        rows = rows.filter(device__node_id=node_id)
+    if uuids:
+        rows = rows.filter(device__uuid__in=uuids)
+    if not view.all_cards:
+        if not view.held_since:
+            return rows.none()
+        held = Q()
+        for uuid, since in view.held_since.items():
+            held |= Q(device__uuid=uuid, minute__gte=minute_of(since))
+        rows = rows.filter(held)
+    return rows
+
+
+def _epoch_s(minute: dt.datetime) -> float:
+    return minute.timestamp() + _MINUTE_MIDDLE_S
+
+
+def telemetry_history(
+    *,
+    view: TelemetryView,
+    now: dt.datetime,
+    minutes: int = 60,
+    node_id: int | None = None,
+    uuids: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """Per card the viewer may read: its minute rollups of the last ``minutes`` as columns a chart draws
+    (``t`` in epoch seconds, the middle of each minute; utilisation and memory averages, power average,
+    temperature maximum). Cards without rollups in the window are left out. One query."""
+    rows = (
+        _history_rows(view=view, now=now, minutes=minutes, node_id=node_id, uuids=uuids)
+        .order_by("device__node__name", "device__index", "minute")
+        .values_list(
+            "device__uuid",
+            "device__node_id",
+            "device__node__name",
+            "device__index",
+            "device__flavor__name",
+            "device__memory_mib",
+            "minute",
+            "utilization_avg_pct",
+            "memory_used_avg_mib",
+            "power_avg_w",
+            "temperature_max_c",
+        )
+    )
+    cards: dict[str, dict[str, Any]] = {}
+    for uuid, node, node_name, index, flavor, memory_mib, minute, utilisation, memory, power, temperature in rows:
+        card = cards.get(uuid)
+        if card is None:
+            card = cards[uuid] = {
+                "uuid": uuid,
+                "node": node,
+                "node_name": node_name,
+                "index": index,
+                "flavor": flavor or "",
+                "memory_mib": memory_mib,
+                "t": [],
+                "utilization_pct": [],
+                "memory_used_mib": [],
+                "power_w": [],
+                "temperature_c": [],
+            }
+        card["t"].append(_epoch_s(minute))
+        card["utilization_pct"].append(round(utilisation, 2))
+        card["memory_used_mib"].append(round(memory, 1))
+        card["power_w"].append(None if power is None else round(power, 1))
+        card["temperature_c"].append(temperature)
+    return list(cards.values())
+
+
+def telemetry_history_by_flavor(*, view: TelemetryView, now: dt.datetime, minutes: int = 60) -> list[dict[str, Any]]:
+    """Average utilisation of the viewer's readable cards per flavor and minute (each card counts once, as on
+    the live chart), for the last ``minutes``: one grouped query, however many cards."""
+    rows = (
+        _history_rows(view=view, now=now, minutes=minutes, node_id=None, uuids=None)
+        .order_by()
+        .values("minute", "device__flavor__name")
+        .annotate(utilisation=Avg("utilization_avg_pct"), cards=Count("device_id"))
+        .order_by("device__flavor__name", "minute")
+    )
+    flavors: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        name = row["device__flavor__name"] or "—"
+        series = flavors.setdefault(name, {"flavor": name, "t": [], "utilization_pct": [], "cards": []})
+        series["t"].append(_epoch_s(row["minute"]))
+        series["utilization_pct"].append(round(row["utilisation"], 2))
+        series["cards"].append(row["cards"])
+    return list(flavors.values())
 
 
 def credential_is_active(*, credential_id: int) -> bool:

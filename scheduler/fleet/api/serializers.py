@@ -77,3 +77,60 @@ class DeviceRehomeOutput(serializers.Serializer):
     uuid = serializers.CharField()
     node = serializers.CharField()
     index = serializers.IntegerField()
+
+
+class TelemetryHistoryQuery(serializers.Serializer):
+    """``GET /api/v1/telemetry/history/``: which cards, how far back, per card or per flavor."""
+
+    minutes = serializers.IntegerField(
+        min_value=1, max_value=24 * 60, default=60, help_text="How many minutes back (1 to 1440, default 60)."
+    )
+    node = serializers.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, help_text="Only the cards of this node."
+    )
+    device = serializers.ListField(
+        child=serializers.CharField(max_length=64),
+        required=False,
+        max_length=64,
+        help_text="Only these cards (device UUIDs; repeat the parameter for several).",
+    )
+    by = serializers.ChoiceField(
+        choices=["device", "flavor"],
+        default="device",
+        help_text="`device`: one series per card; `flavor`: the average utilisation of the cards of each flavor.",
+    )
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs["by"] == "flavor" and ("node" in attrs or attrs.get("device")):
+            raise serializers.ValidationError(
+                {"by": ["by=flavor averages every card you may see; leave out node and device, or use by=device."]}
+            )
+        return attrs
+
+
+class TelemetryCardHistory(serializers.Serializer):
+    uuid = serializers.CharField()
+    node = serializers.IntegerField()
+    node_name = serializers.CharField()
+    index = serializers.IntegerField()
+    flavor = serializers.CharField()
+    memory_mib = serializers.IntegerField()
+    t = serializers.ListField(child=serializers.FloatField(), help_text="Epoch seconds, the middle of each minute.")
+    utilization_pct = serializers.ListField(child=serializers.FloatField())
+    memory_used_mib = serializers.ListField(child=serializers.FloatField())
+    power_w = serializers.ListField(child=serializers.FloatField(allow_null=True))
+    temperature_c = serializers.ListField(child=serializers.FloatField(allow_null=True))
+
+
+class TelemetryFlavorHistory(serializers.Serializer):
+    flavor = serializers.CharField()
+    t = serializers.ListField(child=serializers.FloatField())
+    utilization_pct = serializers.ListField(child=serializers.FloatField())
+    cards = serializers.ListField(child=serializers.IntegerField(), help_text="Cards averaged in each minute.")
+
+
+class TelemetryHistoryOutput(serializers.Serializer):
+    minutes = serializers.IntegerField()
+    until = serializers.DateTimeField(help_text="When the history was read; live telemetry continues from here.")
+    devices = TelemetryCardHistory(many=True, required=False)
+    flavors = TelemetryFlavorHistory(many=True, required=False)

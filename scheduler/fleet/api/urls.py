@@ -8,4 +8,5 @@ urlpatterns = [
     path("agents/nodes/", views.FleetNodeListView.as_view(), name="agent-node-list"),
     path("agents/nodes/<int:pk>/revoke/", views.NodeRevokeView.as_view(), name="agent-node-revoke"),
     path("agents/devices/<int:pk>/rehome/", views.DeviceRehomeView.as_view(), name="agent-device-rehome"),
+    path("telemetry/history/", views.TelemetryHistoryView.as_view(), name="telemetry-history"),
 ]

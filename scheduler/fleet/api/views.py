@@ -1,15 +1,19 @@
-"""Fleet API: bootstrap tokens and node credentials (system admins), agent registration (agents)."""
+"""Fleet API: bootstrap tokens and node credentials (system admins), agent registration (agents), and the
+stored telemetry of the cards a person may watch (the minute rollups the console's charts open with)."""
 
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.api import PermissionDeniedError
 from scheduler.fleet import selectors, services
 from scheduler.fleet.api.serializers import (
     BootstrapTokenCreateInput,
@@ -19,6 +23,8 @@ from scheduler.fleet.api.serializers import (
     FleetNodeOutput,
     RegisterInput,
     RegisterOutput,
+    TelemetryHistoryOutput,
+    TelemetryHistoryQuery,
 )
 from scheduler.models import Device, Node
 
@@ -95,3 +101,46 @@ class FleetNodeListView(generics.ListAPIView):
 
     def get_queryset(self):
         return selectors.nodes_for_fleet()
+
+
+class TelemetryHistoryView(APIView):
+    """The last minutes of stored telemetry (minute rollups) of the cards the caller may watch live: every card
+    for a system admin, the cards their tenants hold now (from when the holding began) for tenant users."""
+
+    #: Wall clock; tests replace it.
+    clock = staticmethod(timezone.now)
+
+    @extend_schema(
+        operation_id="telemetry_history",
+        summary="Minute rollups of the cards you may watch (the history a live chart opens with)",
+        parameters=[TelemetryHistoryQuery],
+        responses={200: TelemetryHistoryOutput},
+    )
+    def get(self, request: Request) -> Response:
+        view = selectors.telemetry_view_for(request.user)
+        if view is None:
+            raise PermissionDeniedError(
+                "You may watch no telemetry: tenant users see the cards their tenants' jobs hold, system admins "
+                "every card."
+            )
+        query = TelemetryHistoryQuery(
+            data={**request.query_params.dict(), "device": request.query_params.getlist("device")}
+        )
+        unknown = sorted(set(request.query_params) - set(query.fields) - {"format"})
+        if unknown:
+            raise ValidationError({unknown[0]: [f"is not a parameter here; accepted: {', '.join(query.fields)}."]})
+        query.is_valid(raise_exception=True)
+        options = query.validated_data
+        now = self.clock()
+        body: dict = {"minutes": options["minutes"], "until": now}
+        if options["by"] == "flavor":
+            body["flavors"] = selectors.telemetry_history_by_flavor(view=view, now=now, minutes=options["minutes"])
+        else:
+            body["devices"] = selectors.telemetry_history(
+                view=view,
+                now=now,
+                minutes=options["minutes"],
+                node_id=options.get("node"),
+                uuids=options.get("device") or None,
+            )
+        return Response(body)
