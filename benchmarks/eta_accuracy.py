@@ -45,6 +45,7 @@ from scheduler.sim.policies import get
 from scheduler.sim.simulator import SimConfig, Simulator, StopReason
 
 OVERDUE_S = 300.0  # as scheduler.eta.OVERDUE_REMAINING_S
+QUANTILES = (0.1, 0.5, 0.9)
 WITHIN_SHARE = 0.2
 WITHIN_FLOOR_S = 600.0
 SLACK_S = 60.0  # the replay's cycle interval: a job that fits starts at the next cycle
@@ -59,6 +60,8 @@ class History:
         self.pool: deque[float] = deque(maxlen=5000)
         self.total = 0.0
         self.count = 0
+        self._sorted_at = -1
+        self._pool_sorted: tuple[float, ...] = ()
 
     def add(self, tenant: str, gpus: float, runtime_s: float) -> None:
         self.groups[(tenant, gpus)].append(runtime_s)
@@ -69,16 +72,18 @@ class History:
     def mean(self) -> float:
         return self.total / self.count if self.count else 3600.0
 
-    def pool_quantiles(self) -> tuple[float, float, float]:
-        ordered = sorted(self.pool) or [3600.0]
-        return quantile(ordered, 0.1), quantile(ordered, 0.5), quantile(ordered, 0.9)
+    def pool_samples(self) -> tuple[float, ...]:
+        if self._sorted_at != self.count:  # sorted again only after a job finished
+            self._pool_sorted = tuple(sorted(self.pool)) or (3600.0,)
+            self._sorted_at = self.count
+        return self._pool_sorted
 
-    def quantiles(self, tenant: str, gpus: float, pool: tuple[float, float, float]) -> tuple[float, float, float]:
-        samples = self.groups.get((tenant, gpus))
-        if not samples or len(samples) < 3:
-            return pool
-        ordered = sorted(samples)
-        return quantile(ordered, 0.1), quantile(ordered, 0.5), quantile(ordered, 0.9)
+    def samples(self, tenant: str, gpus: float) -> tuple[float, ...]:
+        """The group's runtimes, sorted; the pool's when the group has fewer than 3 (as scheduler.eta)."""
+        group = self.groups.get((tenant, gpus))
+        if not group or len(group) < 3:
+            return self.pool_samples()
+        return tuple(sorted(group))
 
 
 class Probe(Simulator):
@@ -120,17 +125,19 @@ class Probe(Simulator):
         )
 
     def _runtimes(self, t: float, *, use_history: bool, which: int) -> Runtimes:
-        pool = self.history.pool_quantiles()
+        """Runtimes at quantile ``QUANTILES[which]``: with history, of each job's group (the pool's when the group
+        has fewer than 3); without, the pool's for every job. A running job has that less what it has run."""
+        q = QUANTILES[which]
+        pool = quantile(self.history.pool_samples(), q)
         remaining, runtime = {}, {}
         for job_id in self.flavor_of:
             run = self.by_id[job_id]
-            q = self.history.quantiles(run.job.tenant, run.job.gpus, pool) if use_history else pool
             elapsed = t - (run.record.first_start_s or t)
-            remaining[job_id] = time_left(q[which], elapsed, overdue_s=OVERDUE_S)
+            predicted = quantile(self.history.samples(run.job.tenant, run.job.gpus), q) if use_history else pool
+            remaining[job_id] = time_left(predicted, elapsed, overdue_s=OVERDUE_S)
         for job_id, run in self.pending.items():
-            q = self.history.quantiles(run.job.tenant, run.job.gpus, pool) if use_history else pool
-            runtime[job_id] = q[which]
-        return Runtimes(remaining_s=remaining, runtime_s=runtime, default_s=pool[which])
+            runtime[job_id] = quantile(self.history.samples(run.job.tenant, run.job.gpus), q) if use_history else pool
+        return Runtimes(remaining_s=remaining, runtime_s=runtime, default_s=pool)
 
     def _estimate(self, job_id: str, t: float) -> None:
         snap = self._snapshot(t)

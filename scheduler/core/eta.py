@@ -289,6 +289,8 @@ class _Forward:
                     borrowed_millis=borrowed,
                     started_at=at,
                     last_checkpoint_at=at,
+                    # What the live engine is told (a pending job carries its runtime estimate), not our guess.
+                    expected_end_at=at + job.runtime_estimate_s if job.runtime_estimate_s else None,
                     kind=job.kind,
                     reservation_of=a.reservation_of,
                     cpu_millicores=a.cpu_millicores,
@@ -364,7 +366,11 @@ def _pending_from(rows: list[Allocation]) -> PendingJob:
 
 def time_left(predicted_s: float, elapsed_s: float, *, overdue_s: float, max_runtime_s: float | None = None) -> float:
     """What a running job has left: its predicted runtime less the time it has run; ``overdue_s`` once it has run
-    past the prediction (it has not ended, so it ends some time later); never past its ``max_runtime_s``."""
+    past the prediction (it has not ended, so it ends some time later); never past its ``max_runtime_s``.
+
+    (Conditioning on the jobs like it that ran longer than it has — "a job that has run for hours is one of the
+    long ones" — was tried: better median error on the Philly replay, a far worse 90th percentile; docs/eta.md.)
+    """
     left = predicted_s - elapsed_s
     if left <= 0:
         left = overdue_s
