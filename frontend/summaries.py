@@ -7,6 +7,7 @@ see, so views stay a few lines long.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -246,6 +247,12 @@ def job_chart_devices(allocations: Iterable[Allocation]) -> list[dict]:
 HEAT_STEPS = 10
 
 
+def _half_up(value: float) -> int:
+    """Rounded as the page's script rounds live readings (``Math.round``: 4.5 → 5), so a cell does not change
+    colour when the first live reading repeats the one the page was drawn with."""
+    return math.floor(value + 0.5)
+
+
 @dataclass
 class HeatCell:
     uuid: str
@@ -259,7 +266,7 @@ class HeatCell:
     def level(self) -> str:
         if self.utilisation_pct is None:
             return "hn"
-        return f"h{max(0, min(HEAT_STEPS, round(self.utilisation_pct / (100 / HEAT_STEPS))))}"
+        return f"h{max(0, min(HEAT_STEPS, _half_up(self.utilisation_pct / (100 / HEAT_STEPS))))}"
 
     @property
     def allocation(self) -> str:
@@ -314,6 +321,7 @@ def fleet_heatmap() -> list[HeatRow]:
                 "util": "{util}",
                 "share": f"{round(100 * min(cell.allocated_millis, MILLIS_PER_DEVICE) / MILLIS_PER_DEVICE)}%",
             }
-            shown = no_data if cell.utilisation_pct is None else utilised % {"pct": f"{round(cell.utilisation_pct)}%"}
+            reading = None if cell.utilisation_pct is None else f"{_half_up(cell.utilisation_pct)}%"
+            shown = no_data if reading is None else utilised % {"pct": reading}
             cell.label = cell.label_template.replace("{util}", shown)
     return list(rows.values())

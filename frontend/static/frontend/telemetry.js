@@ -15,7 +15,8 @@
 // The JSON script lists the devices: [{uuid, label, flavor, memory_mib, job_millis?, card_allocated_millis?}]; a
 // device with job_millis under 1000 is a card the page's job shares with others, drawn as the job's share.
 // Each chart element counts what it has drawn in data-history-points (stored minutes), data-live-points
-// (samples from the socket) and data-points (both), so people and tests can see it fill and move.
+// (samples from the socket) and data-points (both, since the page opened; the window keeps the last hour), so
+// people and tests can see it fill and move.
 
 const WINDOW_S = 3600; // the axis spans the data, at most the last hour
 const MIN_SPAN_S = 60;
@@ -140,7 +141,7 @@ async function fetchHistory(url) {
 
 // --- charts -------------------------------------------------------------------------------------------------
 
-function baseOptions(element, series, scales, axes, height) {
+function baseOptions(element, series, scales, axes, height, legend) {
   const width = Math.max(element.clientWidth || 0, 200);
   const muted = cssVar("--muted", "#888");
   const grid = { stroke: cssVar("--line", "#ddd"), width: 1 };
@@ -148,15 +149,17 @@ function baseOptions(element, series, scales, axes, height) {
     width, height, series, scales,
     tzDate: utcDate,
     axes: axes.map((axis) => ({ stroke: muted, grid, ticks: grid, ...axis })),
-    legend: { live: true },
+    legend: { show: legend, live: true },
     cursor: { drag: { x: false, y: false } },
   };
 }
 
 class TimeChart {
   // One uPlot chart: columns [t, series…]; opens with stored minutes (load), then takes live points (push).
-  constructor(element, seriesDefs, scales, axes, { height = 190 } = {}) {
+  constructor(element, seriesDefs, scales, axes, { height = 190, legend = true, timeLabel = "Time" } = {}) {
     this.element = element;
+    this.legend = legend;
+    this.timeLabel = timeLabel;
     this.seriesDefs = seriesDefs;
     this.scales = scales;
     this.axes = axes;
@@ -172,11 +175,12 @@ class TimeChart {
   build() {
     if (!window.uPlot) return;
     if (this.plot) this.plot.destroy();
-    const series = [{ value: (u, t) => (t == null ? "—" : formatWhen(t)) }, ...this.seriesDefs];
+    const series = [{ label: this.timeLabel, value: (u, t) => (t == null ? "—" : formatWhen(t)) }, ...this.seriesDefs];
     // The axis spans the data (an hour once the history is in), at least a minute so one point is not a year.
     const scales = { ...this.scales, x: { time: true, range: (u, min, max) => [Math.min(min, max - MIN_SPAN_S), max] } };
     const axes = [{ values: axisTimes }, ...this.axes];
-    this.plot = new window.uPlot(baseOptions(this.element, series, scales, axes, this.height), this.data, this.element);
+    const options = baseOptions(this.element, series, scales, axes, this.height, this.legend);
+    this.plot = new window.uPlot(options, this.data, this.element);
   }
 
   // Stored minutes go before whatever the socket has already delivered.
@@ -213,7 +217,7 @@ class TimeChart {
     const dataset = this.element.dataset;
     dataset.historyPoints = String(this.historyPoints);
     dataset.livePoints = String(this.livePoints);
-    dataset.points = String(this.data[0].length);
+    dataset.points = String(this.historyPoints + this.livePoints);
     if (this.plot) this.plot.setData(this.data);
   }
 }
@@ -237,10 +241,20 @@ function shareOf(device) {
   return { allocatedPct: mine / 10, factor: mine / allocated };
 }
 
+// What a shared card's chart draws for one reading of the card's utilisation (percent of the whole card): the
+// job's estimated part, its allocation, the other jobs' part; null for a card the job holds whole.
+export function jobShare(device, utilisation) {
+  const share = shareOf(device);
+  if (!share) return null;
+  const own = utilisation == null ? null : utilisation * share.factor;
+  return { own, allocated: share.allocatedPct, others: utilisation == null ? null : utilisation - own };
+}
+
 function deviceChart(element, device, labels, compact) {
   const colors = palette();
   const share = shareOf(device);
-  const height = compact ? 120 : 190;
+  // Small multiples draw no legend each: the page shows one for all of them.
+  const options = { height: compact ? 120 : 190, legend: !compact, timeLabel: labels.labelTime };
   const scales = { x: { time: true }, "%": { range: [0, 100] }, abs: { auto: true } };
   if (share) {
     const series = [
@@ -249,11 +263,10 @@ function deviceChart(element, device, labels, compact) {
       { label: labels.labelOthers || "other jobs' work %", stroke: cssVar("--muted", "#888"), width: 1.5, scale: "%" },
     ];
     const values = (sample) => {
-      const utilisation = sample.utilization_pct;
-      const own = utilisation == null ? null : utilisation * share.factor;
-      return [own, share.allocatedPct, utilisation == null ? null : utilisation - own];
+      const part = jobShare(device, sample.utilization_pct);
+      return [part.own, part.allocated, part.others];
     };
-    return { chart: new TimeChart(element, series, scales, [percentAxis], { height }), values, share };
+    return { chart: new TimeChart(element, series, scales, [percentAxis], options), values, share };
   }
   const series = [
     { label: labels.labelUtil || "utilisation %", stroke: colors[0], width: 2, scale: "%" },
@@ -272,7 +285,7 @@ function deviceChart(element, device, labels, compact) {
     const all = [sample.utilization_pct, memoryPercent(sample.memory_used_mib, total), sample.power_w, sample.temperature_c];
     return all.slice(0, series.length);
   };
-  return { chart: new TimeChart(element, series, scales, axes, { height }), values, share: null };
+  return { chart: new TimeChart(element, series, scales, axes, options), values, share: null };
 }
 
 function mountDevices(section, devices) {
@@ -321,7 +334,8 @@ function mountFlavors(section, devices) {
   const flavors = [...new Set(devices.map((d) => d.flavor || "—"))];
   const colors = palette();
   const series = flavors.map((name, i) => ({ label: name, stroke: colors[i % colors.length], width: 2, scale: "%" }));
-  const chart = new TimeChart(element, series, { x: { time: true }, "%": { range: [0, 100] } }, [percentAxis]);
+  const scales = { x: { time: true }, "%": { range: [0, 100] } };
+  const chart = new TimeChart(element, series, scales, [percentAxis], { timeLabel: section.dataset.labelTime });
   const flavorOf = new Map(devices.map((d) => [d.uuid, d.flavor || "—"]));
   const latest = new Map();
   let lastValues = [];
