@@ -235,23 +235,15 @@ def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[st
     return tenant
 
 
-def _approval_hook(name: str):
-    """``tenants.services.<name>`` once the tenants app provides it, else None (no approvals needed)."""
-    try:
-        from tenants import services as tenant_services
-    except ImportError:  # pragma: no cover
-        return None
-    return getattr(tenant_services, name, None)
-
-
 APPROVAL_MESSAGE = "Waiting for approval by an administrator."
 
 
 def _admission(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
     """(state, reason, message) a new job enters with: ``pending_approval`` when the tenants app's rule asks
     for an approval (priority critical, or larger than the tenant's threshold), else ``queued``."""
-    needs_approval = _approval_hook("job_admission_needs_approval")
-    if needs_approval is not None and needs_approval(
+    from tenants.services import job_admission_needs_approval
+
+    if job_admission_needs_approval(
         tenant=tenant, total_millis=parsed.total_millis, priority_class=parsed.priority_class
     ):
         return S.PENDING_APPROVAL, "approval_required", APPROVAL_MESSAGE
@@ -361,9 +353,9 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         request=request,
     )
     if state == S.PENDING_APPROVAL:
-        create_request = _approval_hook("job_admission_request_create")
-        if create_request is not None:
-            create_request(job=job, actor=actor)
+        from tenants.services import job_admission_request_create
+
+        job_admission_request_create(job=job, actor=actor)
     transaction.on_commit(request_cycle)
     _mark_loaded(job, "events", events)
     _mark_loaded(job, "allocations", [])
@@ -661,7 +653,8 @@ def workload_status_report(
     """Apply an agent's ``workload.status`` for one replica; idempotent (a repeated report changes nothing).
 
     ``reason`` is the agent's cause of a final state when it knows one (``oom_killed``, ``sandbox_failed``,
-    ``rejected``); a failed job's transition carries it instead of the bare ``failed``.
+    ``rejected``); a failed job's transition carries it instead of the bare ``failed``. A replica ``stopped`` with
+    reason ``fenced`` (its agent lost the portal and stopped it) requeues the job, as a lost node does.
 
     Returns what it came to: ``applied`` (the report was for the run the node holds; it may still have changed
     nothing, e.g. a second ``succeeded``), or why it was ignored: ``unknown_job``, ``not_held`` (the node never
@@ -723,6 +716,15 @@ def workload_status_report(
             job.exit_code = exit_code
             job.save(update_fields=["exit_code"])
             job_transition(job=job, to_state=S.SUCCEEDED, actor=None, reason="succeeded", message=text, details=details)
+    elif state == "stopped" and reason == protocol.FENCED and job.state != S.PREEMPTING:
+        # The node's agent lost the portal and stopped the job itself (fencing), before the grace period would
+        # have moved it: not the job's failure. Like a lost node: the gang's other members stop, and it resumes
+        # from its checkpoint wherever it is placed next.
+        outbox.stop_active_replicas(job=job, reason="gang_member_fenced")
+        _end_allocations(remaining)
+        why = f"Node {node.name} lost contact with the portal, and its agent stopped the job there (fencing)."
+        job_transition(job=job, to_state=S.NODE_LOST, actor=None, reason="fenced", message=why, details=details)
+        _requeue(job, reason="fenced", message=f"{why.removesuffix('.')}; requeued.")
     elif state == "failed" or (state == "stopped" and job.state != S.PREEMPTING):
         # A gang cannot go on without one of its members: stop the others and fail the job.
         outbox.stop_active_replicas(job=job, reason="gang_member_failed")

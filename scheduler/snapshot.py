@@ -284,39 +284,20 @@ def _tenants() -> tuple[core.Tenant, ...]:
     )
 
 
-def quota_model() -> Any | None:
-    """``tenants.models.Quota`` once the tenants app provides it, else None (tenants are unlimited)."""
-    from tenants import models as tenant_models
-
-    return getattr(tenant_models, "Quota", None)
-
-
 def _quotas() -> tuple[core.Quota, ...]:
-    model = quota_model()
-    if model is None:
-        return ()
-    names = {f.name for f in model._meta.get_fields()}
-    related = [name for name in ("tenant", "flavor") if name in names]
-    quotas = []
-    for row in model.objects.select_related(*related):
-        flavor = getattr(row, "flavor", None)
-        flavor_name = getattr(flavor, "name", flavor)
-        max_jobs = None
-        for candidate in ("max_running_jobs", "max_jobs"):
-            if candidate in names:
-                max_jobs = getattr(row, candidate)
-                break
-        quotas.append(
-            core.Quota(
-                tenant=row.tenant.slug,
-                flavor=str(flavor_name),
-                guaranteed_millis=int(getattr(row, "guaranteed_millis", 0) or 0),
-                limit_millis=getattr(row, "limit_millis", None),
-                lending_limit_millis=getattr(row, "lending_limit_millis", None),
-                max_running_jobs=max_jobs or None,
-            )
+    from tenants.models import Quota
+
+    return tuple(
+        core.Quota(
+            tenant=row.tenant.slug,
+            flavor=row.flavor.name,
+            guaranteed_millis=row.guaranteed_millis,
+            limit_millis=row.limit_millis,
+            lending_limit_millis=row.lending_limit_millis,
+            max_running_jobs=row.max_running_jobs or None,
         )
-    return tuple(quotas)
+        for row in Quota.objects.select_related("tenant", "flavor")
+    )
 
 
 USAGE_CACHE_KEY = "scheduler:fairshare-usage:v1"
@@ -531,13 +512,8 @@ def build_snapshot(
 
 
 def policy_from_settings() -> core.Policy:
-    """The Policy; ``GPUPOOL_SCHEDULER_POLICY`` (a dict of Policy fields) overrides the defaults.
-
-    Until the tenants app has quotas, tenants are unlimited (``require_quota=False``).
-    """
+    """The Policy; ``GPUPOOL_SCHEDULER_POLICY`` (a dict of Policy fields) overrides the defaults."""
     overrides = dict(getattr(settings, "GPUPOOL_SCHEDULER_POLICY", {}) or {})
-    if quota_model() is None:
-        overrides["require_quota"] = False
     return core.Policy(**overrides)
 
 

@@ -16,23 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from scheduler import idempotency, selectors, services
-from scheduler.access import is_system_admin
 from scheduler.api import serializers as s
 from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec
 from scheduler.filtersets import DeviceFilterSet, JobFilterSet, NodeFilterSet
 from scheduler.models import Job
-
-try:  # the tenants app's permission class once it exists; a local equivalent until then
-    from tenants.permissions import IsSystemAdmin
-except ImportError:  # pragma: no cover
-    from rest_framework.permissions import BasePermission
-
-    class IsSystemAdmin(BasePermission):
-        message = "Only a system admin may do this."
-
-        def has_permission(self, request, view) -> bool:
-            return is_system_admin(request.user)
-
+from tenants.permissions import IsSystemAdmin
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 IDEMPOTENT_REPLAYED_HEADER = "Idempotent-Replayed"

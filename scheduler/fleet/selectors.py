@@ -51,28 +51,13 @@ def telemetry_tenant_ids_for(user: Any) -> list[int]:
 
     Platform roles get none here (a system admin watches nodes instead).
     """
-    from tenants.models import Membership, PlatformRole
+    from tenants.models import PlatformRole
 
     if not getattr(user, "is_authenticated", False) or not user.is_active or user.platform_role != PlatformRole.NONE:
         return []
-    try:
-        from tenants.selectors import tenants_visible_to
-    except ImportError:
-        roots = list(Membership.objects.filter(user=user).values_list("tenant_id", flat=True))
-        return _subtree_ids(roots)
+    from tenants.selectors import tenants_visible_to
+
     return list(tenants_visible_to(user).values_list("pk", flat=True))
-
-
-def _subtree_ids(roots: list[int]) -> list[int]:
-    from tenants.models import Tenant
-
-    seen = set(roots)
-    frontier = list(roots)
-    while frontier:
-        frontier = [pk for pk in Tenant.objects.filter(parent_id__in=frontier).values_list("pk", flat=True)]
-        frontier = [pk for pk in frontier if pk not in seen]
-        seen.update(frontier)
-    return sorted(seen)
 
 
 def device_tenants_of_node(*, node_id: int) -> dict[str, set[int]]:

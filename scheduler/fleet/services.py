@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import importlib
 import logging
 import re
 import secrets
@@ -62,21 +61,11 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _scheduler_hook(name: str):
-    """``scheduler.services.<name>`` if the scheduler provides it yet, else None."""
-    try:
-        module = importlib.import_module("scheduler.services")
-    except ModuleNotFoundError as exc:
-        if exc.name != "scheduler.services":
-            raise
-        return None
-    return getattr(module, name, None)
-
-
 def _request_cycle() -> None:
-    hook = _scheduler_hook("request_cycle")
-    if hook is not None:
-        transaction.on_commit(hook)
+    # Imported here, not at the top: scheduler.services imports this module's app (the fleet) while loading.
+    from scheduler.services import request_cycle
+
+    transaction.on_commit(request_cycle)
 
 
 def _group_send_on_commit(group: str, event: dict) -> None:
@@ -523,8 +512,9 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
     Finished workloads are left to their reports, which follow the hello from the agent's outbox. Each job is
     its own transaction (the job lock is taken before any node row, as everywhere).
     """
-    report = _scheduler_hook("workload_status_report")
-    requeue = _scheduler_hook("node_jobs_requeue")
+    from scheduler.services import node_jobs_requeue as requeue
+    from scheduler.services import workload_status_report as report
+
     node = Node.objects.get(pk=node_id)
     known: set[tuple[int, int]] = set()
     stopped: list[tuple[int, int]] = []
@@ -536,7 +526,7 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
             continue
         known.add(key)
         state = str(workload.get("state") or "running")
-        if state not in ("starting", "running") or report is None:
+        if state not in ("starting", "running"):
             continue
         try:
             outcome = report(
@@ -655,12 +645,13 @@ def lease_check(*, now: datetime | None = None) -> dict[str, list[int]]:
             lost.append(node.pk)
     grace_before = now - timedelta(seconds=settings.GPUPOOL_NODE_LOST_GRACE_S)
     overdue = NodeAgent.objects.filter(lost_at__lte=grace_before, jobs_requeued_at__isnull=True)
-    requeue = _scheduler_hook("node_jobs_requeue")
+    from scheduler.services import node_jobs_requeue as requeue
+
     for node_id in overdue.values_list("node_id", flat=True):
         with transaction.atomic():
             # Jobs first, the NodeAgent row last (the project's lock order: Job → ... → Node/NodeAgent); if the
             # node came back meanwhile the conditional update finds nothing and the requeue is rolled back.
-            count = requeue(node=Node.objects.get(pk=node_id), reason="node_lost") if requeue is not None else 0
+            count = requeue(node=Node.objects.get(pk=node_id), reason="node_lost")
             still_lost = NodeAgent.objects.filter(pk=node_id, lost_at__isnull=False, jobs_requeued_at__isnull=True)
             lost_at = still_lost.values_list("lost_at", flat=True).first()
             if lost_at is None or not still_lost.update(jobs_requeued_at=now):
@@ -735,11 +726,8 @@ def workload_report_apply(*, node_id: int, status: dict, now: datetime | None = 
 def _forward(*, node: Node, status: dict) -> str | None:
     """``workload_status_report`` for one frame: its outcome, or None when the scheduler takes no reports."""
     from scheduler.fleet.telemetry import parse_time
+    from scheduler.services import workload_status_report as report
 
-    report = _scheduler_hook("workload_status_report")
-    if report is None:
-        logger.info("workload.status from node %s dropped: the scheduler takes no reports yet", node.pk)
-        return None
     checkpoint = status.get("last_checkpoint_at")
     outcome = report(
         node=node,
@@ -755,44 +743,30 @@ def _forward(*, node: Node, status: dict) -> str | None:
     return outcome if isinstance(outcome, str) else "applied"
 
 
-def _agent_command_model():
-    from scheduler import models as scheduler_models
-
-    return getattr(scheduler_models, "AgentCommand", None)
-
-
 def commands_pending(*, node_id: int, command_id: int | None = None) -> list[tuple[int, dict]]:
     """Unacknowledged commands of the node (or just ``command_id``), oldest first, marked sent now.
 
     Sent-but-unacked commands are sent again on reconnect; the agent deduplicates by ``command_id``.
     """
-    model = _agent_command_model()
-    if model is None:
-        return []
-    rows = model.objects.filter(node_id=node_id, acked_at__isnull=True).order_by("pk")
+    rows = AgentCommand.objects.filter(node_id=node_id, acked_at__isnull=True).order_by("pk")
     if command_id is not None:
         rows = rows.filter(pk=command_id)
     commands = [(row.pk, row.payload) for row in rows]
     if commands:
-        update: dict[str, Any] = {"sent_at": timezone.now()}
-        if hasattr(model, "attempts"):
-            update["attempts"] = F("attempts") + 1
-        model.objects.filter(pk__in=[pk for pk, _ in commands]).update(**update)
+        AgentCommand.objects.filter(pk__in=[pk for pk, _ in commands]).update(
+            sent_at=timezone.now(), attempts=F("attempts") + 1
+        )
     return commands
 
 
 def command_ack(*, node_id: int, command_id: int, ok: bool = True, error: str = "") -> bool:
     """Mark the node's command acknowledged. Returns False for an id that is not this node's."""
-    model = _agent_command_model()
-    if model is None:
-        return False
-    update: dict[str, Any] = {"acked_at": timezone.now()}
-    field_names = {field.name for field in model._meta.get_fields()}
-    if "ack_ok" in field_names:
-        update["ack_ok"] = ok
-    if "error" in field_names:
-        update["error"] = error[: model._meta.get_field("error").max_length or 500]
-    return bool(model.objects.filter(pk=command_id, node_id=node_id).update(**update))
+    update = {
+        "acked_at": timezone.now(),
+        "ack_ok": ok,
+        "error": error[: AgentCommand._meta.get_field("error").max_length],
+    }
+    return bool(AgentCommand.objects.filter(pk=command_id, node_id=node_id).update(**update))
 
 
 # --- telemetry rollups ---------------------------------------------------------------------------------------

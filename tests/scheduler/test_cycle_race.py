@@ -20,7 +20,7 @@ from scheduler import services
 from scheduler.core import types as core
 from scheduler.models import Allocation, Device, Job, JobState
 from scheduler.persist import persist_plan
-from scheduler.snapshot import quota_model
+from tenants.models import Quota
 from tests.scheduler.factories import FlavorFactory, node_with_devices
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,9 +164,8 @@ def test_two_celery_workers_racing_cycles_never_double_book(postgres, two_worker
     for queue in two_workers:
         run_cycle.apply_async(kwargs={"hold_lock": True}, queue=queue).get(timeout=120)
     flavor = FlavorFactory()
-    quota = quota_model()
-    if quota is not None:  # the workers run with the real settings: quotas are required once they exist
-        quota.objects.create(tenant=member.memberships.get().tenant, flavor=flavor, guaranteed_millis=8000)
+    # The workers run with the real settings: quotas are required.
+    Quota.objects.create(tenant=member.memberships.get().tenant, flavor=flavor, guaranteed_millis=8000)
     node_with_devices(4, name="race-a")
     node_with_devices(4, name="race-b")
     for _ in range(10):

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 
 from scheduler import locks, services
 from scheduler.models import Job, JobState
-from scheduler.snapshot import quota_model
+from tenants.models import Quota
 from tests.scheduler.factories import FlavorFactory, node_with_devices
 from tests.scheduler.test_cycle_race import ROOT, _database_url
 
@@ -194,8 +194,8 @@ def _wait_for(predicate, timeout_s: float = 10.0) -> float:
 @pytest.mark.slow
 def test_a_submit_starts_a_cycle_on_a_real_worker_without_waiting_for_a_timer(postgres, cycle_worker, member):
     flavor = FlavorFactory()
-    if quota_model() is not None:  # the worker runs with the real settings: quotas are required once they exist
-        quota_model().objects.create(tenant=member.memberships.get().tenant, flavor=flavor, guaranteed_millis=8000)
+    # The worker runs with the real settings: quotas are required.
+    Quota.objects.create(tenant=member.memberships.get().tenant, flavor=flavor, guaranteed_millis=8000)
     node_with_devices(8, name="prompt-node")
     latencies = []
     for _ in range(3):
