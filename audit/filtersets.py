@@ -5,8 +5,7 @@ from __future__ import annotations
 import django_filters
 
 from audit.models import AuditRecord, Outcome
-from portal.filters import UtcIsoDateTimeFilter
-from tenants.filtersets import IdFilter
+from portal.filters import IdFilter, UtcIsoDateTimeFilter
 
 
 class AuditRecordFilterSet(django_filters.FilterSet):

@@ -6,12 +6,27 @@ import datetime as dt
 from typing import Any
 
 import django_filters
+from django import forms
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import QuerySet
 from django_filters.fields import IsoDateTimeField
 from rest_framework.exceptions import ValidationError
 from rest_framework.filters import BaseFilterBackend, OrderingFilter, SearchFilter
 from rest_framework.request import Request
+
+# The largest id a BIGINT (and SQLite's INTEGER) holds: a larger number in a URL is "not found", in a filter a 400.
+MAX_ID = 2**63 - 1
+
+
+class IdFilter(django_filters.NumberFilter):
+    """An id: a whole number the database can hold (a 20-digit id is a 400, not a database overflow)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(*args, **kwargs)
 
 
 class UtcIsoDateTimeField(IsoDateTimeField):

@@ -4,3 +4,19 @@ from django.apps import AppConfig
 class SchedulerConfig(AppConfig):
     name = "scheduler"
     verbose_name = "Scheduling, nodes and devices"
+
+    def ready(self) -> None:
+        # Jobs waiting for admission are the scheduler's: it tells the tenants app's approval inbox what to do
+        # with them when a request is decided (tenants never imports the scheduler).
+        from scheduler.services import job_reject_from_approval, job_release_from_approval
+        from tenants.approval_handlers import ApprovalHandler, register_approval_handler
+
+        register_approval_handler(
+            "job_admission",
+            ApprovalHandler(
+                approved=lambda approval, actor: job_release_from_approval(job=approval.job, actor=actor),
+                closed=lambda approval, actor, comment: job_reject_from_approval(
+                    job=approval.job, actor=actor, comment=comment
+                ),
+            ),
+        )

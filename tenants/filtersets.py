@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import django_filters
-from django import forms
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from portal.filters import IdFilter
 from tenants.models import (
     ApiToken,
     ApprovalKind,
@@ -23,18 +23,7 @@ from tenants.models import (
     TokenScope,
     User,
 )
-from tenants.selectors import MAX_ID, subtree_q
-
-
-class IdFilter(django_filters.NumberFilter):
-    """An id: a whole number the database can hold (a 20-digit id is a 400, not a database overflow)."""
-
-    field_class = forms.IntegerField
-
-    def __init__(self, *args, **kwargs) -> None:
-        kwargs.setdefault("min_value", 1)
-        kwargs.setdefault("max_value", MAX_ID)
-        super().__init__(*args, **kwargs)
+from tenants.selectors import subtree_q
 
 
 class TenantFilterSet(django_filters.FilterSet):

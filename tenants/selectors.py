@@ -12,11 +12,9 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from portal.api import NotFoundError
+from portal.filters import MAX_ID
 from tenants.models import MAX_TENANT_DEPTH, ApiToken, Membership, Tenant, User
 from tenants.permissions import is_security_admin, sees_all_tenants
-
-# The largest id a BIGINT (and SQLite's INTEGER) holds; larger numbers in a URL are simply "not found".
-MAX_ID = 2**63 - 1
 
 
 def parse_id(pk: Any) -> int | None:

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError, PermissionDeniedError
+from tenants.approval_handlers import approval_handler
 from tenants.models import (
     MAX_TENANT_DEPTH,
     OPEN_APPROVAL_STATUSES,
@@ -1176,9 +1177,7 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
             approval.status = ApprovalStatus.APPROVED
             approval.result_message = "Applied."
     else:
-        from scheduler.services import job_release_from_approval
-
-        job_release_from_approval(job=approval.job, actor=actor)
+        approval_handler(approval.kind).approved(approval, actor)
         approval.status = ApprovalStatus.APPROVED
         approval.result_message = "The job is queued."
     approval.step = len(approval.chain)
@@ -1221,9 +1220,7 @@ def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = 
     approval.result_message = f"Rejected by {actor.username}."
     approval.save()
     if approval.kind == ApprovalKind.JOB_ADMISSION:
-        from scheduler.services import job_reject_from_approval
-
-        job_reject_from_approval(job=approval.job, actor=actor, comment=comment)
+        approval_handler(approval.kind).closed(approval, actor, comment)
     _approval_audit(
         approval, "reject", actor=actor, details={"comment": comment, "override": override}, request=request
     )
@@ -1324,9 +1321,7 @@ def approval_cancel(*, actor: User, approval: Any, comment: str = "", request: A
     approval.decided_at = timezone.now()
     approval.save()
     if approval.kind == ApprovalKind.JOB_ADMISSION:
-        from scheduler.services import job_reject_from_approval
-
-        job_reject_from_approval(job=approval.job, actor=actor, comment=comment or "approval request cancelled")
+        approval_handler(approval.kind).closed(approval, actor, comment or "approval request cancelled")
     _approval_audit(approval, "cancel", actor=actor, details={"comment": comment}, request=request)
     return approval
 
@@ -1353,9 +1348,7 @@ def approvals_expire(*, now: dt.datetime | None = None) -> int:
             approval.result_message = "Nobody decided in time."
             approval.save()
             if approval.kind == ApprovalKind.JOB_ADMISSION:
-                from scheduler.services import job_reject_from_approval
-
-                job_reject_from_approval(job=approval.job, actor=None, comment="approval request expired")
+                approval_handler(approval.kind).closed(approval, None, "approval request expired")
             _approval_audit(approval, "expire", actor=None, details={})
             _notify_requester(approval, comment="")
             expired += 1
