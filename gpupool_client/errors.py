@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Exit codes of ``gpupool-cli`` (docs/cli.md lists them too).
+#: Exit codes of ``gpupool-cli`` (docs/cli/index.md lists them too).
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_USAGE = 2
