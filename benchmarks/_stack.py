@@ -17,15 +17,26 @@ from pathlib import Path
 
 from tests.resilience.cluster import PYTHON, Cluster, Proc
 
-#: The defaults an operator gets (portal/settings.py, portal/celery.py), passed explicitly so the harness's
-#: short fault-test leases do not leak into a performance run.
-PRODUCTION_TIMINGS = {
-    "GPUPOOL_HEARTBEAT_INTERVAL_S": "5",
-    "GPUPOOL_LEASE_MISSES": "3",
-    "GPUPOOL_NODE_LOST_GRACE_S": "120",
-    "GPUPOOL_LEASE_CHECK_INTERVAL_S": "5",
-    "GPUPOOL_CYCLE_INTERVAL_S": "5",
-}
+
+def production_timings() -> dict[str, str]:
+    """The lease, grace, fencing and beat settings an operator gets (portal/settings.py, portal/celery.py: read
+    from the settings once Django is set up, not copied), passed explicitly so the harness's short fault-test
+    leases do not leak into a performance run."""
+    from django.conf import settings
+
+    from portal.celery import CYCLE_INTERVAL_S, LEASE_CHECK_INTERVAL_S
+
+    return {
+        "GPUPOOL_HEARTBEAT_INTERVAL_S": str(settings.GPUPOOL_HEARTBEAT_INTERVAL_S),
+        "GPUPOOL_LEASE_MISSES": str(settings.GPUPOOL_LEASE_MISSES),
+        "GPUPOOL_NODE_LOST_GRACE_S": str(settings.GPUPOOL_NODE_LOST_GRACE_S),
+        "GPUPOOL_FENCING": "1" if settings.GPUPOOL_FENCING else "0",
+        "GPUPOOL_FENCE_GRACE_S": str(settings.GPUPOOL_FENCE_GRACE_S),
+        "GPUPOOL_LEASE_CHECK_INTERVAL_S": str(LEASE_CHECK_INTERVAL_S),
+        "GPUPOOL_CYCLE_INTERVAL_S": str(CYCLE_INTERVAL_S),
+    }
+
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 

@@ -54,7 +54,6 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._django import setup_django  # noqa: E402
 from benchmarks._stack import (  # noqa: E402
-    PRODUCTION_TIMINGS,
     CpuMeter,
     Cycle,
     CycleEvents,
@@ -62,6 +61,7 @@ from benchmarks._stack import (  # noqa: E402
     descendants,
     machine_cpu,
     pids_matching,
+    production_timings,
 )
 from benchmarks.load import HttpConnection, percentile  # noqa: E402
 
@@ -174,7 +174,7 @@ class Gpupool:
             database_url=self.database_url,
             redis_url=self.redis_url,
             root=self.root / "cluster",
-            settings=dict(PRODUCTION_TIMINGS),
+            settings=production_timings(),
             run_id=run_id,
             web_workers=self.web_workers,
             web_server=self.web_server,

@@ -8,6 +8,12 @@ bounded buffer (oldest dropped first) and is sent after the reconnect marked ``b
 reports wait in the runner's durable outbox (``nodeagent.outbox``) until the portal answers ``report.ack``:
 they are sent after every hello and again every ``report_resend_s`` while unacknowledged, so none is lost to a
 dropped connection, a portal that could not apply it, or an agent restart.
+
+Fencing (``nodeagent.fencing``): each heartbeat is followed by a WebSocket ping, whose pong proves the portal
+has the heartbeat. When no pong has come for the portal's ``fence_after_s`` the agent stops every workload
+(SIGTERM, the fence grace to checkpoint, SIGKILL), so none runs on after the portal has moved its job to another
+node; while fenced, nothing runs on the node. The first pong lifts the fence, and the ``stopped`` reports
+(reason ``fenced``) go to the portal from the outbox like any other.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from nodeagent import __version__, protocol
 from nodeagent.backends.base import DeviceBackend
+from nodeagent.fencing import FENCE_FILE, Fence, FenceSettings
 from nodeagent.logstream import BACKLOG_BYTES, LOG_INTERVAL_S, LogShipper
 from nodeagent.sampling import Sampler
 from nodeagent.workloads import WorkloadRejected, WorkloadRunner
@@ -118,6 +125,11 @@ class Connection(Protocol):
         """Send one frame; raises :class:`ConnectionLost` when the connection is gone."""
         ...
 
+    async def ping(self, on_pong: Callable[[], None]) -> None:
+        """Send a ping; ``on_pong`` is called when its pong arrives (the portal has every frame sent before it).
+        Raises :class:`ConnectionLost` when the connection is gone."""
+        ...
+
     def received(self) -> list[str]:
         """The frames that arrived since the last call."""
         ...
@@ -178,6 +190,23 @@ class WebSocketConnection:
         except ConnectionClosed as exc:
             self._mark_closed()
             raise ConnectionLost(str(exc)) from exc
+
+    async def ping(self, on_pong: Callable[[], None]) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        if self._closed:
+            raise ConnectionLost("connection already closed")
+        try:
+            pong = await self.websocket.ping()
+        except ConnectionClosed as exc:
+            self._mark_closed()
+            raise ConnectionLost(str(exc)) from exc
+
+        def answered(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is None:  # closed first: no answer
+                on_pong()
+
+        pong.add_done_callback(answered)
 
     def received(self) -> list[str]:
         frames = list(self._frames)
@@ -241,6 +270,8 @@ class AgentSettings:
     #: the oldest is skipped (``nodeagent.logstream``).
     log_interval_s: float = LOG_INTERVAL_S
     log_backlog_bytes: int = BACKLOG_BYTES
+    #: Fencing set on the command line instead of by the portal (``--fence-after``; after 0: never fence).
+    fence: FenceSettings | None = None
 
 
 class Agent:
@@ -270,6 +301,7 @@ class Agent:
             interval_s=settings.log_interval_s,
             backlog_bytes=settings.log_backlog_bytes,
         )
+        self.fence = Fence(path=runner.work_dir / FENCE_FILE, clock=clock, override=settings.fence)
         self._log_acks_saved_at = float("-inf")
         self._log_acks_unsaved = False
         self.connection: Connection | None = None
@@ -295,6 +327,7 @@ class Agent:
         if self.connected:
             for text in self.connection.received():
                 await self._handle(text)
+        self._keep_fenced(now)
         self.runner.poll()
         self.backend.observe_workloads(self.runner.loads())
         telemetry = self._take_telemetry(now)
@@ -311,7 +344,33 @@ class Agent:
             self.heartbeat_seq += 1
             if await self._send(protocol.Heartbeat(seq=self.heartbeat_seq), now):
                 self._next_heartbeat_at = now + self.settings.heartbeat_interval_s
+                await self._ping(now)
         return self._delay(now)
+
+    async def _ping(self, sent_at: float) -> None:
+        """Ping after a heartbeat: the pong confirms the portal has it (and renewed the node's lease)."""
+        try:
+            await self.connection.ping(lambda: self.fence.confirm(sent_at))
+        except ConnectionLost:
+            self._lost(sent_at)
+
+    def _keep_fenced(self, now: float) -> None:
+        """Fence once the portal has not confirmed hearing the agent for the fence time, and while fenced keep
+        every workload stopped (a start that slipped in before the portal's answer included)."""
+        if self.fence.due(now):
+            self.fence.fenced = True
+            settings = self.fence.settings
+            log.error(
+                "agent: no answer from the portal for %.0f s (fence after %.0f s): stopping every workload "
+                "(%.0f s to checkpoint) before the portal runs their jobs elsewhere",
+                self.fence.silent_s(now),
+                settings.after_s,
+                settings.grace_s,
+            )
+        if self.fence.fenced:
+            stopped = self.runner.fence(grace_s=self.fence.settings.grace_s, silent_s=self.fence.silent_s(now))
+            if stopped:
+                log.warning("agent: fenced workloads %s", ", ".join(f"{job}/{replica}" for job, replica in stopped))
 
     def _delay(self, now: float) -> float:
         due = [self._next_telemetry_at, MAX_TICK_DELAY_S + now]
@@ -341,11 +400,16 @@ class Agent:
 
     # --- connection --------------------------------------------------------------------------------------
 
+    def _reconnect_delay(self) -> float:
+        delay = self.backoff.next_delay()
+        cap = self.fence.retry_cap_s()
+        return delay if cap is None else min(delay, cap)
+
     async def _connect(self, now: float) -> None:
         try:
             connection = await self.connector()
         except Exception as exc:  # any failure to connect (refused, DNS, TLS, HTTP 4xx) is retried later
-            delay = self.backoff.next_delay()
+            delay = self._reconnect_delay()
             self._next_connect_at = now + delay
             log.warning("agent: cannot connect to the portal (%s); retrying in %.1f s", _describe(exc), delay)
             return
@@ -381,7 +445,7 @@ class Agent:
     def _lost(self, now: float) -> None:
         code = self.connection.close_code if self.connection is not None else None
         self.connection = None
-        delay = self.backoff.next_delay()
+        delay = self._reconnect_delay()
         self._next_connect_at = now + delay
         if code == CLOSE_UNAUTHORIZED:
             log.error(
@@ -475,6 +539,12 @@ class Agent:
                     self._save_log_acks(now)  # a finished workload's log: not sent again after a restart
         elif isinstance(message, protocol.Config):
             self._configure(message)
+            if message.fence_after_s is not None:
+                self.fence.configure(
+                    after_s=message.fence_after_s,
+                    grace_s=message.fence_grace_s,
+                    requeue_after_s=message.requeue_after_s,
+                )
             if message.command_id is not None:
                 await self._send(protocol.Ack(command_id=message.command_id), now)
         elif isinstance(message, protocol.Error):

@@ -30,6 +30,7 @@ from nodeagent.agent import Agent, AgentSettings, websocket_connector, ws_url_fo
 from nodeagent.backends import BACKENDS, BackendUnavailable, DeviceBackend, load_backend
 from nodeagent.backends.simulated import MODELS
 from nodeagent.containers import find_runtime, runtime_labels
+from nodeagent.fencing import DEFAULT_FENCE_GRACE_S, FenceSettings
 from nodeagent.sandbox import DEFAULT_PIDS_MAX, Sandbox, SandboxConfig, SandboxMode, parse_uid_range
 from nodeagent.workloads import WorkloadRunner
 
@@ -189,6 +190,7 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         # Image jobs go only to nodes whose hello says they have a container runtime.
         labels={**runtime_labels(runtime), **_labels(args.label)},
         stop_workloads_on_exit=args.stop_workloads_on_exit,
+        fence=_fence_override(args),
     )
     url = ws_url_for(server, credential.get("ws_url") or "/ws/agent/")
     agent = Agent(
@@ -346,6 +348,31 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="comma-separated environment variables a job may not set ('X_*' is a prefix); "
         "default: LD_*, PATH and the other loader and libc variables",
     )
+    parser.add_argument(
+        "--fence-after",
+        type=float,
+        default=os.environ.get("GPUPOOL_AGENT_FENCE_AFTER_S") or None,  # argparse applies type= to it
+        help="seconds without an answer from the portal after which every workload is stopped, so none runs "
+        "twice once the portal moves it (0: never; default: what the portal says)",
+    )
+    parser.add_argument(
+        "--fence-grace",
+        type=float,
+        default=os.environ.get("GPUPOOL_AGENT_FENCE_GRACE_S") or None,
+        help="with --fence-after: seconds a fenced workload has between SIGTERM and SIGKILL to checkpoint (default 10)",
+    )
+
+
+def _fence_override(args: argparse.Namespace) -> FenceSettings | None:
+    """Fencing from the command line, or None to follow the portal."""
+    if args.fence_after is None:
+        if args.fence_grace is not None:
+            raise CliError("--fence-grace goes with --fence-after (without it the portal sets both)")
+        return None
+    if args.fence_after < 0 or (args.fence_grace is not None and args.fence_grace < 0):
+        raise CliError("--fence-after and --fence-grace are seconds from 0")
+    grace_s = args.fence_grace if args.fence_grace is not None else DEFAULT_FENCE_GRACE_S
+    return FenceSettings(after_s=args.fence_after, grace_s=grace_s)
 
 
 def build_parser() -> argparse.ArgumentParser:

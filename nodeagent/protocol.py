@@ -38,6 +38,10 @@ MAX_FRAME_BYTES = 1024 * 1024
 MAX_FRAME_DEPTH = 64
 #: Largest piece of a workload's output one ``workload.log`` frame carries, in bytes of UTF-8.
 MAX_LOG_CHUNK_BYTES = 64 * 1024
+#: ``reason`` of a ``stopped`` workload that the agent stopped itself because it had lost the portal (fencing).
+FENCED = "fenced"
+#: Longest fence time, grace or requeue time a ``config`` frame may carry (a day), in seconds.
+MAX_FENCE_S = 86400.0
 
 
 class ErrorCode:
@@ -319,7 +323,8 @@ class WorkloadStatus(Message):
     log_tail: str = ""
     #: Why a final state came about, when the agent knows better than the exit code: ``oom_killed`` (the
     #: workload's cgroup hit its host memory limit), ``sandbox_failed`` (its sandbox could not be set up),
-    #: ``rejected`` (the start was refused). ``""`` otherwise.
+    #: ``rejected`` (the start was refused), ``fenced`` (:data:`FENCED`: the agent stopped it itself because
+    #: the portal was out of reach). ``""`` otherwise.
     reason: str = ""
     #: The agent's id of this report: per agent, increasing, kept in its durable outbox until the portal
     #: answers ``report.ack`` with it. Null from agents before the outbox (those reports are never acked).
@@ -455,11 +460,29 @@ class WorkloadLogAck(Message):
 
 @dataclass(kw_only=True)
 class Config(Message):
+    """The portal's settings for the agent, sent when the socket opens (and on a change).
+
+    The fence fields tell the agent when to fence itself (``nodeagent.fencing``): with no answer from the portal
+    for ``fence_after_s`` seconds it stops every workload (SIGTERM, ``fence_grace_s`` seconds to checkpoint, then
+    SIGKILL), so they have ended before the portal, ``requeue_after_s`` seconds after the node's last heartbeat
+    (lease plus grace), runs their jobs on other nodes. ``fence_after_s`` 0: no fencing; null (portals before
+    fencing): the portal says nothing and the agent keeps what it was told before or on its command line.
+    """
+
     type: ClassVar[str] = "config"
     telemetry_interval_s: float = 1.0
     heartbeat_interval_s: float = 10.0
     process_sample_interval_s: float = 5.0
     command_id: int | None = None
+    fence_after_s: float | None = None
+    fence_grace_s: float | None = None
+    requeue_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("fence_after_s", "fence_grace_s", "requeue_after_s"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_FENCE_S:
+                raise ProtocolError(ErrorCode.INVALID_FIELD, f"config.{name} must be from 0 to {MAX_FENCE_S} seconds")
 
 
 @dataclass(kw_only=True)

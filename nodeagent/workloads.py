@@ -611,8 +611,30 @@ class WorkloadRunner:
         if not record.active:
             self._report(record)
             return
-        record.stop_reason = stop.reason
+        if record.stop_reason != protocol.FENCED:  # a fenced stop stays one: the portal requeues its job
+            record.stop_reason = stop.reason
         self._terminate(record, grace_s=stop.grace_s)
+
+    def fence(self, *, grace_s: float, silent_s: float) -> list[tuple[int, int]]:
+        """Stop every running workload because the agent has lost the portal (``nodeagent.fencing``): SIGTERM now
+        (the checkpoint signal), SIGKILL ``grace_s`` later; each ends ``stopped`` with reason ``fenced``. Returns
+        the (job, replica) pairs it began to stop; those already stopping for this reason are left as they are."""
+        fenced = []
+        deadline = self.clock() + max(0.0, grace_s)
+        for record in self.records.values():
+            if not record.active or record.stop_reason == protocol.FENCED:
+                continue
+            if record.term_sent_at is not None:
+                # Already stopping for its own reason (preempted, cancelled, max runtime), which it keeps; but it
+                # is killed by the fence's deadline at the latest.
+                if record.kill_after is not None and record.kill_after > deadline:
+                    self._terminate(record, grace_s=grace_s)
+                continue
+            record.stop_reason = protocol.FENCED
+            record.message = f"stopped by the node's agent: no answer from the portal for {silent_s:.0f} s"
+            self._terminate(record, grace_s=grace_s)
+            fenced.append(record.key)
+        return fenced
 
     def _terminate(self, record: WorkloadRecord, *, grace_s: float) -> None:
         now = self.clock()
@@ -725,6 +747,8 @@ class WorkloadRunner:
             state = "failed"
         elif record.stop_reason is not None:
             state = "stopped"
+            if record.stop_reason == protocol.FENCED:
+                record.reason = protocol.FENCED
         else:
             state = "succeeded" if exit_code == 0 else "failed"
         if state == "failed" and not record.message and exit_code is not None:

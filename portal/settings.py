@@ -351,9 +351,13 @@ GPUPOOL_ETA_MAX_CYCLES = env_int("GPUPOOL_ETA_MAX_CYCLES", 100)
 
 # Node agents and telemetry (scheduler.fleet). A node is not_ready after LEASE_MISSES missed heartbeats and
 # its jobs are requeued NODE_LOST_GRACE_S later. METRICS_TOKEN: bearer token for /metrics (empty = admins only).
+# FENCING: an agent cut off from the portal stops its workloads (FENCE_GRACE_S to checkpoint) before that requeue,
+# at lease + grace - FENCE_GRACE_S - 10 s without an answer (scheduler.fleet.fencing; 40 s with these defaults).
 GPUPOOL_HEARTBEAT_INTERVAL_S = env_int("GPUPOOL_HEARTBEAT_INTERVAL_S", 5)
 GPUPOOL_LEASE_MISSES = env_int("GPUPOOL_LEASE_MISSES", 3)
-GPUPOOL_NODE_LOST_GRACE_S = env_int("GPUPOOL_NODE_LOST_GRACE_S", 120)
+GPUPOOL_NODE_LOST_GRACE_S = env_int("GPUPOOL_NODE_LOST_GRACE_S", 45)
+GPUPOOL_FENCING = env_bool("GPUPOOL_FENCING", True)
+GPUPOOL_FENCE_GRACE_S = env_int("GPUPOOL_FENCE_GRACE_S", 10)
 GPUPOOL_TELEMETRY_INTERVAL_S = env_int("GPUPOOL_TELEMETRY_INTERVAL_S", 1)
 GPUPOOL_BOOTSTRAP_TOKEN_TTL_S = env_int("GPUPOOL_BOOTSTRAP_TOKEN_TTL_S", 3600)
 GPUPOOL_METRICS_TOKEN = env_str("GPUPOOL_METRICS_TOKEN", "")

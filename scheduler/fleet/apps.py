@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core import checks
 
 
 class FleetConfig(AppConfig):
@@ -7,3 +8,8 @@ class FleetConfig(AppConfig):
     name = "scheduler.fleet"
     label = "fleet"
     verbose_name = "Fleet: node agents, credentials and telemetry"
+
+    def ready(self) -> None:
+        from scheduler.fleet.fencing import check_fence_timing
+
+        checks.register(check_fence_timing)

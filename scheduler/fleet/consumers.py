@@ -23,6 +23,7 @@ from django.utils import timezone
 from nodeagent import protocol
 from scheduler import logs
 from scheduler.fleet import selectors, services
+from scheduler.fleet.fencing import lease_timing
 from scheduler.fleet.runtime import db, fleet_process
 from scheduler.fleet.telemetry import (
     LATEST_FIELDS,
@@ -131,10 +132,14 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         self.node_name = credential.node.name
         # Nodes write their finished minute at different seconds past it, not a thousand at :00.
         self.rollup_delay = timedelta(seconds=node_id % ROLLUP_SPREAD_S)
+        timing = lease_timing()
         await self.send_message(
             protocol.Config(
                 telemetry_interval_s=float(settings.GPUPOOL_TELEMETRY_INTERVAL_S),
-                heartbeat_interval_s=float(settings.GPUPOOL_HEARTBEAT_INTERVAL_S),
+                heartbeat_interval_s=float(timing.heartbeat_interval_s),
+                fence_after_s=float(timing.fence_after_s),
+                fence_grace_s=float(timing.fence_grace_s),
+                requeue_after_s=float(timing.requeue_after_s),
             )
         )
 

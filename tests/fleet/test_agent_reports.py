@@ -110,6 +110,11 @@ class CommunicatorConnection:
             return
         await self.communicator.send_to(text_data=text)
 
+    async def ping(self, on_pong: Callable[[], None]) -> None:
+        if self._closed:
+            raise ConnectionLost("cut")
+        on_pong()  # the communicator has no WebSocket pings; the portal read the frames before it
+
     async def _drop_until_answered(self, frame: dict) -> None:
         """Read (and lose) what the portal sends until its answer to ``frame``: the portal did its part."""
         deadline = time.monotonic() + 15

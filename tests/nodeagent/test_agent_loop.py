@@ -39,6 +39,9 @@ class FakeConnection:
         self.inbox: list[str] = []
         self._closed = False
         self.close_code: int | None = None
+        #: Pings answered (the portal hears the agent); False: the link drops everything silently.
+        self.answers_pings = True
+        self.pings = 0
 
     @property
     def closed(self) -> bool:
@@ -49,6 +52,13 @@ class FakeConnection:
             raise ConnectionLost("closed")
         protocol.decode(text)  # everything the agent sends is a valid frame
         self.sent.append(json.loads(text))
+
+    async def ping(self, on_pong) -> None:
+        if self._closed:
+            raise ConnectionLost("closed")
+        self.pings += 1
+        if self.answers_pings:
+            on_pong()
 
     def received(self) -> list[str]:
         frames, self.inbox = self.inbox, []

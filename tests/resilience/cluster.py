@@ -196,6 +196,9 @@ class Cluster:
             GPUPOOL_HEARTBEAT_INTERVAL_S="1",
             GPUPOOL_LEASE_MISSES="5",
             GPUPOOL_NODE_LOST_GRACE_S="24",
+            # A cut-off agent fences 16 s after the portal's last answer (lease 5 + grace 24 - 3 - margin 10), its
+            # workloads given 3 s to checkpoint: later than any restart of the web server here takes.
+            GPUPOOL_FENCE_GRACE_S="3",
             GPUPOOL_LEASE_CHECK_INTERVAL_S="1",
             GPUPOOL_CYCLE_INTERVAL_S="2",
             # Checkpoint dirs live on the "shared storage" folder, which every tenant may use here.

@@ -2,7 +2,7 @@
 its checkpoint.
 
 Settings: heartbeat 1 s, lease 5 missed heartbeats (5 s), lease check every 1 s, requeue grace 3 s (the
-defaults are 5 s, 3 x 5 = 15 s, 5 s and 120 s: the same sequence, faster).
+defaults are 5 s, 3 x 5 = 15 s, 5 s and 45 s: the same sequence, faster).
 """
 
 from __future__ import annotations

@@ -5,13 +5,16 @@ one, and appends one JSON line per start and per finish to ``marks.jsonl`` in it
 own directory on the node (what it saw: pid, the step it resumed from, ``GPUPOOL_LAST_CHECKPOINT_AT``, its
 devices), so a test can count how many times the job really started and where (``Cluster.marks_of`` reads every
 node's copy). The job dir, not a shared marks dir: in the agent's sandbox a job can write only its own directory
-and its checkpoint dir. Standard library only: it runs under the agent, not under Django.
+and its checkpoint dir. On SIGTERM (a stop: preemption, drain, fencing) it appends a ``term`` mark with the step
+its checkpoint holds and exits 143, as a real job checkpoints and goes. Standard library only: it runs under the
+agent, not under Django.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -29,6 +32,13 @@ def main() -> int:
     job_id = os.environ["GPUPOOL_JOB_ID"]
     checkpoint = Path(os.environ["GPUPOOL_CHECKPOINT_DIR"]) / "step"
     done = int(checkpoint.read_text()) if checkpoint.exists() else 0
+
+    def checkpoint_and_go(signum: int, frame: object) -> None:
+        saved = int(checkpoint.read_text()) if checkpoint.exists() else 0
+        mark(job_id, event="term", checkpointed=saved)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, checkpoint_and_go)
     mark(
         job_id,
         event="start",
