@@ -50,12 +50,18 @@ class AuditFilterSet(django_filters.FilterSet):
         field_name="outcome", choices=Outcome.choices, label=_("Outcome"), empty_label=_("any")
     )
     stream = django_filters.CharFilter(field_name="stream", label=_("Stream"))
+    tenant = django_filters.ChoiceFilter(field_name="tenant_id", label=_("Tenant"), empty_label=_("any"))
     since = django_filters.DateFilter(
         field_name="created_at", lookup_expr="date__gte", label=_("From (date)"), widget=DateInput
     )
     until = django_filters.DateFilter(
         field_name="created_at", lookup_expr="date__lte", label=_("To (date)"), widget=DateInput
     )
+
+    def __init__(self, *args, tenants: list[tuple[str, str]] = (), **kwargs) -> None:
+        """``tenants``: (id, name) of the tenants to pick from (the ``tenant`` parameter stays the id)."""
+        super().__init__(*args, **kwargs)
+        self.filters["tenant"].extra["choices"] = tenants
 
     def search(self, queryset, name, value):
         return queryset.filter(
@@ -76,12 +82,17 @@ class JobFilterSet(django_filters.FilterSet):
         label=_("State"),
         empty_label=_("any"),
     )
-    tenant = django_filters.CharFilter(field_name="tenant__slug", label=_("Tenant (slug)"))
+    tenant = django_filters.ChoiceFilter(field_name="tenant__slug", label=_("Tenant"), empty_label=_("any"))
     kind = django_filters.ChoiceFilter(choices=JobKind.choices, label=_("Kind"), empty_label=_("any"))
     priority_class = django_filters.ChoiceFilter(
         choices=PriorityClass.choices, label=_("Priority"), empty_label=_("any")
     )
     mine = django_filters.BooleanFilter(method="only_mine", label=_("Only mine"), widget=forms.CheckboxInput)
+
+    def __init__(self, *args, tenants: list[tuple[str, str]] = (), **kwargs) -> None:
+        """``tenants``: (slug, name) of the tenants the caller sees (the ``tenant`` parameter stays the slug)."""
+        super().__init__(*args, **kwargs)
+        self.filters["tenant"].extra["choices"] = tenants
 
     def search(self, queryset, name, value):
         query = Q(name__icontains=value)

@@ -8,9 +8,11 @@ import shlex
 from decimal import Decimal
 
 from django import forms
+from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from portal import request_limits
+from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.models import JobKind, PriorityClass
 
 FRACTION_CHOICES = [(str(m), f"{m / 1000:.1f}") for m in range(100, 1000, 100)]
@@ -53,8 +55,16 @@ class JobSubmitForm(forms.Form):
     memory_gib = forms.FloatField(label=_("Device memory (GiB, for a fraction)"), min_value=0.1, required=False)
     command = forms.CharField(
         label=_("Command"),
-        help_text=_("As you would type it in a shell, e.g. python train.py --epochs 3"),
+        help_text=format_lazy(
+            "{} {}",
+            _(
+                "As you would type it in a shell; it starts in an empty directory of its own on the node. This one "
+                "prints a minute of progress:"
+            ),
+            EXAMPLE_COMMAND,
+        ),
         max_length=8000,
+        widget=forms.TextInput(attrs={"placeholder": EXAMPLE_COMMAND, "spellcheck": "false"}),
     )
     max_runtime_s = forms.IntegerField(label=_("Maximum runtime (seconds)"), min_value=1, required=False)
     checkpoint_dir = forms.CharField(label=_("Checkpoint directory"), max_length=1024, required=False)
@@ -139,7 +149,16 @@ class AuditExportForm(forms.Form):
 
     start = forms.DateField(label=_("From (date, UTC)"), widget=DateInput())
     end = forms.DateField(label=_("To (date, UTC, inclusive)"), widget=DateInput(), required=False)
-    tenant = forms.IntegerField(label=_("Tenant id (empty = every stream)"), min_value=1, required=False)
+    tenant = forms.ChoiceField(label=_("Tenant"), required=False)
+
+    def __init__(self, *args, tenants: list[tuple[str, str]] = (), **kwargs) -> None:
+        """``tenants``: (id, name) of the tenants whose stream may be exported alone."""
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].choices = [("", _("every stream")), *tenants]
+
+    def clean_tenant(self) -> int | None:
+        value = self.cleaned_data.get("tenant")
+        return int(value) if value else None
 
     def clean(self) -> dict:
         data = super().clean()

@@ -6,6 +6,7 @@ import django_tables2 as tables
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
+from frontend.audit_details import role_words
 from frontend.datetimes import format_moment
 from scheduler.models import Node
 from scheduler.selectors import job_start_estimate_words
@@ -111,6 +112,12 @@ class AuditTable(ConsoleTable):
 
     def value_actor_username(self, value):
         return value or "system"
+
+    def render_actor_role(self, value):
+        return role_words(value)
+
+    def value_actor_role(self, value):
+        return role_words(value)
 
 
 class JobTable(ConsoleTable):

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
+from scheduler.jobspec import EXAMPLE_COMMAND
+
 if TYPE_CHECKING:
     from nodeagent.protocol import DeviceSample
     from portal.demo import DemoNodeRow
@@ -31,10 +33,8 @@ HISTORY_MINUTES = 60
 #: Telemetry samples per card and minute (the live agent takes 60; four keep the load under a second).
 SAMPLES_PER_MINUTE = 4
 
-#: What the history's jobs run: the console's example command, a minute of training-like progress.
-LOOP_COMMAND = (
-    'python3 -c \'import time; [print("epoch", e, "of 30", flush=True) or time.sleep(2) for e in range(1, 31)]\''
-)
+#: What the history's jobs ran: the console's example command, a minute of training-like progress.
+LOOP_COMMAND = EXAMPLE_COMMAND
 #: The jobs still running at first login: an hour of the same, so the live agents have work to show.
 LIVE_COMMAND = (
     'python3 -c \'import time; [print("step", s, "loss", round(2.5 / s, 4), flush=True) or time.sleep(5) '

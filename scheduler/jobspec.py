@@ -58,6 +58,11 @@ from scheduler.models import (
 )
 
 FRACTION_STEP_MILLIS = 100
+#: A command that works on any node as it is (python3 is there, and a job starts in an empty directory of its
+#: own): a minute of training-like progress, then exit 0. The console's submit form shows it as the example.
+EXAMPLE_COMMAND = (
+    'python3 -c \'import time; [print("epoch", e, "of 30", flush=True) or time.sleep(2) for e in range(1, 31)]\''
+)
 MAX_NAME_LENGTH = 128
 MAX_REPLICAS = 256
 MAX_GPUS_PER_REPLICA = 64

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shlex
 import time
 import urllib.error
 import urllib.parse
@@ -14,6 +15,7 @@ import urllib.request
 import pytest
 
 from frontend.livedemo import DemoFailed, LiveDemo
+from scheduler.jobspec import EXAMPLE_COMMAND
 from tests.nodeagent.sandboxing import WORKLOAD_PYTHON
 
 pytestmark = pytest.mark.slow
@@ -33,7 +35,7 @@ def _api(demo: LiveDemo, token: str, path: str, body: dict | None = None) -> tup
         return error.code, json.loads(error.read() or b"{}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def live_demo():
     demo = LiveDemo(agents=1)
     try:
@@ -46,14 +48,49 @@ def live_demo():
         demo.stop()
 
 
-def test_job_submitted_through_the_api_runs_on_a_real_agent_and_is_accounted(live_demo):
-    created = live_demo.python(
+def _token(demo: LiveDemo, name: str) -> str:
+    created = demo.python(
         "from tenants.models import User\n"
         "from tenants.services import api_token_create\n"
-        "token, raw = api_token_create(actor=User.objects.get(username='bob'), name='e2e', scope='write')\n"
+        f"token, raw = api_token_create(actor=User.objects.get(username='bob'), name='{name}', scope='write')\n"
         "print('TOKEN=' + raw)\n"
     )
-    token = next(line for line in created.splitlines() if line.startswith("TOKEN="))[len("TOKEN=") :]
+    return next(line for line in created.splitlines() if line.startswith("TOKEN="))[len("TOKEN=") :]
+
+
+def _wait_until_ended(demo: LiveDemo, token: str, job_id: int, *, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status, job = _api(demo, token, f"/api/v1/jobs/{job_id}/")
+        assert status == 200, job
+        if job["state"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(1)
+    return job
+
+
+def test_the_consoles_example_command_succeeds_on_a_real_agent(live_demo):
+    token = _token(live_demo, "example")
+    status, job = _api(
+        live_demo,
+        token,
+        "/api/v1/jobs/",
+        {
+            "name": "example",
+            "tenant": "acme-vision",
+            "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1},
+            "command": shlex.split(EXAMPLE_COMMAND),  # as the submit form splits what it shows
+        },
+    )
+    assert status == 201, job
+    job = _wait_until_ended(live_demo, token, job["id"], timeout_s=180)
+    assert job["state"] == "succeeded" and job["exit_code"] == 0, f"{job}\ndemo log:\n{live_demo.log_tail(60)}"
+    status, log = _api(live_demo, token, f"/api/v1/jobs/{job['id']}/logs/?replica=0&offset=0")
+    assert status == 200 and log["text"].startswith("epoch 1 of 30\n") and log["text"].endswith("epoch 30 of 30\n")
+
+
+def test_job_submitted_through_the_api_runs_on_a_real_agent_and_is_accounted(live_demo):
+    token = _token(live_demo, "e2e")
     started = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)
 
     marker = "hello-from-gpupool-e2e"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from django import template
 from django.utils.translation import gettext as _
 
@@ -57,6 +59,16 @@ def query_with(context, **kwargs) -> str:
 
 
 @register.filter
+def shell_command(argv: list | str | None) -> str:
+    """A job's command (an argv list) as a shell would take it back: ``python3 -c 'print(1)'``, quotes kept."""
+    if not argv:
+        return ""
+    if isinstance(argv, str):
+        return argv
+    return shlex.join(str(word) for word in argv)
+
+
+@register.filter
 def yesno_words(value: bool) -> str:
     return _("yes") if value else _("no")
 
@@ -92,6 +104,14 @@ def approver_role(value: str | None) -> str:
         return str(ApprovalStepRole(value).label)
     except ValueError:
         return value
+
+
+@register.filter
+def role_label(value: str | None) -> str:
+    """Any role code (platform, tenant membership, approver) by its name: ``security_admin`` → "security admin"."""
+    from frontend.audit_details import role_words
+
+    return role_words(value or "")
 
 
 @register.filter

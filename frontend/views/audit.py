@@ -19,15 +19,24 @@ from audit.models import AuditRecord
 from audit.services import record_details
 from audit.verification import verify_trail
 from frontend.access import Section, section_required
+from frontend.admin_forms import tenant_choices
+from frontend.audit_details import audit_details
 from frontend.export import export_response
 from frontend.filtersets import AuditFilterSet
 from frontend.forms import AuditExportForm
 from frontend.tables import AuditTable
 from portal.api import DomainError
+from tenants import selectors as tenant_selectors
+from tenants.models import Tenant
 
 
 def _records(request):
     return audit_selectors.records_for(request.user).defer("ciphertext")
+
+
+def _tenant_choices(request) -> list[tuple[str, str]]:
+    """(id, "ACME / Research (acme-research)") of every tenant the auditor may pick, by name."""
+    return tenant_choices(list(tenant_selectors.tenants_visible_to(request.user)))
 
 
 def last_verification(user) -> AuditRecord | None:
@@ -37,7 +46,7 @@ def last_verification(user) -> AuditRecord | None:
 
 @section_required(Section.AUDIT)
 def audit_list(request):
-    filterset = AuditFilterSet(request.GET, queryset=_records(request))
+    filterset = AuditFilterSet(request.GET, queryset=_records(request), tenants=_tenant_choices(request))
     table = AuditTable(filterset.qs)
     if request.GET.get("export") == "csv":
         RequestConfig(request, paginate=False).configure(table)
@@ -50,7 +59,9 @@ def audit_list(request):
         "table": table,
         "verification": verification,
         "verification_details": record_details(verification) if verification else None,
-        "export_form": AuditExportForm(initial={"start": (timezone.now() - datetime.timedelta(days=7)).date()}),
+        "export_form": AuditExportForm(
+            initial={"start": (timezone.now() - datetime.timedelta(days=7)).date()}, tenants=_tenant_choices(request)
+        ),
     }
     return render(request, "frontend/audit/list.html", context)
 
@@ -60,7 +71,13 @@ def audit_detail(request, pk: int):
     record = audit_selectors.records_for(request.user).filter(pk=pk).first()
     if record is None:
         raise Http404
-    context = {"section": Section.AUDIT, "record": record, "details": record_details(record)}
+    details = record_details(record)
+    context = {
+        "section": Section.AUDIT,
+        "record": record,
+        "details": audit_details(details),
+        "tenant": Tenant.objects.filter(pk=record.tenant_id).first() if record.tenant_id else None,
+    }
     return render(request, "frontend/audit/detail.html", context)
 
 
@@ -88,7 +105,7 @@ def audit_verify(request):
 def audit_export(request):
     """A signed bundle (records JSONL + CSV, manifest, checkpoints, public key) that ``python -m audit.verify``
     checks offline. POST because it is itself an audited action."""
-    form = AuditExportForm(request.POST)
+    form = AuditExportForm(request.POST, tenants=_tenant_choices(request))
     if not form.is_valid():
         messages.error(request, " ".join(" ".join(errors) for errors in form.errors.values()))
         return redirect("frontend:audit")

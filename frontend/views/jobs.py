@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 from django.contrib import messages
 from django.db.models import Count
@@ -13,6 +14,7 @@ from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
 from frontend.access import Section, is_system_admin, section_required
+from frontend.admin_forms import tenant_path_labels
 from frontend.export import export_response
 from frontend.filtersets import JobFilterSet
 from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
@@ -23,7 +25,9 @@ from scheduler import access as scheduler_access
 from scheduler import logs as scheduler_logs
 from scheduler import selectors as scheduler_selectors
 from scheduler import services as scheduler_services
+from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.models import FINAL_JOB_STATES, JobState
+from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 
 
@@ -36,7 +40,10 @@ def submittable_tenants(user) -> list[Tenant]:
 @section_required(Section.JOBS)
 def job_list(request):
     jobs = scheduler_selectors.jobs_visible_to(request.user).order_by("-submitted_at", "-id")
-    filterset = JobFilterSet(request.GET, queryset=jobs, request=request)
+    visible = list(tenant_selectors.tenants_visible_to(request.user))
+    labels = tenant_path_labels(visible)
+    tenants = sorted(((t.slug, labels[t.pk]) for t in visible), key=lambda choice: choice[1].lower())
+    filterset = JobFilterSet(request.GET, queryset=jobs, request=request, tenants=tenants)
     table = JobTable(filterset.qs)
     if request.GET.get("export") == "csv":
         RequestConfig(request, paginate=False).configure(table)
@@ -108,7 +115,7 @@ def _example_spec(tenant: str, flavors: list[str]) -> str:
         "priority_class": "normal",
         "replicas": 1,
         "resources": {"flavors": flavors[:1] or ["nvidia-h100-80g"], "gpus": 1},
-        "command": ["python", "train.py"],
+        "command": shlex.split(EXAMPLE_COMMAND),
     }
     return json.dumps(example, indent=2)
 

@@ -26,7 +26,7 @@ from gpupool_client.cli.output import (
 from gpupool_client.client import Client
 from gpupool_client.errors import EXIT_OK, ApiError, NotFoundError
 from gpupool_client.models import ACTIVE_STATES, FINAL_STATES, MILLIS_PER_CARD, Job
-from gpupool_client.spec import PRIORITIES, build_spec, load_spec_file
+from gpupool_client.spec import PRIORITIES, build_spec, command_text, load_spec_file
 
 JOB_STATES = (
     "submitted",
@@ -258,7 +258,7 @@ def show(job_id: int, as_json: bool) -> None:
     lines += [
         ("Resources", f"{gpus_text(job)} card(s) of {', '.join(job.flavors)}{memory}"),
         ("Priority", f"{job.priority_class} ({job.kind}{', preemptible' if job.preemptible else ''})"),
-        ("Command", " ".join(job.command)),
+        ("Command", command_text(job.command)),
         ("Submitted", local_time(job.submitted_at)),
     ]
     if job.started_at:

@@ -16,6 +16,7 @@ import pytest
 
 from frontend.livedemo import CHROMIUM, ROOT, DemoFailed, LiveDemo, launch_chromium
 from frontend.livedemo import login as login
+from nodeagent.demo import DEMO_NODES
 from tests.conftest import skip_or_fail
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
@@ -31,7 +32,7 @@ def live_demo() -> Iterator[LiveDemo]:
         import playwright  # noqa: F401
     except ImportError:
         skip_or_fail("the playwright package is not installed (pip install -e '.[test]')")
-    demo = LiveDemo(agents=1)
+    demo = LiveDemo(agents=len(DEMO_NODES))  # the demo's whole fleet, as `make demo` starts it
     try:
         demo.start()
     except DemoFailed as exc:
