@@ -162,23 +162,28 @@ class Probe(Simulator):
 
 
 def summarize(name: str, estimates: dict[str, float | None], actual: dict[str, tuple[float, float]]) -> str:
-    errors, within, missing = [], 0, 0
+    """Median and p90 of |error|, the share within ±20 % / 10 min, and the signed error (estimate - actual: below
+    zero is early) at its 5th, 50th and 95th percentile, in minutes."""
+    errors, signed, within, missing = [], [], 0, 0
     for job_id, (submit, start) in actual.items():
         estimate = estimates.get(job_id)
         if estimate is None:
             missing += 1
             continue
+        signed.append(estimate - start)
         error = abs(estimate - start)
         errors.append(error)
         if error <= max(WITHIN_SHARE * (start - submit), WITHIN_FLOOR_S):
             within += 1
     if not errors:
         return f"{name:<22} no estimates"
-    ordered = sorted(errors)
+    ordered, signed = sorted(errors), sorted(signed)
+    bias = "/".join(f"{quantile(signed, q) / 60:+.0f}" for q in (0.05, 0.5, 0.95))
     return (
         f"{name:<22} median |error| {statistics.median(ordered) / 60:7.1f} min"
         f"   p90 {quantile(ordered, 0.9) / 60:7.1f} min"
-        f"   within ±20 %/10 min {100 * within / len(actual):5.1f} %   no estimate {missing}"
+        f"   within ±20 %/10 min {100 * within / len(actual):5.1f} %   signed p5/p50/p95 {bias} min"
+        f"   no estimate {missing}"
     )
 
 

@@ -340,7 +340,7 @@ GPUPOOL_DEMO_AGENTS = env_int("GPUPOOL_DEMO_AGENTS", 3)  # one per node of nodea
 # never more often than one takes), and soon after a cycle that starts or preempts CHANGE_JOBS jobs or more.
 # Runtimes are predicted from each user's last HISTORY_JOBS finished jobs of the same name (or command) finished
 # in the last HISTORY_DAYS, else the job's runtime estimate, else the tenant's or the pool's recent jobs, else
-# DEFAULT_RUNTIME_S. The forecast looks HORIZON_S ahead in at most MAX_CYCLES engine cycles.
+# DEFAULT_RUNTIME_S. The forecast looks HORIZON_S ahead in at most MAX_CYCLES engine cycles and MAX_SECONDS.
 GPUPOOL_ETA_INTERVAL_S = env_int("GPUPOOL_ETA_INTERVAL_S", 30)
 GPUPOOL_ETA_CHANGE_JOBS = env_int("GPUPOOL_ETA_CHANGE_JOBS", 10)
 GPUPOOL_ETA_HISTORY_JOBS = env_int("GPUPOOL_ETA_HISTORY_JOBS", 20)
@@ -348,6 +348,7 @@ GPUPOOL_ETA_HISTORY_DAYS = env_int("GPUPOOL_ETA_HISTORY_DAYS", 30)
 GPUPOOL_ETA_DEFAULT_RUNTIME_S = env_int("GPUPOOL_ETA_DEFAULT_RUNTIME_S", 3600)
 GPUPOOL_ETA_HORIZON_S = env_int("GPUPOOL_ETA_HORIZON_S", 7 * 86400)
 GPUPOOL_ETA_MAX_CYCLES = env_int("GPUPOOL_ETA_MAX_CYCLES", 100)
+GPUPOOL_ETA_MAX_SECONDS = env_int("GPUPOOL_ETA_MAX_SECONDS", 240)  # wall clock for the three forecasts together
 
 # Node agents and telemetry (scheduler.fleet). A node is not_ready after LEASE_MISSES missed heartbeats and
 # its jobs are requeued NODE_LOST_GRACE_S later. METRICS_TOKEN: bearer token for /metrics (empty = admins only).

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -297,14 +297,27 @@ def estimates_compute(*, now: datetime | None = None) -> EstimatesRefresh:
     predicted = time.perf_counter()
     policy = live.policy_from_settings()
     limits = limits_from_settings()
+    # Half the wall-clock budget for the median forecast, a quarter for each edge of the band.
+    budget_s = float(settings.GPUPOOL_ETA_MAX_SECONDS)
     results = [
-        core_eta.forecast(snap, policy, short, core_eta.band_limits(limits)),
-        core_eta.forecast(snap, policy, median, limits),
-        core_eta.forecast(snap, policy, long, core_eta.band_limits(limits)),
+        core_eta.forecast(snap, policy, runtimes, run_limits, out_of_time=_deadline(budget_s * share))
+        for runtimes, run_limits, share in (
+            (median, limits, 0.5),
+            (short, core_eta.band_limits(limits), 0.25),
+            (long, core_eta.band_limits(limits), 0.25),
+        )
     ]
-    bands = core_eta.bands_from(snap, *(r.starts for r in results))
+    median_run, short_run, long_run = results
+    bands = core_eta.bands_from(snap, short_run.starts, median_run.starts, long_run.starts)
     forecast_done = time.perf_counter()
     written = estimates_write(bands, now=at)
+    if median_run.stopped == core_eta.StopReason.OUT_OF_TIME:
+        logger.warning(
+            "start-time estimates: the forecast ran out of its %s s (GPUPOOL_ETA_MAX_SECONDS) after %s cycles; "
+            "jobs it did not start by then have no estimate",
+            settings.GPUPOOL_ETA_MAX_SECONDS,
+            median_run.cycles,
+        )
     return EstimatesRefresh(
         ran=True,
         pending=len(snap.pending),
@@ -316,6 +329,11 @@ def estimates_compute(*, now: datetime | None = None) -> EstimatesRefresh:
         forecast_s=round(forecast_done - predicted, 4),
         write_s=round(time.perf_counter() - forecast_done, 4),
     )
+
+
+def _deadline(seconds: float) -> Callable[[], bool]:
+    ends = time.monotonic() + seconds
+    return lambda: time.monotonic() > ends
 
 
 def job_start_estimates_refresh(*, after_change: bool = False, now: datetime | None = None) -> EstimatesRefresh:
@@ -331,14 +349,15 @@ def job_start_estimates_refresh(*, after_change: bool = False, now: datetime | N
     except Exception:
         logger.warning("start-time estimates skipped: the cache is unreachable", exc_info=True)
         return EstimatesRefresh(ran=False, reason="cache unreachable")
+    began = None
     try:
         if _too_soon(gap_s):  # another worker finished one between the first look and the claim
             return EstimatesRefresh(ran=False, reason="throttled")
         began = time.time()
-        outcome = estimates_compute(now=now)
-        cache.set(LAST_REFRESH_KEY, {"at": time.time(), "took_s": time.time() - began}, timeout=None)
-        return outcome
+        return estimates_compute(now=now)
     finally:
+        if began is not None:  # also when it failed: a failing refresh must not be retried back to back
+            cache.set(LAST_REFRESH_KEY, {"at": time.time(), "took_s": time.time() - began}, timeout=None)
         cache.delete(RUNNING_KEY)
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 from itertools import chain
@@ -85,6 +85,7 @@ class StopReason(StrEnum):
     NO_EVENTS = "no_events"  # nothing left that could change what runs
     HORIZON = "horizon"
     MAX_CYCLES = "max_cycles"
+    OUT_OF_TIME = "out_of_time"  # the caller's ``out_of_time`` said so (a wall-clock budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ class _Forward:
 
     # -- the loop --------------------------------------------------------------------------------------------
 
-    def run(self, until_started: Collection[str] | None) -> Forecast:
+    def run(self, until_started: Collection[str] | None, out_of_time: Callable[[], bool] | None) -> Forecast:
         lim = self.lim
         t = self.start_s
         started_at = t
@@ -186,6 +187,8 @@ class _Forward:
                 return self._result(cycles, t, StopReason.DONE)
             if cycles >= lim.max_cycles:
                 return self._result(cycles, t, StopReason.MAX_CYCLES)
+            if out_of_time is not None and out_of_time():
+                return self._result(cycles, t, StopReason.OUT_OF_TIME)
             if not self.heap:
                 return self._result(cycles, t, StopReason.NO_EVENTS)
             step = max(lim.min_step_s, lim.relative_step * (t - self.start_s))
@@ -396,13 +399,15 @@ def forecast(
     limits: Limits | None = None,
     *,
     until_started: Collection[str] | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> Forecast:
     """Simulated first start of every pending job of ``snapshot`` (see the module's docstring).
 
     ``until_started``: stop as soon as these jobs have started (or are known never to), instead of when every
-    pending job has — the cheaper question "when does *this* job start?".
+    pending job has — the cheaper question "when does *this* job start?". ``out_of_time``: asked after every
+    cycle; True stops the forecast there (the caller's wall-clock budget: the core reads no clock itself).
     """
-    return _Forward(snapshot, policy, runtimes, limits or Limits()).run(until_started)
+    return _Forward(snapshot, policy, runtimes, limits or Limits()).run(until_started, out_of_time)
 
 
 def estimate_starts(

@@ -208,3 +208,22 @@ def test_console_shows_the_expected_start_on_the_job_page_and_the_list(client, m
     client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/console/jobs/"})
     assert "预计约 10 分钟后开始" in client.get(f"/console/jobs/{waiting.pk}/").content.decode()
     assert "约 10 分钟后" in client.get("/console/jobs/").content.decode()
+
+
+def test_a_refresh_out_of_time_writes_what_it_has_and_no_estimate_for_the_rest(member, tenant, node, settings):
+    settings.GPUPOOL_ETA_MAX_SECONDS = 0
+    waiting = _busy_pool(member, tenant)
+    assert tasks.estimate_starts()["ran"]
+    waiting.refresh_from_db()
+    assert waiting.estimated_at is not None and waiting.estimated_start_at is None
+
+
+def test_a_failed_refresh_is_not_retried_back_to_back(member, tenant, node, monkeypatch):
+    def broken(**_kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(eta, "estimates_compute", broken)
+    with pytest.raises(RuntimeError):
+        eta.job_start_estimates_refresh()
+    assert eta.job_start_estimates_refresh().reason == "throttled"
+    assert cache.get(eta.RUNNING_KEY) is None

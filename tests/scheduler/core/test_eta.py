@@ -145,3 +145,18 @@ def test_forecast_is_deterministic():
     snap = snapshot([node("n1", 8), node("n2", 8)], allocations=_full_node(), pending=pending, now=NOW)
     runtimes = Runtimes(remaining_s={"running": 500}, runtime_s={f"j{i}": 100.0 * (i % 7 + 1) for i in range(30)})
     assert forecast(snap, Policy(), runtimes) == forecast(snap, Policy(), runtimes)
+
+
+def test_out_of_time_stops_the_forecast_after_the_cycle_that_asked():
+    many = [job(f"j{i}", cards=8, submitted_at=i) for i in range(10)]
+    snap = snapshot([node("n1", 8)], allocations=_full_node(), pending=many, now=NOW)
+    asked = []
+    result = forecast(
+        snap,
+        Policy(),
+        Runtimes(remaining_s={"running": 60}, default_s=60),
+        EXACT,
+        out_of_time=lambda: len(asked) >= 2 or asked.append(1),
+    )
+    assert result.stopped == StopReason.OUT_OF_TIME
+    assert result.cycles == 3 and set(result.starts) == {"j0", "j1"}
