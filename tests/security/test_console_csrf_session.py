@@ -12,6 +12,7 @@ No test elsewhere covers these (tests/tenants/test_signin.py covers sign-in, loc
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.contrib.sessions.backends.db import SessionStore
@@ -123,7 +124,9 @@ def _console_urls(world) -> list[str]:
             if isinstance(pattern, URLResolver):
                 walk(pattern.url_patterns, route)
             elif isinstance(pattern, URLPattern) and route.startswith(("console/", "accounts/", "i18n/")):
-                urls.append("/" + route.replace("<int:pk>", str(ids["pk"])).replace("^", "").replace("$", ""))
+                # Every id in the path (<int:pk>, <int:token_pk>, …) gets a real one: a 404 would hide the check.
+                path = re.sub(r"<int:\w+>", str(ids["pk"]), route)
+                urls.append("/" + path.replace("^", "").replace("$", ""))
 
     walk(get_resolver().url_patterns, "")
     return urls
