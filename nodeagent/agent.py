@@ -9,11 +9,13 @@ reports wait in the runner's durable outbox (``nodeagent.outbox``) until the por
 they are sent after every hello and again every ``report_resend_s`` while unacknowledged, so none is lost to a
 dropped connection, a portal that could not apply it, or an agent restart.
 
-Fencing (``nodeagent.fencing``): each heartbeat is followed by a WebSocket ping, whose pong proves the portal
-has the heartbeat. When no pong has come for the portal's ``fence_after_s`` the agent stops every workload
-(SIGTERM, the fence grace to checkpoint, SIGKILL), so none runs on after the portal has moved its job to another
-node; while fenced, nothing runs on the node. The first pong lifts the fence, and the ``stopped`` reports
-(reason ``fenced``) go to the portal from the outbox like any other.
+Fencing (``nodeagent.fencing``): the portal answers each heartbeat with ``heartbeat.ack`` (older portals: the
+agent follows each heartbeat with a WebSocket ping and counts the pong). When no answer has come for the portal's
+``fence_after_s`` the agent stops every workload (SIGTERM, the fence grace to checkpoint, SIGKILL), so none runs
+on after the portal has moved its job to another node; while fenced, nothing runs on the node. The first answer
+lifts the fence, and the ``stopped`` reports (reason ``fenced``) go to the portal from the outbox like any other.
+The ack, not the pong, is what counts when the portal sends it: a web process whose socket still answers pings
+while its handler of this agent is stuck records no heartbeat, and its node is declared lost all the same.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ CLOSE_REPLACED = 4409
 #: A report still unacknowledged this long after it was sent is sent again on the same connection (the portal
 #: answered ``retry_later``, or the frame or its ack went missing).
 REPORT_RESEND_S = 5.0
+#: Heartbeats whose send time is kept for the portal's ``heartbeat.ack`` (older ones confirm nothing new).
+HEARTBEATS_REMEMBERED = 64
 #: The longest a tick sleeps, so workload exits are noticed promptly even with slow telemetry.
 MAX_TICK_DELAY_S = 1.0
 #: Acknowledged log offsets are written to ``state.json`` at most this often (and when a workload's log is
@@ -306,6 +310,11 @@ class Agent:
         self._log_acks_unsaved = False
         self.connection: Connection | None = None
         self.heartbeat_seq = 0
+        #: When each recent heartbeat was sent (by ``seq``), to date the portal's ``heartbeat.ack``.
+        self._heartbeats_sent: dict[int, float] = {}
+        #: The portal said (``config``) that it answers heartbeats: fencing counts those answers, not pongs.
+        self._portal_acks_heartbeats = False
+        self._connected_at = float("-inf")
         self.connects = 0
         self._next_connect_at = float("-inf")
         self._next_telemetry_at = float("-inf")
@@ -327,6 +336,7 @@ class Agent:
         if self.connected:
             for text in self.connection.received():
                 await self._handle(text)
+        await self._drop_a_silent_connection(now)
         self._keep_fenced(now)
         self.runner.poll()
         self.backend.observe_workloads(self.runner.loads())
@@ -344,15 +354,36 @@ class Agent:
             self.heartbeat_seq += 1
             if await self._send(protocol.Heartbeat(seq=self.heartbeat_seq), now):
                 self._next_heartbeat_at = now + self.settings.heartbeat_interval_s
-                await self._ping(now)
+                self._heartbeats_sent[self.heartbeat_seq] = now
+                self._heartbeats_sent.pop(self.heartbeat_seq - HEARTBEATS_REMEMBERED, None)
+                if not self._portal_acks_heartbeats:
+                    await self._ping(now)
         return self._delay(now)
 
     async def _ping(self, sent_at: float) -> None:
-        """Ping after a heartbeat: the pong confirms the portal has it (and renewed the node's lease)."""
+        """Ping after a heartbeat (portals that do not answer heartbeats): the pong confirms the portal's web
+        server has it."""
         try:
             await self.connection.ping(lambda: self.fence.confirm(sent_at))
         except ConnectionLost:
             self._lost(sent_at)
+
+    async def _drop_a_silent_connection(self, now: float) -> None:
+        """A socket open for half the fence time on which the portal answered no heartbeat is closed and opened
+        again: the web process still holds the connection but its handler of this agent is stuck (seen after a
+        Redis restart), and a new connection gets a new handler — before the fence has to stop anything."""
+        settings = self.fence.settings
+        if not (self.connected and self._portal_acks_heartbeats and settings is not None and settings.enabled):
+            return
+        if now - max(self.fence.confirmed_at, self._connected_at) < settings.after_s / 2:
+            return
+        log.warning(
+            "agent: the portal has answered no heartbeat for %.0f s on an open connection; reconnecting",
+            now - max(self.fence.confirmed_at, self._connected_at),
+        )
+        with contextlib.suppress(Exception):
+            await self.connection.close()
+        self._lost(now)
 
     def _keep_fenced(self, now: float) -> None:
         """Fence once the portal has not confirmed hearing the agent for the fence time, and while fenced keep
@@ -415,6 +446,7 @@ class Agent:
             return
         self.connection = connection
         self.connects += 1
+        self._connected_at = now
         self.backoff.reset()
         log.info("agent: connected to the portal as %s", self.settings.node_name)
         # Whatever the old socket carried may be lost: every unacknowledged report goes again after the hello.
@@ -440,6 +472,7 @@ class Agent:
             workloads=self.runner.known(),
             workloads_complete=True,
             sandbox=self.runner.sandbox_mode,
+            heartbeat_acks=True,
         )
 
     def _lost(self, now: float) -> None:
@@ -522,6 +555,10 @@ class Agent:
             await self._command(message, now, lambda: self.runner.start(message))
         elif isinstance(message, protocol.WorkloadStop):
             await self._command(message, now, lambda: self.runner.stop(message))
+        elif isinstance(message, protocol.HeartbeatAck):
+            sent_at = self._heartbeats_sent.get(message.seq)
+            if sent_at is not None:
+                self.fence.confirm(sent_at)
         elif isinstance(message, protocol.ReportAck):
             if not message.ok:
                 log.error(
@@ -539,6 +576,7 @@ class Agent:
                     self._save_log_acks(now)  # a finished workload's log: not sent again after a restart
         elif isinstance(message, protocol.Config):
             self._configure(message)
+            self._portal_acks_heartbeats = message.heartbeat_acks
             if message.fence_after_s is not None:
                 self.fence.configure(
                     after_s=message.fence_after_s,
@@ -580,7 +618,13 @@ class Agent:
             return
         try:
             self.runner.outbox.add(
-                protocol.WorkloadStatus(job_id=message.job_id, replica=message.replica, state="failed", message=reason)
+                protocol.WorkloadStatus(
+                    job_id=message.job_id,
+                    replica=message.replica,
+                    state="failed",
+                    message=reason,
+                    command_id=message.command_id,
+                )
             )
         except OSError:
             log.exception("agent: cannot queue the failed status of job %s", message.job_id)

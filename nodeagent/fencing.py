@@ -3,12 +3,13 @@
 The portal requeues the jobs of a node it has not heard a heartbeat from for its lease plus a grace period
 (``requeue_after_s``). An agent that is alive but cut off cannot hear that it happened, so without fencing its
 workloads would go on beside their new copies. The agent therefore counts the seconds since the portal last
-*confirmed* hearing it — the pong to the WebSocket ping sent right after a heartbeat, which proves the heartbeat
-reached the portal — and when they reach ``after_s`` it fences: every workload gets SIGTERM (the checkpoint
-signal, as for a preemption), SIGKILL ``grace_s`` later, ends ``stopped`` with reason ``fenced``, and nothing
-new starts until the portal confirms again. The portal chooses ``after_s`` so that the stops are over before it
-requeues (``after_s + grace_s`` plus a margin ≤ ``requeue_after_s``) and sends it in its ``config`` frame; the
-agent's ``--fence-after``/``--fence-grace`` override it.
+*confirmed* hearing it — its ``heartbeat.ack`` (from older portals: the pong to the WebSocket ping sent right
+after a heartbeat), dated by when that heartbeat was sent — and when they reach ``after_s`` it fences: every
+workload gets SIGTERM (the checkpoint signal, as for a preemption), SIGKILL ``grace_s`` later, ends ``stopped``
+with reason ``fenced``, and nothing runs on the node until the portal confirms again. The portal chooses
+``after_s`` so that the stops are over before it requeues (``after_s + grace_s`` plus a margin ≤
+``requeue_after_s``) and sends it in its ``config`` frame; the agent's ``--fence-after``/``--fence-grace``
+override it.
 
 The settings and the time of the last confirmation are kept in ``fence.json`` in the work dir, so an agent
 restarted while the portal is out of reach still fences on time (counting from the confirmation before the

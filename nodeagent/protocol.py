@@ -292,6 +292,8 @@ class Hello(Message):
     #: unconfined), ``unavailable`` (asked for but cannot be made: workloads fail), or ``""`` from agents before
     #: the sandbox. See ``nodeagent.sandbox``.
     sandbox: str = ""
+    #: True: answer each heartbeat with a ``heartbeat.ack`` (agents that fence count the portal's answers).
+    heartbeat_acks: bool = False
 
 
 @dataclass(kw_only=True)
@@ -329,6 +331,9 @@ class WorkloadStatus(Message):
     #: The agent's id of this report: per agent, increasing, kept in its durable outbox until the portal
     #: answers ``report.ack`` with it. Null from agents before the outbox (those reports are never acked).
     report_id: int | None = None
+    #: The ``workload.start`` command of the run this report is about, so that a late report on an earlier run of
+    #: the replica on this node never changes the run placed there since. 0: unknown (agents before it).
+    command_id: int = 0
 
     def __post_init__(self) -> None:
         if self.report_id is not None:
@@ -375,6 +380,14 @@ class Ack(Message):
 
 
 # Portal → agent
+
+
+@dataclass(kw_only=True)
+class HeartbeatAck(Message):
+    """The portal handled heartbeat ``seq`` (sent to agents whose hello asked for ``heartbeat_acks``)."""
+
+    type: ClassVar[str] = "heartbeat.ack"
+    seq: int
 
 
 @dataclass(kw_only=True)
@@ -477,6 +490,9 @@ class Config(Message):
     fence_after_s: float | None = None
     fence_grace_s: float | None = None
     requeue_after_s: float | None = None
+    #: True: this portal answers heartbeats with ``heartbeat.ack`` when the hello asks for it, and fencing counts
+    #: those answers; false (portals before them): it counts the pongs to WebSocket pings.
+    heartbeat_acks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("fence_after_s", "fence_grace_s", "requeue_after_s"):
@@ -503,6 +519,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         WorkloadStatus,
         WorkloadLog,
         Ack,
+        HeartbeatAck,
         WorkloadStart,
         WorkloadStop,
         ReportAck,
@@ -515,7 +532,7 @@ AGENT_TO_PORTAL: frozenset[str] = frozenset(
     {"hello", "heartbeat", "telemetry", "workload.status", "workload.log", "ack"}
 )
 PORTAL_TO_AGENT: frozenset[str] = frozenset(
-    {"workload.start", "workload.stop", "report.ack", "workload.log.ack", "config", "error"}
+    {"workload.start", "workload.stop", "report.ack", "workload.log.ack", "heartbeat.ack", "config", "error"}
 )
 
 

@@ -285,6 +285,9 @@ class WorkloadRunner:
         self.max_runtime_grace_s = max_runtime_grace_s
         self.checkpoint_scan_s = checkpoint_scan_s
         self._next_checkpoint_scan: dict[tuple[int, int], float] = {}
+        #: Starts waiting for an earlier run of the same replica to end (:meth:`_supersede`); in memory only: after a
+        #: restart the portal's reconcile requeues a run the node no longer has.
+        self._deferred: dict[tuple[int, int], protocol.WorkloadStart] = {}
         self.records: dict[tuple[int, int], WorkloadRecord] = {}
         self._popen: dict[tuple[int, int], subprocess.Popen] = {}
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
@@ -347,6 +350,14 @@ class WorkloadRunner:
         """
         key = (start.job_id, start.replica)
         existing = self.records.get(key)
+        if existing is not None and 0 not in (existing.command_id, start.command_id):
+            if start.command_id < existing.command_id:
+                # The portal numbers its commands in order: this run was replaced here before it arrived.
+                log.info("workloads: job %s replica %s: an older start (command %s) ignored", *key, start.command_id)
+                return
+            if existing.active and start.command_id > existing.command_id:
+                self._supersede(existing, start)
+                return
         if existing is not None and (existing.active or existing.command_id == start.command_id):
             log.info("workloads: job %s replica %s already known (%s); not started again", *key, existing.state)
             self._report(existing)
@@ -383,6 +394,37 @@ class WorkloadRunner:
             self.records[key] = record
             self._finish(record, "failed", None)
             raise WorkloadRejected(reason) from exc
+
+    def _supersede(self, old: WorkloadRecord, start: protocol.WorkloadStart) -> None:
+        """A new run of a replica whose earlier run still runs here: the portal ended the old run's allocation (the
+        node was declared lost, or the job was requeued) and has placed the replica here again. The old run is
+        stopped and the new one starts once it has gone (they share the job's directory). The old run's reports
+        carry its own command id, so the portal does not take them for the new run's."""
+        log.warning(
+            "workloads: job %s replica %s: a new run (command %s) replaces the one still running (command %s); "
+            "stopping the old one first",
+            start.job_id,
+            start.replica,
+            start.command_id,
+            old.command_id,
+        )
+        if old.term_sent_at is None:
+            old.stop_reason = "superseded"
+        self._terminate(old, grace_s=self.max_runtime_grace_s)
+        self._deferred[old.key] = start
+
+    def _start_deferred(self) -> None:
+        for key, start in list(self._deferred.items()):
+            record = self.records.get(key)
+            if record is not None and record.active:
+                continue
+            del self._deferred[key]
+            try:
+                self.start(start)
+            except WorkloadRejected:
+                pass  # recorded as failed and reported by start()
+            except Exception:  # a bug or a full disk must not take the runner down; the portal requeues it
+                log.exception("workloads: the deferred start of job %s replica %s failed", *key)
 
     def _spawn(self, start: protocol.WorkloadStart, job_dir: Path) -> None:
         key = (start.job_id, start.replica)
@@ -687,6 +729,7 @@ class WorkloadRunner:
                 record.message = (record.message + "; " if record.message else "") + "killed after the grace period"
                 self._save()
             self._report_checkpoint(record, now)
+        self._start_deferred()
         self._forget_old(now)
 
     def _report_checkpoint(self, record: WorkloadRecord, now: float) -> None:
@@ -706,7 +749,11 @@ class WorkloadRunner:
         record.reported_checkpoint_at = newest
         self.outbox.add(
             protocol.WorkloadStatus(
-                job_id=record.job_id, replica=record.replica, state="checkpointed", last_checkpoint_at=newest
+                job_id=record.job_id,
+                replica=record.replica,
+                state="checkpointed",
+                last_checkpoint_at=newest,
+                command_id=record.command_id,
             )
         )
         self._save()
@@ -805,6 +852,7 @@ class WorkloadRunner:
             message=record.message,
             log_tail=read_log_tail(Path(record.job_dir) / LOG_FILE, inode=record.log_inode) if final else "",
             reason=record.reason if final else "",
+            command_id=record.command_id,
         )
 
     def _report(self, record: WorkloadRecord) -> None:

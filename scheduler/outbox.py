@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterable
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from nodeagent import protocol
@@ -136,6 +137,31 @@ def workload_stop_create(
 ) -> AgentCommand:
     message = protocol.WorkloadStop(command_id=0, job_id=job.pk, replica=replica, grace_s=float(grace_s), reason=reason)
     return _create(node=node_id, job=job, message=message)
+
+
+#: ``AgentCommand.error`` of a ``workload.start`` withdrawn before any agent acknowledged it.
+START_WITHDRAWN = "withdrawn: the run ended before the agent acknowledged its start"
+
+
+def workload_starts_withdraw(*, runs: Iterable[tuple[int, int, int]]) -> int:
+    """Withdraw the unacknowledged ``workload.start`` of each run (job id, replica, node id) that has ended.
+
+    A node cut off from the portal gets every unacknowledged command when it reconnects: a start for a run whose
+    allocation ended meanwhile (its node was declared lost and the job moved on, or it was cancelled) would run a
+    copy beside the job's next run. Withdrawn starts are marked acknowledged (``ack_ok`` false, ``error``
+    :data:`START_WITHDRAWN`) and never sent again; a start that did arrive is still ended by the
+    ``workload.stop`` that goes with the end of the run. Returns the number withdrawn.
+    """
+    runs_filter = Q()
+    for job_id, replica, node_id in runs:
+        runs_filter |= Q(job_id=job_id, node_id=node_id, payload__replica=replica)
+    if not runs_filter:
+        return 0
+    return (
+        AgentCommand.objects.unacked()
+        .filter(runs_filter, command_type="workload.start")
+        .update(acked_at=timezone.now(), ack_ok=False, error=START_WITHDRAWN)
+    )
 
 
 def stop_active_replicas(

@@ -166,7 +166,13 @@ def _lock_job(job: Job | int) -> Job:
 
 
 def _end_allocations(queryset, *, now: datetime | None = None) -> int:
-    return queryset.filter(ended_at__isnull=True).update(ended_at=now or timezone.now())
+    """End the active allocations of ``queryset`` (one job's) and withdraw the starts of their runs that no agent
+    acknowledged yet, so a cut-off node that reconnects never starts a run that has ended."""
+    active = queryset.filter(ended_at__isnull=True)
+    runs = list(active.values_list("job_id", "replica", "node_id").distinct())
+    ended = active.update(ended_at=now or timezone.now())
+    outbox.workload_starts_withdraw(runs=runs)
+    return ended
 
 
 # --- submit, cancel, approval -------------------------------------------------------------------------
@@ -649,6 +655,7 @@ def workload_status_report(
     message: str = "",
     log_tail: str = "",
     reason: str = "",
+    command_id: int = 0,
 ) -> str:
     """Apply an agent's ``workload.status`` for one replica; idempotent (a repeated report changes nothing).
 
@@ -656,10 +663,14 @@ def workload_status_report(
     ``rejected``); a failed job's transition carries it instead of the bare ``failed``. A replica ``stopped`` with
     reason ``fenced`` (its agent lost the portal and stopped it) requeues the job, as a lost node does.
 
+    ``command_id`` is the ``workload.start`` of the run the report is about (0 from agents before it): a report on
+    an earlier run of the replica on this node — a late or repeated one, after the job was requeued and placed
+    here again — is ``stale_run`` and changes nothing (before, its ``stopped`` failed the new run).
+
     Returns what it came to: ``applied`` (the report was for the run the node holds; it may still have changed
     nothing, e.g. a second ``succeeded``), or why it was ignored: ``unknown_job``, ``not_held`` (the node never
-    held the job), ``not_allocated`` (the node no longer holds that replica). A workload still running that is
-    not the node's to run is told to stop in each of those cases.
+    held the job), ``stale_run``, ``not_allocated`` (the node no longer holds that replica). A workload still
+    running that is not the node's to run is told to stop in each of those cases.
     """
     # The job row only, FOR NO KEY UPDATE (project lock order: Job before Allocation and Node rows).
     job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").filter(pk=job_id).first()
@@ -676,6 +687,10 @@ def workload_status_report(
         if state in ("starting", "running"):
             _stop_stray_copy(node=node, job=job, job_id=job_id, replica=replica, reason="not_allocated")
         return "not_held"
+    if command_id and command_id < _current_start_id(job=job, node=node, replica=replica):
+        if state in ("starting", "running"):
+            _stop_stray_copy(node=node, job=job, job_id=job_id, replica=replica, reason="superseded")
+        return "stale_run"
     if last_checkpoint_at is not None and (
         job.last_checkpoint_at is None or last_checkpoint_at > job.last_checkpoint_at
     ):
@@ -749,6 +764,12 @@ def workload_status_report(
     else:
         logger.warning("unknown workload state %r for job %s", state, job_id)
     return "applied"
+
+
+def _current_start_id(*, job: Job, node: Node, replica: int) -> int:
+    """The id of the newest ``workload.start`` of ``job``'s ``replica`` on ``node`` (its latest run there), or 0."""
+    starts = AgentCommand.objects.filter(job=job, node=node, command_type="workload.start", payload__replica=replica)
+    return starts.order_by("-pk").values_list("pk", flat=True).first() or 0
 
 
 def _stop_stray_copy(*, node: Node, job: Job | None, job_id: int, replica: int, reason: str) -> None:

@@ -107,6 +107,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         self.node_id: int | None = None
         self.node_name = ""
         self.hello_done = False
+        self.heartbeat_acks = False
         self.replaced = False
         self.device_ids: dict[str, int] = {}
         self.aggregator = MinuteAggregator()
@@ -140,6 +141,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 fence_after_s=float(timing.fence_after_s),
                 fence_grace_s=float(timing.fence_grace_s),
                 requeue_after_s=float(timing.requeue_after_s),
+                heartbeat_acks=True,
             )
         )
 
@@ -207,11 +209,14 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             fleet.node_connected(self.node_id)
         fleet.set_tenant_map(self.node_id, await db(selectors.device_tenants_of_node)(node_id=self.node_id))
         self.hello_done = True
+        self.heartbeat_acks = message.heartbeat_acks
         await self.send_pending_commands()
 
     async def on_heartbeat(self, message: protocol.Heartbeat) -> None:
         # Written with the other sockets' heartbeats about once a second (runtime.FleetProcess).
         fleet_process().beat(self.node_id, self.clock())
+        if self.heartbeat_acks:  # the agent fences on these answers (nodeagent.fencing)
+            await self.send_message(protocol.HeartbeatAck(seq=message.seq))
         await self.flush_finished_minutes(self.clock())
 
     async def on_telemetry(self, message: protocol.Telemetry) -> None:

@@ -537,6 +537,7 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
                 exit_code=None,
                 last_checkpoint_at=None,
                 message="reported by the agent on reconnect",
+                command_id=int(workload.get("command_id") or 0),
             )
         except DomainError as exc:
             logger.warning("node %s reported a workload the scheduler refused: %r (%s)", node.name, workload, exc)
@@ -739,6 +740,7 @@ def _forward(*, node: Node, status: dict) -> str | None:
         message=str(status.get("message") or ""),
         log_tail=str(status.get("log_tail") or ""),
         reason=str(status.get("reason") or ""),
+        command_id=int(status.get("command_id") or 0),
     )
     return outcome if isinstance(outcome, str) else "applied"
 

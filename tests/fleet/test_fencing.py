@@ -135,3 +135,32 @@ def test_a_fenced_report_after_the_grace_period_moved_the_job_changes_nothing(pl
     assert job.state == JobState.RUNNING
     assert list(Allocation.objects.active().filter(job=job).values_list("node", flat=True)) == [new_node.pk]
     assert JobEvent.objects.filter(job=job, reason="fenced").count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_portal_answers_the_heartbeats_of_agents_that_ask_and_only_theirs():
+    import dataclasses
+
+    from channels.db import database_sync_to_async
+
+    from tests.fleet.conftest import hello
+
+    answers = {}
+    for asks in (True, False):
+        name = f"gpu-acks-{asks}".lower()
+        _node, credential = await database_sync_to_async(register_node)(name)
+        socket = agent_socket(credential)
+        assert (await socket.connect())[0]
+        config = json.loads(await socket.receive_from())
+        assert config["heartbeat_acks"] is True  # this portal answers heartbeats (when asked)
+        greeting = dataclasses.replace(hello(name, prefix=f"GPU-{name}"), heartbeat_acks=asks)
+        await socket.send_to(text_data=protocol.encode(greeting))
+        await socket.send_to(text_data=protocol.encode(protocol.Heartbeat(seq=7)))
+        frames = []
+        await socket.send_to(text_data='{"v": 1, "type": "settle", "id": "settle"}')
+        while not frames or frames[-1].get("ref_id") != "settle":
+            frames.append(json.loads(await socket.receive_from(timeout=10)))
+        answers[asks] = [frame for frame in frames if frame["type"] == "heartbeat.ack"]
+        await socket.disconnect()
+    assert [frame["seq"] for frame in answers[True]] == [7]
+    assert answers[False] == []

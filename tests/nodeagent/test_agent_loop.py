@@ -258,10 +258,11 @@ async def test_workload_start_is_acked_and_reported_and_a_duplicate_is_not_start
     await agent.tick()
 
     frames = [f for f in connection.sent if f["type"] in ("ack", "workload.status")]
+    # Each report names the run it is about (its start command).
     assert [(f["type"], f.get("command_id"), f.get("state")) for f in frames] == [
-        ("workload.status", None, "running"),
+        ("workload.status", 41, "running"),
         ("ack", 41, None),
-        ("workload.status", None, "running"),
+        ("workload.status", 41, "running"),
         ("ack", 41, None),
     ]
     assert all(f["ok"] for f in frames if f["type"] == "ack")

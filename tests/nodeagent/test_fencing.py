@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from websockets.asyncio.server import serve
 from nodeagent import protocol
 from nodeagent.agent import Agent, websocket_connector
 from nodeagent.fencing import FENCE_FILE, Fence, FenceSettings
-from nodeagent.workloads import process_start_time
+from nodeagent.workloads import WorkloadRunner, process_start_time
 from tests.nodeagent.test_agent_loop import FakeClock, FakeConnector, _agent
 
 FENCE_CONFIG = protocol.Config(
@@ -231,3 +232,79 @@ def test_the_config_frame_carries_the_fence_and_older_portals_frames_still_decod
         with pytest.raises(protocol.ProtocolError) as error:
             protocol.decode('{"v": 1, "type": "config", "id": "c", ' + bad + "}")
         assert error.value.code == protocol.ErrorCode.INVALID_FIELD
+
+
+def test_a_new_run_of_a_replica_still_running_here_stops_the_old_one_and_starts_when_it_has_gone(tmp_path: Path):
+    """The portal requeued a job while its copy ran on a cut-off node, then placed it on that node again. Before,
+    the agent answered the new start 'already known' and never ran it; now the old copy is stopped first."""
+    runner = WorkloadRunner(work_dir=tmp_path / "work")
+    ready = "import time; print('ready', flush=True); time.sleep(60)"
+    runner.start(protocol.WorkloadStart(command_id=5, job_id=3, replica=0, command=[sys.executable, "-c", ready]))
+    old = runner.records[(3, 0)]
+    output = Path(old.job_dir) / "output.log"
+    for _ in range(500):
+        if output.exists() and "ready" in output.read_text():
+            break
+        time.sleep(0.01)
+
+    runner.start(protocol.WorkloadStart(command_id=9, job_id=3, replica=0, command=[sys.executable, "-c", ready]))
+    assert old.stop_reason == "superseded" and old.term_sent_at is not None
+    for _ in range(500):
+        runner.poll()
+        if runner.records[(3, 0)].command_id == 9:
+            break
+        time.sleep(0.01)
+    new = runner.records[(3, 0)]
+    assert new.command_id == 9 and new.active and new.pid != old.pid
+    reports = [(status.command_id, status.state) for status in runner.outbox]
+    assert (5, "stopped") in reports and (9, "running") in reports  # each report names its run
+    # The old start, sent again (a resend after a reconnect), starts nothing.
+    runner.start(protocol.WorkloadStart(command_id=5, job_id=3, replica=0, command=[sys.executable, "-c", ready]))
+    assert runner.records[(3, 0)] is new and new.active
+    runner.close(stop_workloads=True, grace_s=1.0)
+
+
+async def test_when_the_portal_answers_heartbeats_its_answers_count_not_the_sockets_pongs(tmp_path: Path) -> None:
+    """A web process whose socket still answers pings while its handler of this agent is stuck records no
+    heartbeat: the portal declares the node lost all the same, so the agent must fence though pongs come back."""
+    clock = FakeClock()
+    connector = FakeConnector()
+    agent = _agent(tmp_path, connector, clock)
+    await agent.tick()
+    connection = connector.connections[-1]
+    connection.inbox.append(
+        protocol.encode(
+            protocol.Config(
+                heartbeat_interval_s=5.0,
+                fence_after_s=40.0,
+                fence_grace_s=10.0,
+                requeue_after_s=60.0,
+                heartbeat_acks=True,
+            )
+        )
+    )
+    await agent.tick()
+    pid = await start_sleeper(agent, clock)
+    answered = 0
+
+    def answer_heartbeats() -> None:  # the portal's handler, while it works
+        nonlocal answered
+        for frame in connection.sent:
+            if frame["type"] == "heartbeat" and frame["seq"] > answered:
+                answered = frame["seq"]
+                connection.inbox.append(protocol.encode(protocol.HeartbeatAck(seq=answered)))
+
+    for _ in range(60):  # 30 s of answered heartbeats: no fence
+        clock.now += 0.5
+        answer_heartbeats()
+        await agent.tick()
+    assert not agent.fence.fenced and process_start_time(pid) is not None
+    assert connection.pings <= 1  # only before the portal's config said it answers heartbeats
+    stuck_at = agent.fence.confirmed_at
+    # The handler is stuck from now on; the socket still answers pings (FakeConnection does) but none are counted.
+    # Half the fence time later the agent tries a new connection (a new handler); that one is stuck too here.
+    await tick_until(agent, clock, lambda: len(connector.connections) == 2, step_s=0.5, ticks=200)
+    assert 20 <= clock.now - stuck_at <= 21 and connection.closed
+    await tick_until(agent, clock, lambda: agent.fence.fenced, step_s=0.5, ticks=200)
+    assert 40 <= clock.now - stuck_at <= 41
+    await tick_until(agent, clock, lambda: process_start_time(pid) is None, step_s=0.05)

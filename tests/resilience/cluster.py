@@ -475,6 +475,50 @@ class Cluster:
         return "\n".join(lines)
 
 
+class RedisServer:
+    """A private ``redis-server`` on a free port that a test may restart (never the shared one)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.folder)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+
+        def pong() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(pong, timeout_s=20, what=f"redis-server on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
 def _environ(pid: str) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -490,6 +534,7 @@ class WorkloadProcess:
     pgid: int
     job_id: int
     devices: tuple[str, ...]
+    replica: int = 0
 
 
 def workload_processes(run_id: str) -> list[WorkloadProcess]:
@@ -515,7 +560,15 @@ def workload_processes(run_id: str) -> list[WorkloadProcess]:
         except ProcessLookupError:
             continue
         devices = tuple(sorted(filter(None, env.get("CUDA_VISIBLE_DEVICES", "").split(","))))
-        found.append(WorkloadProcess(pid=pid, pgid=pgid, job_id=int(env.get("GPUPOOL_JOB_ID", "0")), devices=devices))
+        found.append(
+            WorkloadProcess(
+                pid=pid,
+                pgid=pgid,
+                job_id=int(env.get("GPUPOOL_JOB_ID", "0")),
+                devices=devices,
+                replica=int(env.get("GPUPOOL_REPLICA", "0")),
+            )
+        )
     return found
 
 

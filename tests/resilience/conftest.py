@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.resilience.cluster import Cluster, database_url, free_port, wait_until
+from tests.resilience.cluster import Cluster, RedisServer, database_url
 
 
 @pytest.fixture
@@ -43,50 +41,6 @@ def make_cluster(transactional_db, postgres, redis_url) -> Iterator[Callable[...
             print(f"cluster files kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
-
-
-class RedisServer:
-    """A private ``redis-server`` on a free port that a test may restart (never the shared one)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                *("redis-server", "--port", str(self.port), "--bind", "127.0.0.1"),
-                *("--save", "", "--appendonly", "no", "--dir", str(self.folder)),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        import redis
-
-        client = redis.Redis.from_url(self.url)
-
-        def pong() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.RedisError:
-                return False
-
-        wait_until(pong, timeout_s=20, what=f"redis-server on port {self.port}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 @pytest.fixture

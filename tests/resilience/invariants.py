@@ -4,8 +4,9 @@ Two kinds of rules:
 
 * *Safety* rules hold at every instant, whatever is in flight: a job's state history is one unbroken chain
   ending in its current state; active allocations belong only to jobs that are starting, running or
-  stopping, and such a job holds exactly what it asked for on one node; no device is past 1000 millis or its
-  memory; no job has live processes in two process groups (two runs) and no finished job has any.
+  stopping, such a job holds something, and each replica it holds is exactly what the replica asked for, on one
+  node; no device is past 1000 millis or its memory; no replica of a job has live processes in two process
+  groups (two runs) and no finished job has any.
 * *Agreement* rules need the processes and the database to have caught up with each other (a status frame
   in flight, a process just exiting): every live workload runs for a job the database has on exactly those
   devices, and every running job has its one live workload. They are polled until they hold, while the
@@ -46,11 +47,18 @@ def safety_violations(cluster: Cluster) -> list[str]:
             problems.append(f"job {job.pk} is {job.state} but its last event says {previous!r}")
         held = active.get(job.pk, [])
         if job.state in ACTIVE_JOB_STATES:
-            millis = sum(a.millis for a in held)
-            if millis != job.millis_per_replica * job.replicas:
-                problems.append(f"job {job.pk} ({job.state}) holds {millis} millis, it asked for {job.total_millis}")
+            if not held:
+                problems.append(f"job {job.pk} is {job.state} but holds no device")
+            # Each replica it holds, it holds whole (a gang member that finished first has let go of its share).
             for replica in {a.replica for a in held}:
-                nodes = {a.node.name for a in held if a.replica == replica}
+                mine = [a for a in held if a.replica == replica]
+                millis = sum(a.millis for a in mine)
+                if millis != job.millis_per_replica:
+                    problems.append(
+                        f"job {job.pk} ({job.state}) replica {replica} holds {millis} millis, it asked for "
+                        f"{job.millis_per_replica}"
+                    )
+                nodes = {a.node.name for a in mine}
                 if len(nodes) != 1:
                     problems.append(f"job {job.pk} replica {replica} holds devices on {sorted(nodes)}")
         elif held:
@@ -59,12 +67,12 @@ def safety_violations(cluster: Cluster) -> list[str]:
         device = Device.objects.get(pk=row["device_id"])
         if row["millis"] > 1000 or row["memory"] > device.memory_mib:
             problems.append(f"device {device.uuid} holds {row['millis']} millis / {row['memory']} MiB")
-    groups: dict[int, set[int]] = defaultdict(set)
+    groups: dict[tuple[int, int], set[int]] = defaultdict(set)
     for process in workload_processes(cluster.run_id):
-        groups[process.job_id].add(process.pgid)
-    for job_id, pgids in groups.items():
+        groups[(process.job_id, process.replica)].add(process.pgid)
+    for (job_id, replica), pgids in groups.items():
         if len(pgids) > 1:
-            problems.append(f"job {job_id} runs twice: process groups {sorted(pgids)}")
+            problems.append(f"job {job_id} replica {replica} runs twice: process groups {sorted(pgids)}")
         job = jobs.get(job_id)
         if job is not None and job.state in FINAL_JOB_STATES:
             problems.append(f"job {job_id} is {job.state} but still has live processes {sorted(pgids)}")
@@ -74,19 +82,19 @@ def safety_violations(cluster: Cluster) -> list[str]:
 def agreement_violations(cluster: Cluster) -> list[str]:
     problems: list[str] = []
     processes = workload_processes(cluster.run_id)
-    by_job: dict[int, set[tuple[str, ...]]] = defaultdict(set)
+    by_job: dict[int, set[str]] = defaultdict(set)  # every device the job's live processes see (all replicas)
     for process in processes:
-        by_job[process.job_id].add(process.devices)
+        by_job[process.job_id].update(process.devices)
     held: dict[int, tuple[str, ...]] = defaultdict(tuple)
     for allocation in Allocation.objects.active().select_related("device").order_by("device__uuid"):
         held[allocation.job_id] += (allocation.device.uuid,)
     states = dict(Job.objects.values_list("pk", "state"))
-    for job_id, device_sets in by_job.items():
+    for job_id, devices in by_job.items():
         state = states.get(job_id)
         if state not in (JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING):
             problems.append(f"job {job_id} has a live workload but is {state}")
-        elif device_sets != {tuple(sorted(held[job_id]))}:
-            problems.append(f"job {job_id} runs on {sorted(device_sets)} but holds {held[job_id]}")
+        elif tuple(sorted(devices)) != tuple(sorted(set(held[job_id]))):
+            problems.append(f"job {job_id} runs on {sorted(devices)} but holds {held[job_id]}")
     for job_id, state in states.items():
         if state == JobState.RUNNING and job_id not in by_job:
             problems.append(f"job {job_id} is running in the database but no process runs it")

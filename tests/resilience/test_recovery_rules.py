@@ -7,8 +7,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nodeagent import protocol
 from scheduler import services
-from scheduler.fleet.services import command_ack
+from scheduler.fleet.services import command_ack, commands_pending
 from scheduler.models import AgentCommand, Allocation, Job, JobState, Node, NodeStatus
+from scheduler.outbox import START_WITHDRAWN
 from tests.nodeagent.test_agent_loop import FakeClock, FakeConnector, _agent
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
@@ -95,3 +96,68 @@ def test_asking_for_a_cycle_while_redis_is_down_does_not_fail_the_caller(monkeyp
 
     monkeypatch.setattr("scheduler.services.cache.add", unreachable)
     assert services.request_cycle() is False
+
+
+def test_a_start_the_lost_node_never_acknowledged_is_withdrawn_and_not_delivered_when_it_returns(running_job):
+    """The chaos run found it: a job placed on a node just as its link was cut was requeued and ran elsewhere;
+    when the node came back it got every unacknowledged command — the old start first — and ran a second copy."""
+    job, node, other = running_job
+    start = AgentCommand.objects.get(node=node, job=job, command_type="workload.start")
+    assert start.acked_at is None  # the agent never acknowledged it (the link was cut)
+    services.node_jobs_requeue(node=node)
+    Node.objects.filter(pk=node.pk).update(status=NodeStatus.NOT_READY)
+    assert services.run_cycle().placed == [job.pk]
+
+    # The node reconnects: only the stop goes out, never the old start.
+    pending = [payload["type"] for _pk, payload in commands_pending(node_id=node.pk)]
+    assert pending == ["workload.stop"]
+    start.refresh_from_db()
+    assert (start.ack_ok, start.error) == (False, START_WITHDRAWN)
+    # The new run's start, on the other node, is untouched.
+    new_start = AgentCommand.objects.get(node=other, job=job, command_type="workload.start")
+    assert new_start.acked_at is None
+    assert [payload["job_id"] for _pk, payload in commands_pending(node_id=other.pk)] == [job.pk]
+
+
+def test_a_drained_jobs_unacknowledged_start_still_goes_out_so_the_agent_can_confirm_the_stop(running_job):
+    """A drain (like a preemption) waits for the agent's ``stopped``: the allocations stay, the start is not
+    withdrawn, and the agent gets the start and then the stop."""
+    job, node, _other = running_job
+    services.node_drain(node=node, actor=None)
+    assert Job.objects.get(pk=job.pk).state == JobState.PREEMPTING
+    pending = [payload["type"] for _pk, payload in commands_pending(node_id=node.pk)]
+    assert pending == ["workload.start", "workload.stop"]
+
+
+def test_a_late_report_on_an_earlier_run_never_fails_the_run_placed_on_the_same_node_since(running_job):
+    """The chaos run found it: a node came back after its job was requeued and the job was placed on it again;
+    the first run's ``stopped`` (a repeated report) was taken for the new run's and failed the job."""
+    job, node, other = running_job
+    first_start = AgentCommand.objects.get(node=node, job=job, command_type="workload.start").pk
+    services.node_jobs_requeue(node=node)
+    Node.objects.filter(pk=other.pk).update(status=NodeStatus.CORDONED)
+    assert services.run_cycle().placed == [job.pk]
+    second_start = AgentCommand.objects.filter(node=node, job=job, command_type="workload.start").latest("pk").pk
+    assert second_start > first_start
+
+    def status(state: str, command_id: int) -> str:
+        return services.workload_status_report(
+            node=node,
+            job_id=job.pk,
+            replica=0,
+            state=state,
+            exit_code=-15,
+            last_checkpoint_at=None,
+            command_id=command_id,
+        )
+
+    assert status("stopped", first_start) == "stale_run"
+    assert Job.objects.get(pk=job.pk).state == JobState.ADMITTED  # not failed
+    # The old copy says it still runs: the requeue's stop is on its way; once that is acknowledged, another.
+    assert status("running", first_start) == "stale_run"
+    assert stops(node, job).filter(acked_at__isnull=True).count() == 1
+    command_ack(node_id=node.pk, command_id=stops(node, job).get().pk)
+    assert status("running", first_start) == "stale_run"
+    assert stops(node, job).filter(payload__reason="superseded", acked_at__isnull=True).count() == 1
+    assert status("running", second_start) == "applied"
+    assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
