@@ -2,7 +2,7 @@
 can cut undetected, and verification throughput.
 
 Prints figures, not assertions:
-  1. overhead per request: the write service behind an API request (``tenants.services.tenant_create``) timed
+  1. overhead per request: the write service behind an API request (``tenants.services.tenancy.tenant_create``) timed
      with auditing on and with its ``audit_record`` replaced by a no-op, median over N iterations (a GET of
      the API root through the test client is printed for scale);
   2. append throughput under the append-at-commit design (records linked into their per-stream chains just
@@ -220,7 +220,7 @@ def main() -> None:
     from django.db import connection, transaction
     from rest_framework.test import APIClient
 
-    import tenants.services
+    import tenants.services.tenancy
     from audit.models import AuditRecord
     from audit.services import audit_record, checkpoint_all
     from audit.verification import verify_trail
@@ -237,16 +237,16 @@ def main() -> None:
 
     def api_request() -> None:
         n = next(counter)
-        tenants.services.tenant_create(actor=admin, name=f"t{n}", slug=f"t-{n}", kind="team")
+        tenants.services.tenancy.tenant_create(actor=admin, name=f"t{n}", slug=f"t-{n}", kind="team")
 
     def noop(**kwargs):
         return None
 
-    original = tenants.services.audit_record
+    original = tenants.services.tenancy.audit_record
     with_audit = _per_call(api_request, args.iterations)
-    tenants.services.audit_record = noop
+    tenants.services.tenancy.audit_record = noop
     without_audit = _per_call(api_request, args.iterations)
-    tenants.services.audit_record = original
+    tenants.services.tenancy.audit_record = original
     get_ms = _per_call(lambda: client.get("/api/v1/"), min(args.iterations, 100)) * 1000
     print(
         f"service request (tenant_create, {args.iterations} iterations, median): with audit "

@@ -37,7 +37,9 @@ def _world(jobs: int):
     from scheduler import services
     from scheduler.models import Device, Job, Node, NodeStatus, ResourceFlavor, Vendor
     from tenants.models import MembershipRole, TenantKind
-    from tenants.services import membership_create, tenant_create, user_create
+    from tenants.services.identity import user_create
+    from tenants.services.memberships import membership_create
+    from tenants.services.tenancy import tenant_create
 
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
     services.request_cycle = lambda: None  # the benchmark places its jobs itself

@@ -105,21 +105,24 @@ def prepare(*, clients: int, subscribers: int, agents: int) -> Plan:
 
     from scheduler.fleet import services as fleet
     from scheduler.models import ResourceFlavor, Vendor
-    from tenants import services as tenants
     from tenants.models import MembershipRole, PlatformRole, TokenScope
+    from tenants.services.identity import user_create
+    from tenants.services.memberships import membership_create
+    from tenants.services.tenancy import tenant_create
+    from tenants.services.tokens import api_token_create
 
     run = uuid.uuid4().hex[:6]
     ResourceFlavor.objects.get_or_create(
         name=FLAVOR, defaults={"vendor": Vendor.SIMULATED, "model": "Simulated 80G", "memory_mib": 81920}
     )
-    tenant = tenants.tenant_create(actor=None, name=f"Load {run}", slug=f"load-{run}")
+    tenant = tenant_create(actor=None, name=f"Load {run}", slug=f"load-{run}")
     tokens = []
     for index in range(clients):
-        user = tenants.user_create(actor=None, username=f"load-{run}-c{index}", password=None)
-        tenants.membership_create(actor=None, user=user, tenant=tenant, role=MembershipRole.MEMBER)
-        _token, secret = tenants.api_token_create(actor=user, name="load", scope=TokenScope.WRITE)
+        user = user_create(actor=None, username=f"load-{run}-c{index}", password=None)
+        membership_create(actor=None, user=user, tenant=tenant, role=MembershipRole.MEMBER)
+        _token, secret = api_token_create(actor=user, name="load", scope=TokenScope.WRITE)
         tokens.append(secret)
-    admin = tenants.user_create(
+    admin = user_create(
         actor=None, username=f"load-{run}-admin", password=None, platform_role=PlatformRole.SYSTEM_ADMIN
     )
     sessions = []

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from frontend.forms import QuotaChangeForm
 from portal.api import DomainError
 from tenants.models import MembershipRole, PlatformRole, TenantKind, TokenScope, User
-from tenants.services import TOKEN_DEFAULT_LIFETIME_DAYS, TOKEN_MAX_LIFETIME_DAYS
+from tenants.services.tokens import TOKEN_DEFAULT_LIFETIME_DAYS, TOKEN_MAX_LIFETIME_DAYS
 
 
 def attach_domain_error(form: forms.Form, exc: DomainError, aliases: dict[str, str] | None = None) -> None:

@@ -21,7 +21,8 @@ LOOP = "python3 -c \"import time; [print('epoch', i, flush=True) or time.sleep(1
 ADD_TEAM_ADMIN = """
 from portal.demo import DEMO_PASSWORD
 from tenants.models import Tenant
-from tenants.services import membership_create, user_create
+from tenants.services.identity import user_create
+from tenants.services.memberships import membership_create
 dora = user_create(actor=None, username="dora", password=DEMO_PASSWORD)
 membership_create(actor=None, user=dora, tenant=Tenant.objects.get(slug="acme-vision"), role="tenant_admin")
 """

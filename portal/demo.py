@@ -77,7 +77,10 @@ def load_demo_data(*, agents: int | None = None, now: datetime | None = None) ->
     from portal import demo_history
     from scheduler.models import ResourceFlavor
     from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
-    from tenants.services import membership_create, quota_set, tenant_create, user_create
+    from tenants.services.identity import user_create
+    from tenants.services.memberships import membership_create
+    from tenants.services.quotas import quota_set
+    from tenants.services.tenancy import tenant_create
 
     if User.objects.filter(username="admin").exists():
         return False

@@ -298,7 +298,7 @@ def _quota_requests(*, now: datetime) -> None:
     now asks for a larger A100 guarantee for Vision, which waits in the system admin's inbox."""
     from scheduler.models import ResourceFlavor
     from tenants.models import ApprovalRequest, ApprovalStep, Tenant
-    from tenants.services import approval_approve, quota_change_request_create
+    from tenants.services.approvals import approval_approve, quota_change_request_create
 
     users = _users()
     granted = quota_change_request_create(

@@ -27,7 +27,7 @@ CLOSE_NOT_FOUND = 4404
 
 def _bearer_user(scope: dict) -> Any | None:
     """The user of an ``Authorization: Bearer gp_…`` API token (a command line follows without a session)."""
-    from tenants.services import TokenRejected, api_token_authenticate
+    from tenants.services.tokens import TokenRejected, api_token_authenticate
 
     for name, value in scope.get("headers", []):
         if name.lower() == b"authorization":

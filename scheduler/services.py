@@ -247,7 +247,7 @@ APPROVAL_MESSAGE = "Waiting for approval by an administrator."
 def _admission(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
     """(state, reason, message) a new job enters with: ``pending_approval`` when the tenants app's rule asks
     for an approval (priority critical, or larger than the tenant's threshold), else ``queued``."""
-    from tenants.services import job_admission_needs_approval
+    from tenants.services.admissions import job_admission_needs_approval
 
     if job_admission_needs_approval(
         tenant=tenant, total_millis=parsed.total_millis, priority_class=parsed.priority_class
@@ -359,7 +359,7 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         request=request,
     )
     if state == S.PENDING_APPROVAL:
-        from tenants.services import job_admission_request_create
+        from tenants.services.admissions import job_admission_request_create
 
         job_admission_request_create(job=job, actor=actor)
     transaction.on_commit(request_cycle)

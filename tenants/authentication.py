@@ -29,7 +29,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
                 "Invalid Authorization header; send 'Authorization: Bearer gp_…'.", code="token_invalid"
             )
         # Imported here: DRF loads this class while rest_framework.views is still importing.
-        from tenants.services import TokenRejected, api_token_authenticate
+        from tenants.services.tokens import TokenRejected, api_token_authenticate
 
         try:
             token = api_token_authenticate(raw=parts[1])

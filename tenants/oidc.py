@@ -26,7 +26,7 @@ class GpupoolOIDCBackend(OIDCAuthenticationBackend):
         return User.objects.filter(username__iexact=username)
 
     def create_user(self, claims: dict[str, Any]) -> User:
-        from tenants.services import user_create
+        from tenants.services.identity import user_create
 
         return user_create(
             actor=None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 
 from tenants.models import DeliveryStatus, NotificationDelivery
-from tenants.services import approvals_expire, notification_deliver
+from tenants.services.approvals import approvals_expire
+from tenants.services.notifications import notification_deliver
 
 RETRY_BASE_SECONDS = 30
 

@@ -88,7 +88,7 @@ class ApiTokenFactory(factory.django.DjangoModelFactory):
 
     @classmethod
     def _create(cls, model_class, *args, **kwargs):
-        from tenants.services import _new_token_secret, token_hash
+        from tenants.services.tokens import _new_token_secret, token_hash
 
         prefix, raw = _new_token_secret()
         kwargs["key_prefix"] = prefix

@@ -51,7 +51,7 @@ def live_demo():
 def _token(demo: LiveDemo, name: str) -> str:
     created = demo.python(
         "from tenants.models import User\n"
-        "from tenants.services import api_token_create\n"
+        "from tenants.services.tokens import api_token_create\n"
         f"token, raw = api_token_create(actor=User.objects.get(username='bob'), name='{name}', scope='write')\n"
         "print('TOKEN=' + raw)\n"
     )

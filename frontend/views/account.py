@@ -20,9 +20,9 @@ from frontend.access import Section, section_required
 from frontend.admin_forms import TokenCreateForm, attach_domain_error
 from portal.api import DomainError, NotFoundError
 from tenants import selectors as tenant_selectors
-from tenants import services as tenant_services
 from tenants.models import TOKEN_PREFIX
 from tenants.permissions import token_scopes_allowed
+from tenants.services.tokens import api_token_create, api_token_revoke
 
 
 @never_cache
@@ -38,7 +38,7 @@ def token_list(request):
         if form.is_valid():
             data = form.cleaned_data
             try:
-                token, secret = tenant_services.api_token_create(
+                token, secret = api_token_create(
                     actor=request.user,
                     name=data["name"],
                     scope=data["scope"],
@@ -72,7 +72,7 @@ def token_revoke(request, pk: int):
     if token.user_id != request.user.pk:
         raise Http404
     try:
-        tenant_services.api_token_revoke(actor=request.user, token=token, request=request)
+        api_token_revoke(actor=request.user, token=token, request=request)
     except DomainError as exc:
         messages.error(request, exc.message)
     else:

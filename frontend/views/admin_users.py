@@ -29,8 +29,10 @@ from frontend.admin_forms import (
 from frontend.tables import UserTable
 from portal.api import DomainError, NotFoundError
 from tenants import selectors as tenant_selectors
-from tenants import services as tenant_services
 from tenants.models import TOKEN_PREFIX
+from tenants.services import identity
+from tenants.services.memberships import membership_create, membership_delete, membership_update
+from tenants.services.tokens import api_token_revoke
 
 
 def _user_or_404(request, pk):
@@ -69,7 +71,7 @@ def user_create(request):
         form = UserCreateForm(request.POST)
         if form.is_valid():
             try:
-                user = tenant_services.user_create(actor=request.user, request=request, **form.service_kwargs())
+                user = identity.user_create(actor=request.user, request=request, **form.service_kwargs())
             except DomainError as exc:
                 attach_domain_error(form, exc)
             else:
@@ -108,7 +110,7 @@ def user_set_role(request, pk: int):
         role = form.cleaned_data["platform_role"]
         _done(
             request,
-            lambda: tenant_services.user_set_platform_role(
+            lambda: identity.user_set_platform_role(
                 actor=request.user, user=account, platform_role=role, request=request
             ),
             _("Platform role of %(name)s saved.") % {"name": account.username},
@@ -123,7 +125,7 @@ def user_set_active(request, pk: int):
     active = request.POST.get("active") == "true"
     _done(
         request,
-        lambda: tenant_services.user_update(actor=request.user, user=account, is_active=active, request=request),
+        lambda: identity.user_update(actor=request.user, user=account, is_active=active, request=request),
         (_("%(name)s may sign in again.") if active else _("%(name)s is deactivated: no sign-in, no API tokens."))
         % {"name": account.username},
     )
@@ -135,7 +137,7 @@ def user_set_active(request, pk: int):
 def user_mfa_reset(request, pk: int):
     account = _user_or_404(request, pk)
     try:
-        removed = tenant_services.mfa_reset(actor=request.user, user=account, request=request)
+        removed = identity.mfa_reset(actor=request.user, user=account, request=request)
     except DomainError as exc:
         messages.error(request, exc.message)
     else:
@@ -163,7 +165,7 @@ def membership_add(request, pk: int):
         return redirect("frontend:user-detail", pk=account.pk)
     _done(
         request,
-        lambda: tenant_services.membership_create(
+        lambda: membership_create(
             actor=request.user, user=account, tenant=tenant, role=form.cleaned_data["role"], request=request
         ),
         _("%(name)s added to %(tenant)s.") % {"name": account.username, "tenant": tenant.name},
@@ -182,7 +184,7 @@ def membership_change(request, pk: int, membership_pk: int):
     if request.POST.get("action") == "remove":
         _done(
             request,
-            lambda: tenant_services.membership_delete(actor=request.user, membership=membership, request=request),
+            lambda: membership_delete(actor=request.user, membership=membership, request=request),
             _("%(name)s removed from %(tenant)s.") % {"name": account.username, "tenant": membership.tenant.name},
         )
     else:
@@ -190,7 +192,7 @@ def membership_change(request, pk: int, membership_pk: int):
         if form.is_valid():
             _done(
                 request,
-                lambda: tenant_services.membership_update(
+                lambda: membership_update(
                     actor=request.user, membership=membership, role=form.cleaned_data["role"], request=request
                 ),
                 _("Role in %(tenant)s saved.") % {"tenant": membership.tenant.name},
@@ -208,7 +210,7 @@ def user_token_revoke(request, pk: int, token_pk: int):
         raise Http404
     _done(
         request,
-        lambda: tenant_services.api_token_revoke(actor=request.user, token=token, request=request),
+        lambda: api_token_revoke(actor=request.user, token=token, request=request),
         _("Token “%(name)s” revoked; it no longer works.") % {"name": token.name},
     )
     return redirect("frontend:user-detail", pk=account.pk)
@@ -249,7 +251,7 @@ def lockout_reset(request, pk: int):
         return redirect("frontend:lockouts")
     _done(
         request,
-        lambda: tenant_services.auth_lockout_reset(actor=request.user, attempt=attempt, request=request),
+        lambda: identity.auth_lockout_reset(actor=request.user, attempt=attempt, request=request),
         _("Lockout of %(name)s from %(ip)s lifted; they may sign in again.")
         % {"name": attempt.username or "—", "ip": attempt.ip_address or "—"},
     )

@@ -23,9 +23,9 @@ from frontend.views.tenants import _ancestors, _current_quota, _flavor_names, _q
 from portal.api import DomainError, NotFoundError
 from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
-from tenants import services as tenant_services
 from tenants.models import Tenant
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
+from tenants.services import quotas, tenancy
 
 
 def _tenant_or_404(request, pk) -> Tenant:
@@ -64,7 +64,7 @@ def tenant_create(request):
         if form.is_valid():
             data = form.cleaned_data
             try:
-                tenant = tenant_services.tenant_create(
+                tenant = tenancy.tenant_create(
                     actor=request.user,
                     name=data["name"],
                     slug=data["slug"],
@@ -103,7 +103,7 @@ def tenant_edit(request, pk: int):
             if parents is not None and data["parent"] != current_parent:
                 changes["parent"] = _parent_from(request, data["parent"])
             try:
-                tenant = tenant_services.tenant_update(actor=request.user, tenant=tenant, request=request, **changes)
+                tenant = tenancy.tenant_update(actor=request.user, tenant=tenant, request=request, **changes)
             except DomainError as exc:
                 attach_domain_error(form, exc)
             else:
@@ -131,7 +131,7 @@ def tenant_delete(request, pk: int):
         raise Http404
     parent_id, name = tenant.parent_id, tenant.name
     try:
-        tenant_services.tenant_delete(actor=request.user, tenant=tenant, request=request)
+        tenancy.tenant_delete(actor=request.user, tenant=tenant, request=request)
     except DomainError as exc:
         messages.error(request, exc.message)
         return redirect("frontend:tenant-edit", pk=tenant.pk)
@@ -158,7 +158,7 @@ def quota_edit(request, pk: int):
         if form.is_valid():
             flavor = ResourceFlavor.objects.get(name=form.cleaned_data["flavor"])
             try:
-                tenant_services.quota_set(
+                quotas.quota_set(
                     actor=request.user, tenant=tenant, flavor=flavor, values=form.values(), request=request
                 )
             except DomainError as exc:

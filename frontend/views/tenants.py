@@ -20,10 +20,15 @@ from frontend.summaries import flavor_capacity, guarantee_overcommit
 from portal.api import DomainError, NotFoundError
 from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
-from tenants import services as tenant_services
 from tenants.approval_chain import chain_plan, decided_by_sentence
 from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, ApprovalStepRole, Quota, Tenant
 from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override, is_system_admin
+from tenants.services.approvals import (
+    approval_approve,
+    approval_reject,
+    approval_request_changes,
+    quota_change_request_create,
+)
 
 # Quota bars in the tree cost a few queries per tenant; past this many tenants the tree shows names only.
 TREE_QUOTA_LIMIT = 60
@@ -187,7 +192,7 @@ def quota_request(request, pk: int):
     if form.is_valid():
         flavor = ResourceFlavor.objects.get(name=form.cleaned_data["flavor"])
         try:
-            approval = tenant_services.quota_change_request_create(
+            approval = quota_change_request_create(
                 actor=request.user,
                 tenant=tenant,
                 flavor=flavor,
@@ -262,9 +267,9 @@ def approval_detail(request, pk: int):
         form = DecisionForm(request.POST)
         if form.is_valid():
             decide = {
-                "approve": tenant_services.approval_approve,
-                "reject": tenant_services.approval_reject,
-                "request_changes": tenant_services.approval_request_changes,
+                "approve": approval_approve,
+                "reject": approval_reject,
+                "request_changes": approval_request_changes,
             }[form.cleaned_data["decision"]]
             try:
                 decide(actor=request.user, approval=approval, comment=form.cleaned_data["comment"], request=request)

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api import NotFoundError, PermissionDeniedError
-from tenants import selectors, services
+from tenants import selectors
 from tenants.api import serializers as s
 from tenants.filtersets import (
     ApiTokenFilterSet,
@@ -30,6 +30,7 @@ from tenants.filtersets import (
 )
 from tenants.models import ApiToken, FlavorPrice, Membership, Quota, TokenScope, User
 from tenants.permissions import ReadOnlyForAuditor, can_manage_memberships, is_security_admin
+from tenants.services import admissions, approvals, identity, memberships, notifications, quotas, tenancy, tokens
 
 ERROR = OpenApiResponse(description='Error: {"code": "...", "detail": "..."}')
 ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR}
@@ -69,7 +70,7 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         data = _validated(s.TenantCreateSerializer, request)
         parent_id = data.pop("parent", None)
         parent = selectors.tenant_get_visible(user=request.user, pk=parent_id) if parent_id else None
-        tenant = services.tenant_create(actor=request.user, parent=parent, request=request, **data)
+        tenant = tenancy.tenant_create(actor=request.user, parent=parent, request=request, **data)
         return Response(s.TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -83,12 +84,12 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         if "parent" in data:
             parent_id = data.pop("parent")
             data["parent"] = selectors.tenant_get_visible(user=request.user, pk=parent_id) if parent_id else None
-        tenant = services.tenant_update(actor=request.user, tenant=tenant, request=request, **data)
+        tenant = tenancy.tenant_update(actor=request.user, tenant=tenant, request=request, **data)
         return Response(s.TenantSerializer(tenant).data)
 
     @extend_schema(summary="Delete an empty tenant", responses={204: None, 409: ERROR, **ERRORS})
     def destroy(self, request: Request, pk: str) -> Response:
-        services.tenant_delete(actor=request.user, tenant=self.get_object(), request=request)
+        tenancy.tenant_delete(actor=request.user, tenant=self.get_object(), request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(summary="The tenant and everything below it", responses={200: s.TenantSerializer(many=True)})
@@ -135,8 +136,8 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         user = User.objects.filter(is_active=True, **lookup).first()
         if user is None:
             # The same answer as for an account that cannot be added (services.cannot_add_member).
-            raise services.cannot_add_member()
-        membership = services.membership_create(
+            raise memberships.cannot_add_member()
+        membership = memberships.membership_create(
             actor=request.user, user=user, tenant=tenant, role=data["role"], request=request
         )
         return Response(s.MembershipSerializer(membership).data, status=status.HTTP_201_CREATED)
@@ -149,14 +150,14 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     def partial_update(self, request: Request, pk: str) -> Response:
         membership = self.get_object()
         data = _validated(s.MembershipUpdateSerializer, request)
-        membership = services.membership_update(
+        membership = memberships.membership_update(
             actor=request.user, membership=membership, role=data["role"], request=request
         )
         return Response(s.MembershipSerializer(membership).data)
 
     @extend_schema(summary="Remove a member", responses={204: None, **ERRORS})
     def destroy(self, request: Request, pk: str) -> Response:
-        services.membership_delete(actor=request.user, membership=self.get_object(), request=request)
+        memberships.membership_delete(actor=request.user, membership=self.get_object(), request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -185,7 +186,7 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScoped
     )
     def create(self, request: Request) -> Response:
         data = _validated(s.UserCreateSerializer, request)
-        user = services.user_create(actor=request.user, request=request, **data)
+        user = identity.user_create(actor=request.user, request=request, **data)
         return Response(s.UserSerializer(user).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -198,9 +199,9 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScoped
         data = _validated(s.UserUpdateSerializer, request)
         role = data.pop("platform_role", None)
         if data or role is None:
-            user = services.user_update(actor=request.user, user=user, request=request, **data)
+            user = identity.user_update(actor=request.user, user=user, request=request, **data)
         if role is not None:
-            user = services.user_set_platform_role(actor=request.user, user=user, platform_role=role, request=request)
+            user = identity.user_set_platform_role(actor=request.user, user=user, platform_role=role, request=request)
         return Response(s.UserSerializer(user).data)
 
     @extend_schema(
@@ -212,7 +213,7 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScoped
     def set_password(self, request: Request, pk: str) -> Response:
         user = self.get_object()
         data = _validated(s.PasswordSerializer, request)
-        services.user_set_password(actor=request.user, user=user, password=data["password"], request=request)
+        identity.user_set_password(actor=request.user, user=user, password=data["password"], request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(
@@ -223,7 +224,7 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScoped
     @action(detail=True, methods=["post"], url_path="mfa-reset")
     def mfa_reset(self, request: Request, pk: str) -> Response:
         user = self.get_object()
-        removed = services.mfa_reset(actor=request.user, user=user, request=request)
+        removed = identity.mfa_reset(actor=request.user, user=user, request=request)
         return Response({"removed": removed})
 
 
@@ -252,7 +253,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def create(self, request: Request) -> Response:
         data = _validated(s.ApiTokenCreateSerializer, request)
         via_token = request.auth if isinstance(request.auth, ApiToken) else None
-        token, secret = services.api_token_create(actor=request.user, via_token=via_token, request=request, **data)
+        token, secret = tokens.api_token_create(actor=request.user, via_token=via_token, request=request, **data)
         token.secret = secret
         return Response(s.ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)
 
@@ -261,7 +262,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         token = self.get_object()
         if not (token.user_id == request.user.pk or is_security_admin(request.user)):
             raise NotFoundError(f"No API token with id {pk} is visible to you.")
-        services.api_token_revoke(actor=request.user, token=token, request=request)
+        tokens.api_token_revoke(actor=request.user, token=token, request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -314,7 +315,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
         flavor = _flavor(data.pop("flavor"))
         current = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
         values = {**(current.values() if current else {}), **data}
-        quota = services.quota_set(actor=request.user, tenant=tenant, flavor=flavor, values=values, request=request)
+        quota = quotas.quota_set(actor=request.user, tenant=tenant, flavor=flavor, values=values, request=request)
         return Response(s.QuotaSerializer(quota).data)
 
 
@@ -340,7 +341,7 @@ class TenantApprovalThresholdView(APIView):
     def post(self, request: Request, pk: str) -> Response:
         tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
         data = _validated(s.ThresholdSerializer, request)
-        tenant = services.tenant_set_job_approval_threshold(
+        tenant = admissions.tenant_set_job_approval_threshold(
             actor=request.user, tenant=tenant, threshold_millis=data["threshold_millis"], request=request
         )
         return Response(s.TenantSerializer(tenant).data)
@@ -379,7 +380,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
         tenant = selectors.tenant_get_visible(user=request.user, pk=data.pop("tenant"))
         flavor = _flavor(data.pop("flavor"))
         reason = data.pop("reason", "")
-        approval = services.quota_change_request_create(
+        approval = approvals.quota_change_request_create(
             actor=request.user, tenant=tenant, flavor=flavor, values=data, reason=reason, request=request
         )
         return Response(s.ApprovalSerializer(approval).data, status=status.HTTP_201_CREATED)
@@ -397,7 +398,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     )
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pk: str) -> Response:
-        return self._decide(request, services.approval_approve)
+        return self._decide(request, approvals.approval_approve)
 
     @extend_schema(
         summary="Reject (comment required)",
@@ -406,7 +407,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     )
     @action(detail=True, methods=["post"])
     def reject(self, request: Request, pk: str) -> Response:
-        return self._decide(request, services.approval_reject)
+        return self._decide(request, approvals.approval_reject)
 
     @extend_schema(
         summary="Send back to the requester for changes (comment required)",
@@ -415,7 +416,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     )
     @action(detail=True, methods=["post"], url_path="request-changes")
     def request_changes(self, request: Request, pk: str) -> Response:
-        return self._decide(request, services.approval_request_changes)
+        return self._decide(request, approvals.approval_request_changes)
 
     @extend_schema(
         summary="Withdraw your request",
@@ -424,7 +425,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
-        return self._decide(request, services.approval_cancel)
+        return self._decide(request, approvals.approval_cancel)
 
     @extend_schema(
         summary="Resubmit with changed values after changes were requested",
@@ -435,7 +436,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     def resubmit(self, request: Request, pk: str) -> Response:
         approval = self.get_object()
         data = _validated(s.ResubmitSerializer, request)
-        approval = services.approval_resubmit(
+        approval = approvals.approval_resubmit(
             actor=request.user,
             approval=approval,
             values=dict(data.get("values") or {}),
@@ -476,7 +477,7 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
     )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str) -> Response:
-        delivery = services.notification_retry(actor=request.user, delivery=self.get_object(), request=request)
+        delivery = notifications.notification_retry(actor=request.user, delivery=self.get_object(), request=request)
         return Response(s.NotificationDeliverySerializer(delivery).data)
 
 
@@ -496,7 +497,7 @@ class FlavorPriceViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     )
     def create(self, request: Request) -> Response:
         data = _validated(s.FlavorPriceSetSerializer, request)
-        price = services.flavor_price_set(
+        price = quotas.flavor_price_set(
             actor=request.user,
             flavor=_flavor(data["flavor"]),
             price_per_device_hour=data["price_per_device_hour"],

@@ -12,7 +12,7 @@ import pytest
 
 from scheduler.models import Job, JobState, ResourceFlavor
 from tenants.models import Tenant
-from tenants.services import quota_set
+from tenants.services.quotas import quota_set
 from tests.client.conftest import place_and_start, submitted_id
 from tests.factories import SystemAdminFactory
 

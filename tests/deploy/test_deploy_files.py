@@ -581,7 +581,7 @@ def exported(db, settings, monkeypatch) -> dict[str, set[str]]:
     from scheduler.fleet import metrics, selectors, services
     from scheduler.fleet.telemetry import latest_store
     from scheduler.models import Allocation, Device, Job, JobState
-    from tenants.services import quota_set
+    from tenants.services.quotas import quota_set
     from tests.factories import TenantFactory
     from tests.fleet.conftest import hello, register_node
 

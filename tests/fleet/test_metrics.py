@@ -135,7 +135,7 @@ def admin_scrape() -> str:
 
 
 def test_pool_capacity_per_card_allocation_and_tenant_usage_against_its_quota(fleet):
-    from tenants.services import quota_set
+    from tenants.services.quotas import quota_set
 
     device = Device.objects.get(uuid="GPU-gpu-01-0")
     tenant = Job.objects.get(name="train").tenant

@@ -7,7 +7,9 @@ import uuid
 
 from scheduler.models import Device, Node, NodeStatus, ResourceFlavor, Vendor
 from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
-from tenants.services import membership_create, tenant_create, user_create
+from tenants.services.identity import user_create
+from tenants.services.memberships import membership_create
+from tenants.services.tenancy import tenant_create
 
 PASSWORD = "console-test-password-1"
 _counter = itertools.count(1)

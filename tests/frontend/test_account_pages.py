@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from tenants.models import ApiToken, PlatformRole, TokenScope
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.frontend.factories import make_member, make_tenant, make_user
 from tests.tenants.conftest import audited
 

@@ -14,7 +14,8 @@ from frontend.audit_details import audit_details
 from scheduler.models import Job
 from scheduler.services import job_submit
 from tenants.models import MembershipRole, PlatformRole
-from tenants.services import quota_set, user_set_platform_role
+from tenants.services.identity import user_set_platform_role
+from tenants.services.quotas import quota_set
 from tests.frontend.factories import make_flavor, make_member, make_tenant, make_user
 
 pytestmark = pytest.mark.django_db

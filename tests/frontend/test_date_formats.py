@@ -14,7 +14,8 @@ from frontend.datetimes import MOMENT_FORMATS, format_moment
 from scheduler.models import Job, JobState, Node
 from scheduler.services import job_submit, run_cycle
 from tenants.models import MembershipRole, PlatformRole
-from tenants.services import api_token_create, quota_set
+from tenants.services.quotas import quota_set
+from tenants.services.tokens import api_token_create
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import ApprovalRequest, MembershipRole, PlatformRole
-from tenants.services import quota_set
+from tenants.services.quotas import quota_set
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 
 pytestmark = pytest.mark.django_db

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import ApprovalStatus, MembershipRole, PlatformRole, Quota
-from tenants.services import quota_set
+from tenants.services.quotas import quota_set
 from tests.frontend.factories import make_flavor, make_member, make_tenant, make_user
 
 pytestmark = pytest.mark.django_db

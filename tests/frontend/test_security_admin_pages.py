@@ -9,7 +9,7 @@ from django.urls import reverse
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from tenants.models import Membership, MembershipRole, PlatformRole, User
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.frontend.factories import PASSWORD, make_member, make_tenant, make_user
 from tests.tenants.conftest import audited
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from scheduler.models import Allocation, NodeStatus
 from scheduler.services import job_submit
 from tenants.models import PlatformRole
-from tenants.services import quota_set
+from tenants.services.quotas import quota_set
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 
 pytestmark = pytest.mark.django_db

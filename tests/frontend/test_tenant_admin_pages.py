@@ -7,7 +7,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from tenants.models import MembershipRole, PlatformRole, Quota, Tenant
-from tenants.services import quota_set
+from tenants.services.quotas import quota_set
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 from tests.tenants.conftest import audited
 

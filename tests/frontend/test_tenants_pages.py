@@ -55,7 +55,7 @@ def test_auditor_has_no_tenant_pages(client, tree):
 
 
 def test_tree_shows_each_tenants_quota_bars(client, tree):
-    from tenants.services import quota_set
+    from tenants.services.quotas import quota_set
     from tests.frontend.factories import make_flavor
 
     flavor = make_flavor("nvidia-h100-80g")

@@ -224,7 +224,11 @@ class Cluster:
         so the audit trail has them). Returns the token; runs in the caller's process (Django set up)."""
         from scheduler.models import ResourceFlavor, Vendor
         from tenants.models import MembershipRole, TenantKind
-        from tenants.services import api_token_create, membership_create, quota_set, tenant_create, user_create
+        from tenants.services.identity import user_create
+        from tenants.services.memberships import membership_create
+        from tenants.services.quotas import quota_set
+        from tenants.services.tenancy import tenant_create
+        from tenants.services.tokens import api_token_create
 
         _model, model_name, memory_mib = SIM_MODEL
         flavor, _ = ResourceFlavor.objects.get_or_create(

@@ -18,7 +18,8 @@ from scheduler.sim import SimPolicy, simulate
 from scheduler.sim.traceformat import load_trace
 from scheduler.snapshot import policy_from_settings
 from tenants.models import TenantKind
-from tenants.services import quota_set, tenant_create, tenant_update
+from tenants.services.quotas import quota_set
+from tenants.services.tenancy import tenant_create, tenant_update
 from tests.scheduler.history import job_history
 
 pytestmark = pytest.mark.django_db

@@ -43,13 +43,11 @@ def test_submit_queues_the_job_with_events_audit_and_a_cycle_request(submitted, 
 
 
 def test_submit_holds_the_job_when_the_tenants_app_wants_approval(member, node, monkeypatch):
-    from tenants import services as tenant_services
+    from tenants.services import admissions
 
     created = []
-    monkeypatch.setattr(
-        tenant_services, "job_admission_needs_approval", lambda **kw: kw["priority_class"] == 1000, False
-    )
-    monkeypatch.setattr(tenant_services, "job_admission_request_create", lambda **kw: created.append(kw), False)
+    monkeypatch.setattr(admissions, "job_admission_needs_approval", lambda **kw: kw["priority_class"] == 1000, False)
+    monkeypatch.setattr(admissions, "job_admission_request_create", lambda **kw: created.append(kw), False)
     job = services.job_submit(actor=member, spec={**SPEC, "priority_class": "critical"})
     assert job.state == JobState.PENDING_APPROVAL
     assert created == [{"job": job, "actor": member}]

@@ -51,7 +51,7 @@ def fast_user(username: str | None = None, *, platform_role: str = ""):
 
 def fast_member(tenant, *, role: str = "member", username: str | None = None):
     """A member of ``tenant`` (through the service, so the membership is audited as in production)."""
-    from tenants.services import membership_create
+    from tenants.services.memberships import membership_create
 
     user = fast_user(username)
     membership_create(actor=None, user=user, tenant=tenant, role=role)

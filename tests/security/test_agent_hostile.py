@@ -26,7 +26,7 @@ from scheduler import services as scheduler_services
 from scheduler.fleet import services
 from scheduler.fleet.telemetry import latest_store
 from scheduler.models import AgentCommand, Allocation, Job, JobState, ResourceFlavor
-from tenants.services import quota_set
+from tenants.services.quotas import quota_set
 from tests.factories import ApiTokenFactory, MembershipFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node, settle, telemetry
 from tests.security.conftest import assert_unchanged, state_fingerprint

@@ -24,7 +24,9 @@ from schemathesis import GenerationMode  # noqa: E402
 
 from scheduler.services import job_submit  # noqa: E402
 from tenants.models import MembershipRole, TokenScope  # noqa: E402
-from tenants.services import api_token_create, quota_change_request_create, quota_set  # noqa: E402
+from tenants.services.approvals import quota_change_request_create  # noqa: E402
+from tenants.services.quotas import quota_set  # noqa: E402
+from tenants.services.tokens import api_token_create  # noqa: E402
 from tests.factories import (  # noqa: E402
     ApiTokenFactory,
     AuditorFactory,

@@ -24,7 +24,9 @@ from audit.models import AuditRecord
 from scheduler.models import Device, Job
 from scheduler.services import job_submit, run_cycle
 from tenants.models import ApiToken, Membership, MembershipRole, NotificationDelivery, Quota, TokenScope
-from tenants.services import api_token_create, quota_change_request_create, quota_set
+from tenants.services.approvals import quota_change_request_create
+from tenants.services.quotas import quota_set
+from tenants.services.tokens import api_token_create
 from tests.frontend.factories import make_flavor, make_node, make_tenant
 from tests.security.conftest import fast_member as make_member
 from tests.security.conftest import state_fingerprint

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from scheduler.models import Job
 from tenants.models import MembershipRole, PlatformRole, Tenant, TokenScope
-from tenants.services import api_token_create
+from tenants.services.tokens import api_token_create
 from tests.frontend.factories import make_flavor, make_node, make_tenant
 from tests.security.conftest import assert_unchanged, state_fingerprint
 from tests.security.conftest import fast_member as make_member

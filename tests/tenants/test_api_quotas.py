@@ -12,7 +12,7 @@ from openpyxl import load_workbook
 
 from scheduler.models import Allocation
 from tenants.models import ApprovalStatus, MembershipRole, NotificationDelivery, Quota
-from tenants.services import flavor_price_set, quota_set
+from tenants.services.quotas import flavor_price_set, quota_set
 from tests.factories import MembershipFactory, UserFactory
 from tests.scheduler.factories import DeviceFactory, FlavorFactory, JobFactory
 
@@ -201,7 +201,7 @@ def test_flavor_price_set_by_system_admin_only(world, flavor):
 def test_quota_and_approval_objects_of_another_tenant_are_not_found(world, flavor, role):
     globex_admin = UserFactory(username="gadmin")
     MembershipFactory(user=globex_admin, tenant=world.globex, role=MembershipRole.TENANT_ADMIN)
-    from tenants.services import quota_change_request_create
+    from tenants.services.approvals import quota_change_request_create
 
     approval = quota_change_request_create(
         actor=globex_admin, tenant=world.globex_team, flavor=flavor, values={"guaranteed_millis": 1000}

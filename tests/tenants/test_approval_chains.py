@@ -11,13 +11,9 @@ from django.urls import reverse
 from portal.api import DomainError, PermissionDeniedError
 from tenants.models import ApprovalStatus, MembershipRole, Quota
 from tenants.selectors import approvals_awaiting, approvals_overridable
-from tenants.services import (
-    approval_approve,
-    approval_reject,
-    job_admission_request_create,
-    quota_change_request_create,
-    quota_set,
-)
+from tenants.services.admissions import job_admission_request_create
+from tenants.services.approvals import approval_approve, approval_reject, quota_change_request_create
+from tenants.services.quotas import quota_set
 from tests.factories import ApiTokenFactory, MembershipFactory, SystemAdminFactory, UserFactory, bearer
 from tests.scheduler.factories import FlavorFactory, JobFactory
 from tests.tenants.conftest import audited

@@ -18,20 +18,22 @@ from scheduler.models import JobState, PriorityClass
 from tenants import notifiers
 from tenants.models import ApprovalStatus, DeliveryStatus, MembershipRole, NotificationDelivery, Quota
 from tenants.selectors import approvals_awaiting
-from tenants.services import (
+from tenants.services.admissions import (
+    job_admission_needs_approval,
+    job_admission_request_create,
+    tenant_set_job_approval_threshold,
+)
+from tenants.services.approvals import (
     approval_approve,
     approval_cancel,
     approval_reject,
     approval_request_changes,
     approval_resubmit,
     approvals_expire,
-    job_admission_needs_approval,
-    job_admission_request_create,
-    notification_deliver,
     quota_change_request_create,
-    quota_set,
-    tenant_set_job_approval_threshold,
 )
+from tenants.services.notifications import notification_deliver
+from tenants.services.quotas import quota_set
 from tests.factories import MembershipFactory, SystemAdminFactory, UserFactory
 from tests.scheduler.factories import FlavorFactory, JobFactory
 from tests.tenants.conftest import audited

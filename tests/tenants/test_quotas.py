@@ -9,7 +9,7 @@ from portal.api import DomainError, PermissionDeniedError
 from scheduler.models import Allocation
 from tenants.models import Quota
 from tenants.selectors import quota_usage
-from tenants.services import quota_set
+from tenants.services.quotas import quota_set
 from tests.scheduler.factories import DeviceFactory, FlavorFactory, JobFactory
 from tests.tenants.conftest import audited
 

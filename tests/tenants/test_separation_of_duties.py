@@ -12,7 +12,9 @@ from rest_framework.test import APIClient
 
 from portal.api import DomainError, PermissionDeniedError
 from tenants.models import ApiToken, Membership, PlatformRole, Tenant
-from tenants.services import api_token_create, membership_create, user_set_platform_role
+from tenants.services.identity import user_set_platform_role
+from tenants.services.memberships import membership_create
+from tenants.services.tokens import api_token_create
 from tests.factories import (
     ApiTokenFactory,
     AuditorFactory,

@@ -6,7 +6,7 @@ import pytest
 
 from portal.api import ConflictError, DomainError, PermissionDeniedError
 from tenants.models import MAX_TENANT_DEPTH, Tenant
-from tenants.services import tenant_create, tenant_delete, tenant_update
+from tenants.services.tenancy import tenant_create, tenant_delete, tenant_update
 from tests.factories import TenantFactory
 from tests.tenants.conftest import audited
 

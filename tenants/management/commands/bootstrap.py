@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from portal.api import DomainError
 from tenants.models import PlatformRole, User
-from tenants.services import user_create
+from tenants.services.identity import user_create
 
 ROLES = [
     ("security_admin", PlatformRole.SECURITY_ADMIN, "GPUPOOL_BOOTSTRAP_SECURITY_ADMIN"),

@@ -11,7 +11,7 @@ from base64 import b32encode
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tenants.models import User
-from tenants.services import mfa_reset, mfa_totp_begin
+from tenants.services.identity import mfa_reset, mfa_totp_begin
 
 
 class Command(BaseCommand):

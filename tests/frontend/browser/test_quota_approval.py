@@ -12,7 +12,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ADD_TEAM_ADMIN = """
 from portal.demo import DEMO_PASSWORD
 from tenants.models import Tenant, User
-from tenants.services import membership_create, user_create
+from tenants.services.identity import user_create
+from tenants.services.memberships import membership_create
 if not User.objects.filter(username="dora").exists():
     dora = user_create(actor=None, username="dora", password=DEMO_PASSWORD)
     membership_create(actor=None, user=dora, tenant=Tenant.objects.get(slug="acme-vision"), role="tenant_admin")

@@ -1,0 +1,100 @@
+"""Job admission: whether a submitted job waits for approval (priority critical, or above the tenant's
+size threshold), putting it in the approval inbox, and setting the threshold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from audit.services import audit_record
+from portal.api import DomainError
+from tenants.models import Tenant, User
+from tenants.permissions import is_system_admin
+from tenants.services._common import _ensure_may_write, _require
+from tenants.services.approvals import _approval_audit, _approval_chain, _approval_expiry
+from tenants.services.notifications import _notify_approvers
+
+# --- job admission (called by scheduler.services.job_submit) ---------------------------------------------
+
+CRITICAL_PRIORITY = 1000
+
+
+def job_admission_threshold_millis(tenant: Tenant) -> int | None:
+    """The tenant's own threshold, else the nearest ancestor's, else ``GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS``."""
+    from tenants.permissions import ancestors_and_self
+
+    for node in ancestors_and_self(tenant):
+        if node.job_approval_threshold_millis is not None:
+            return node.job_approval_threshold_millis
+    return getattr(settings, "GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS", None)
+
+
+def job_admission_needs_approval(*, tenant: Tenant, total_millis: int, priority_class: int) -> bool:
+    """Priority ``critical`` always waits for approval; so does a job above the tenant's size threshold."""
+    if int(priority_class) >= CRITICAL_PRIORITY:
+        return True
+    threshold = job_admission_threshold_millis(tenant)
+    return threshold is not None and total_millis > threshold
+
+
+@transaction.atomic
+def job_admission_request_create(*, job: Any, actor: User | None) -> Any:
+    """Put ``job`` (already ``pending_approval``) in the approval inbox."""
+    from tenants.models import ApprovalKind, ApprovalRequest
+
+    requester = actor if actor is not None else job.submitter
+    chain, escalations = _approval_chain(ApprovalKind.JOB_ADMISSION, job.tenant, requester)
+    approval = ApprovalRequest.objects.create(
+        kind=ApprovalKind.JOB_ADMISSION,
+        tenant=job.tenant,
+        job=job,
+        requester=requester,
+        payload={
+            "job": job.pk,
+            "name": job.name,
+            "priority_class": int(job.priority_class),
+            "total_millis": job.total_millis,
+            "summary": f"{job.name}: {job.replicas} x {job.millis_per_replica} millis, priority {job.priority_class}",
+        },
+        chain=chain,
+        escalations=escalations,
+        expires_at=_approval_expiry(),
+    )
+    _approval_audit(
+        approval,
+        "request",
+        actor=actor,
+        details={"after": approval.payload, "chain": approval.chain, "escalations": escalations},
+    )
+    _notify_approvers(approval)
+    return approval
+
+
+@transaction.atomic
+def tenant_set_job_approval_threshold(
+    *, actor: User | None, tenant: Tenant, threshold_millis: int | None, request: Any = None
+) -> Tenant:
+    """Jobs larger than ``threshold_millis`` in total wait for approval (None: inherit)."""
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor), "Only a system admin sets the job approval threshold.")
+    if threshold_millis is not None and threshold_millis < 0:
+        raise DomainError("The threshold must be ≥ 0 millis.", field="job_approval_threshold_millis")
+    before = tenant.job_approval_threshold_millis
+    tenant.job_approval_threshold_millis = threshold_millis
+    tenant.save(update_fields=["job_approval_threshold_millis"])
+    audit_record(
+        action="tenant.update",
+        actor=actor,
+        tenant=tenant,
+        target=f"tenant:{tenant.pk}",
+        details={
+            "before": {"job_approval_threshold_millis": before},
+            "after": {"job_approval_threshold_millis": threshold_millis},
+        },
+        request=request,
+    )
+    return tenant

@@ -1,0 +1,406 @@
+"""The approval inbox shared by quota changes and job admissions: chains, requests, decisions (approve,
+reject, request changes, resubmit, cancel) and expiry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from portal.api import ConflictError, DomainError
+from tenants.approval_handlers import approval_handler
+from tenants.models import OPEN_APPROVAL_STATUSES, Tenant, User
+from tenants.permissions import can_admin_tenant, is_system_admin
+from tenants.services._common import _ensure_may_write, _require
+from tenants.services.notifications import _notify_approvers, _notify_requester
+from tenants.services.quotas import _check_quota_tree, _clean_quota_values, _lock_quota_path, _quota_apply
+
+# --- approvals (quota changes and job admissions share one inbox) ----------------------------------------
+
+DEFAULT_APPROVAL_CHAINS = {
+    "quota_change": ["parent_tenant_admin", "system_admin"],
+    "job_admission": ["tenant_admin", "system_admin"],
+}
+
+
+def _configured_chain(kind: str, tenant: Tenant) -> list[str]:
+    from tenants.models import ApprovalStepRole
+
+    chains = getattr(settings, "GPUPOOL_APPROVAL_CHAINS", None) or DEFAULT_APPROVAL_CHAINS
+    chain = list(chains.get(kind, DEFAULT_APPROVAL_CHAINS[kind]))
+    unknown = [role for role in chain if role not in ApprovalStepRole.values]
+    if unknown:
+        raise DomainError(f"GPUPOOL_APPROVAL_CHAINS[{kind!r}] has unknown role(s) {unknown}.", code="misconfigured")
+    if tenant.parent_id is None:
+        # A top-level tenant has no parent tenant admin to ask.
+        chain = [role for role in chain if role != ApprovalStepRole.PARENT_TENANT_ADMIN]
+    return chain or [ApprovalStepRole.SYSTEM_ADMIN]
+
+
+def _approval_chain(kind: str, tenant: Tenant, requester: User | None) -> tuple[list[str], list[dict]]:
+    """The configured chain with the steps nobody but the requester could decide passed over
+    (``tenants.approval_chain``), so every request reaches someone who can finish it."""
+    from tenants.approval_chain import resolve_chain
+
+    return resolve_chain(_configured_chain(kind, tenant), tenant, getattr(requester, "pk", None))
+
+
+def _require_decision_comment(actor: User, approval: Any, comment: str) -> bool:
+    """A system admin may decide a step that waits for someone else's role, saying why; returns whether this
+    decision is such an override (it is audited as one)."""
+    from tenants.permissions import is_approval_override
+
+    override = is_approval_override(actor, approval)
+    if override and not comment.strip():
+        role = (approval.awaiting_role or "").replace("_", " ")
+        raise DomainError(
+            f"This step waits for a {role}; a system admin deciding it instead must say why (comment).",
+            field="comment",
+        )
+    return override
+
+
+def _approval_expiry() -> dt.datetime:
+    return timezone.now() + dt.timedelta(hours=getattr(settings, "GPUPOOL_APPROVAL_TTL_HOURS", 72))
+
+
+def _audit_prefix(approval: Any) -> str:
+    from tenants.models import ApprovalKind
+
+    return "quota_request" if approval.kind == ApprovalKind.QUOTA_CHANGE else "approval"
+
+
+def _approval_audit(approval: Any, verb: str, *, actor: User | None, details: dict, request: Any = None) -> None:
+    audit_record(
+        action=f"{_audit_prefix(approval)}.{verb}",
+        actor=actor,
+        tenant=approval.tenant,
+        target=f"approval:{approval.pk}",
+        details={"kind": approval.kind, "status": approval.status, "step": approval.step, **details},
+        request=request,
+    )
+
+
+@transaction.atomic
+def quota_change_request_create(
+    *, actor: User, tenant: Tenant, flavor: Any, values: dict, reason: str = "", request: Any = None
+) -> Any:
+    """A tenant admin asks for a new quota for ``tenant`` (its own or one below). The values are checked now
+    (so an impossible request is refused at once) and again, under locks, when it is finally approved."""
+    from tenants.models import ApprovalKind, ApprovalRequest, Quota
+
+    _ensure_may_write(actor)
+    _require(
+        can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may request a quota change for it."
+    )
+    current = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
+    merged = {**(current.values() if current else {}), **values}
+    cleaned = _clean_quota_values(merged, tenant=tenant, flavor=flavor)
+    _check_quota_tree(tenant=tenant, flavor=flavor, new=cleaned)
+    chain, escalations = _approval_chain(ApprovalKind.QUOTA_CHANGE, tenant, actor)
+    from tenants.approval_chain import eligible_approvers
+
+    if is_system_admin(actor) and not all(eligible_approvers(role, tenant, actor.pk) for role in chain):
+        # The platform's only system admin asking: nobody else exists to decide, and they need no one.
+        # (A platform with no system admin at all keeps the request for the first one appointed.)
+        raise DomainError(
+            "Nobody but you could approve this request: as a system admin, set the quota directly "
+            "(POST /api/v1/quotas/).",
+            code="no_approver",
+        )
+    approval = ApprovalRequest.objects.create(
+        kind=ApprovalKind.QUOTA_CHANGE,
+        tenant=tenant,
+        flavor=flavor,
+        requester=actor,
+        payload=cleaned,
+        reason=reason,
+        chain=chain,
+        escalations=escalations,
+        expires_at=_approval_expiry(),
+    )
+    _approval_audit(
+        approval,
+        "create",
+        actor=actor,
+        details={
+            "before": current.values() if current else None,
+            "after": cleaned,
+            "chain": approval.chain,
+            "escalations": escalations,
+        },
+        request=request,
+    )
+    _notify_approvers(approval)
+    return approval
+
+
+def _lock_approval(approval: Any) -> Any:
+    from tenants.models import ApprovalRequest
+
+    return (
+        ApprovalRequest.objects.select_for_update(of=("self",), no_key=True)
+        .select_related("tenant__parent", "flavor", "requester")
+        .get(pk=approval.pk)
+    )
+
+
+def _require_open(approval: Any, *statuses: str) -> None:
+    from tenants.models import ApprovalStatus
+
+    allowed = statuses or (ApprovalStatus.PENDING,)
+    if approval.status not in allowed:
+        raise ConflictError(
+            f"Request #{approval.pk} is {approval.status}; nothing more can be decided on it.", code="approval_closed"
+        )
+
+
+@transaction.atomic
+def approval_approve(*, actor: User, approval: Any, comment: str = "", request: Any = None) -> Any:
+    """Approve the awaited step. On the last step the change is applied: a quota change is re-validated
+    under row locks and either applied whole or marked ``failed`` with the reason; an admitted job is
+    released to the queue."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval)
+    from tenants.permissions import can_decide_approval
+
+    _require(
+        can_decide_approval(actor, approval),
+        "You cannot approve this step: it waits for a "
+        f"{(approval.awaiting_role or '').replace('_', ' ')}, and nobody approves their own request.",
+    )
+    override = _require_decision_comment(actor, approval, comment)
+    if approval.step + 1 < len(approval.chain):
+        # Who can decide the later steps may have changed since the request was made: pass over the ones
+        # nobody but the requester could decide now, so the request cannot stall on them.
+        from tenants.approval_chain import resolve_chain
+
+        later, escalations = resolve_chain(approval.chain[approval.step + 1 :], approval.tenant, approval.requester_id)
+        approval.chain = approval.chain[: approval.step + 1] + later
+        approval.escalations = approval.escalations + escalations
+    final = approval.step + 1 >= len(approval.chain)
+    if final and approval.kind == ApprovalKind.QUOTA_CHANGE:
+        # Locks first (before any audit write) so concurrent approvals queue here in one order.
+        _lock_quota_path(tenant=approval.tenant, flavor=approval.flavor)
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role=approval.awaiting_role,
+        actor=actor,
+        decision=ApprovalDecision.APPROVE,
+        comment=comment,
+    )
+    if not final:
+        approval.step += 1
+        approval.save(update_fields=["step", "chain", "escalations", "updated_at"])
+        _approval_audit(
+            approval,
+            "approve",
+            actor=actor,
+            details={"comment": comment, "final": False, "override": override, "chain": approval.chain},
+            request=request,
+        )
+        _notify_approvers(approval)
+        return approval
+    approval.decided_at = timezone.now()
+    if approval.kind == ApprovalKind.QUOTA_CHANGE:
+        try:
+            with transaction.atomic():
+                _quota_apply(
+                    actor=actor,
+                    tenant=approval.tenant,
+                    flavor=approval.flavor,
+                    values=approval.payload,
+                    request=request,
+                )
+        except DomainError as exc:
+            approval.status = ApprovalStatus.FAILED
+            approval.result_message = f"Approved, but it no longer fits: {exc.message}"[:500]
+        else:
+            approval.status = ApprovalStatus.APPROVED
+            approval.result_message = "Applied."
+    else:
+        approval_handler(approval.kind).approved(approval, actor)
+        approval.status = ApprovalStatus.APPROVED
+        approval.result_message = "The job is queued."
+    approval.step = len(approval.chain)
+    approval.save()
+    verb = "approve" if approval.status == ApprovalStatus.APPROVED else "fail"
+    _approval_audit(
+        approval,
+        verb,
+        actor=actor,
+        details={"comment": comment, "final": True, "result": approval.result_message, "override": override},
+        request=request,
+    )
+    _notify_requester(approval, comment=comment)
+    return approval
+
+
+@transaction.atomic
+def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
+    """Refuse the request (any step's approver may). A job waiting for admission fails with the comment."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+    from tenants.permissions import can_decide_approval
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval)
+    _require(can_decide_approval(actor, approval), "You are not the approver this request is waiting for.")
+    if not comment.strip():
+        raise DomainError("Say why you reject the request (comment).", field="comment")
+    override = _require_decision_comment(actor, approval, comment)
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role=approval.awaiting_role,
+        actor=actor,
+        decision=ApprovalDecision.REJECT,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.REJECTED
+    approval.decided_at = timezone.now()
+    approval.result_message = f"Rejected by {actor.username}."
+    approval.save()
+    if approval.kind == ApprovalKind.JOB_ADMISSION:
+        approval_handler(approval.kind).closed(approval, actor, comment)
+    _approval_audit(
+        approval, "reject", actor=actor, details={"comment": comment, "override": override}, request=request
+    )
+    _notify_requester(approval, comment=comment)
+    return approval
+
+
+@transaction.atomic
+def approval_request_changes(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
+    """Send a quota change back to its requester, who may resubmit changed values."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+    from tenants.permissions import can_decide_approval
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval)
+    _require(can_decide_approval(actor, approval), "You are not the approver this request is waiting for.")
+    if approval.kind != ApprovalKind.QUOTA_CHANGE:
+        raise DomainError("A job admission can be approved or rejected, not sent back for changes.")
+    if not comment.strip():
+        raise DomainError("Say which changes you need (comment).", field="comment")
+    override = _require_decision_comment(actor, approval, comment)
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role=approval.awaiting_role,
+        actor=actor,
+        decision=ApprovalDecision.REQUEST_CHANGES,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.CHANGES_REQUESTED
+    approval.save(update_fields=["status", "updated_at"])
+    _approval_audit(
+        approval, "request_changes", actor=actor, details={"comment": comment, "override": override}, request=request
+    )
+    _notify_requester(approval, comment=comment)
+    return approval
+
+
+@transaction.atomic
+def approval_resubmit(
+    *, actor: User, approval: Any, values: dict | None = None, comment: str = "", request: Any = None
+) -> Any:
+    """The requester answers "changes requested" with new values; the chain starts again from its first step."""
+    from tenants.models import ApprovalDecision, ApprovalStatus, ApprovalStep
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval, ApprovalStatus.CHANGES_REQUESTED)
+    _require(actor.pk == approval.requester_id, "Only the requester may resubmit a request.")
+    before = dict(approval.payload)
+    if values:
+        merged = {**approval.payload, **values}
+        approval.payload = _clean_quota_values(merged, tenant=approval.tenant, flavor=approval.flavor)
+        _check_quota_tree(tenant=approval.tenant, flavor=approval.flavor, new=approval.payload)
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role="requester",
+        actor=actor,
+        decision=ApprovalDecision.RESUBMIT,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.PENDING
+    approval.step = 0
+    approval.chain, approval.escalations = _approval_chain(approval.kind, approval.tenant, approval.requester)
+    approval.expires_at = _approval_expiry()
+    approval.save()
+    _approval_audit(
+        approval,
+        "resubmit",
+        actor=actor,
+        details={"before": before, "after": approval.payload, "comment": comment},
+        request=request,
+    )
+    _notify_approvers(approval)
+    return approval
+
+
+@transaction.atomic
+def approval_cancel(*, actor: User, approval: Any, comment: str = "", request: Any = None) -> Any:
+    """The requester (or a system admin) withdraws an open request; a waiting job fails."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval, *OPEN_APPROVAL_STATUSES)
+    _require(actor.pk == approval.requester_id or is_system_admin(actor), "Only the requester may cancel this request.")
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role="requester",
+        actor=actor,
+        decision=ApprovalDecision.CANCEL,
+        comment=comment,
+    )
+    approval.status = ApprovalStatus.CANCELLED
+    approval.decided_at = timezone.now()
+    approval.save()
+    if approval.kind == ApprovalKind.JOB_ADMISSION:
+        approval_handler(approval.kind).closed(approval, actor, comment or "approval request cancelled")
+    _approval_audit(approval, "cancel", actor=actor, details={"comment": comment}, request=request)
+    return approval
+
+
+def approvals_expire(*, now: dt.datetime | None = None) -> int:
+    """Expire open requests past ``expires_at`` (the periodic task calls this); returns how many."""
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalRequest, ApprovalStatus, ApprovalStep
+
+    now = now or timezone.now()
+    expired = 0
+    due = ApprovalRequest.objects.filter(status__in=OPEN_APPROVAL_STATUSES, expires_at__lte=now).values_list(
+        "pk", flat=True
+    )
+    for pk in list(due):
+        with transaction.atomic():
+            approval = _lock_approval(ApprovalRequest(pk=pk))
+            if approval.status not in OPEN_APPROVAL_STATUSES or approval.expires_at > now:
+                continue
+            ApprovalStep.objects.create(
+                request=approval, step=approval.step, role="system", decision=ApprovalDecision.EXPIRE
+            )
+            approval.status = ApprovalStatus.EXPIRED
+            approval.decided_at = now
+            approval.result_message = "Nobody decided in time."
+            approval.save()
+            if approval.kind == ApprovalKind.JOB_ADMISSION:
+                approval_handler(approval.kind).closed(approval, None, "approval request expired")
+            _approval_audit(approval, "expire", actor=None, details={})
+            _notify_requester(approval, comment="")
+            expired += 1
+    return expired

@@ -1,0 +1,154 @@
+"""Notifications about approval requests: who to tell, queueing one delivery per notifier, sending and
+retrying them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from portal.api import ConflictError
+from tenants.models import User
+from tenants.permissions import is_security_admin, is_system_admin
+from tenants.services._common import _ensure_may_write, _require
+
+logger = logging.getLogger(__name__)
+
+
+def approvers_for(approval: Any) -> list[User]:
+    """Who can take the decision ``approval`` waits for (for notifications)."""
+    from tenants.approval_chain import eligible_approvers
+
+    role = approval.awaiting_role
+    if role is None:
+        return []
+    return eligible_approvers(role, approval.tenant, approval.requester_id)
+
+
+def _notify(approval: Any, *, event: str, recipients: list[User], subject: str, body: str) -> None:
+    """Queue one delivery per configured notifier; sent by a Celery task after commit (retried on failure)."""
+    from tenants.models import NotificationDelivery
+
+    paths = getattr(settings, "GPUPOOL_NOTIFIERS", None) or []
+    for path in paths:
+        delivery = NotificationDelivery.objects.create(
+            approval=approval,
+            event=event,
+            notifier=path,
+            recipients=[{"username": user.username, "email": user.email} for user in recipients],
+            subject=subject[:200],
+            body=body,
+        )
+        transaction.on_commit(lambda pk=delivery.pk: _enqueue_delivery(pk))
+
+
+def _enqueue_delivery(delivery_id: int) -> None:
+    from tenants.tasks import deliver_notification
+
+    deliver_notification.delay(delivery_id)
+
+
+def _describe(approval: Any) -> str:
+    from tenants.models import ApprovalKind
+
+    if approval.kind == ApprovalKind.QUOTA_CHANGE:
+        values = ", ".join(f"{key}={value}" for key, value in approval.payload.items())
+        return f"quota change for {approval.tenant.slug}/{approval.flavor.name}: {values}"
+    return f"admission of job {approval.job_id} in {approval.tenant.slug} ({approval.payload.get('summary', '')})"
+
+
+def _notify_approvers(approval: Any) -> None:
+    role = approval.awaiting_role
+    _notify(
+        approval,
+        event="approval.awaiting",
+        recipients=approvers_for(approval),
+        subject=f"[gpupool] Approval needed: {approval.get_kind_display()} #{approval.pk}",
+        body=f"{_describe(approval)}\nRequested by {getattr(approval.requester, 'username', 'system')}; "
+        f"waiting for a {role.replace('_', ' ')}.\nReason: {approval.reason or '-'}",
+    )
+
+
+def _notify_requester(approval: Any, *, comment: str) -> None:
+    if approval.requester is None:
+        return
+    _notify(
+        approval,
+        event=f"approval.{approval.status}",
+        recipients=[approval.requester],
+        subject=f"[gpupool] {approval.get_kind_display()} #{approval.pk}: {approval.get_status_display()}",
+        body=f"{_describe(approval)}\nStatus: {approval.get_status_display()}. {approval.result_message}\n"
+        f"Comment: {comment or '-'}",
+    )
+
+
+# --- notifications -----------------------------------------------------------------------------------------
+
+NOTIFICATION_MAX_ATTEMPTS = 5
+
+
+def notification_deliver(*, delivery: Any) -> bool:
+    """Try to send one delivery through its notifier; record the attempt. Returns True when sent."""
+    from django.utils.module_loading import import_string
+
+    from tenants.models import DeliveryStatus, NotificationDelivery
+
+    with transaction.atomic():
+        delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
+        if delivery.status in (DeliveryStatus.SENT, DeliveryStatus.FAILED):
+            return delivery.status == DeliveryStatus.SENT
+        delivery.attempts += 1
+        delivery.save(update_fields=["attempts", "updated_at"])
+    error = ""
+    try:
+        import_string(delivery.notifier)().send(delivery)
+    except Exception as exc:  # a notifier may fail in any way; the attempt is recorded, never raised
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        logger.warning(
+            "notification %s via %s failed (attempt %s): %s", delivery.pk, delivery.notifier, delivery.attempts, error
+        )
+    with transaction.atomic():
+        if error:
+            delivery.last_error = error
+            delivery.status = (
+                DeliveryStatus.FAILED if delivery.attempts >= NOTIFICATION_MAX_ATTEMPTS else DeliveryStatus.RETRYING
+            )
+            if delivery.status == DeliveryStatus.FAILED:
+                audit_record(
+                    action="notification.failed",
+                    actor=None,
+                    tenant=delivery.approval.tenant if delivery.approval_id else None,
+                    target=f"notification:{delivery.pk}",
+                    outcome="failure",
+                    details={"notifier": delivery.notifier, "attempts": delivery.attempts, "error": error},
+                )
+        else:
+            delivery.status = DeliveryStatus.SENT
+            delivery.sent_at = timezone.now()
+            delivery.last_error = ""
+        delivery.save(update_fields=["status", "last_error", "sent_at", "updated_at"])
+    return not error
+
+
+@transaction.atomic
+def notification_retry(*, actor: User | None, delivery: Any, request: Any = None) -> Any:
+    """Send a failed delivery again (admins, from the API), with a fresh attempt budget."""
+    from tenants.models import DeliveryStatus, NotificationDelivery
+
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor) or is_security_admin(actor), "Only platform admins retry notifications.")
+    delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
+    if delivery.status == DeliveryStatus.SENT:
+        raise ConflictError(f"Notification {delivery.pk} was already sent.", code="already_sent")
+    delivery.status = DeliveryStatus.PENDING
+    delivery.attempts = 0
+    delivery.save(update_fields=["status", "attempts", "updated_at"])
+    audit_record(action="notification.retry", actor=actor, target=f"notification:{delivery.pk}", request=request)
+    transaction.on_commit(lambda: _enqueue_delivery(delivery.pk))
+    return delivery

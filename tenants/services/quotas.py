@@ -1,0 +1,181 @@
+"""Quotas per tenant and flavor (checked against the tenant tree) and showback prices per flavor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from audit.services import audit_record
+from portal.api import DomainError
+from tenants.models import Tenant, User
+from tenants.permissions import is_system_admin
+from tenants.services._common import _ensure_may_write, _require
+
+# --- quotas -----------------------------------------------------------------------------------------------
+
+
+def _flavor_name(flavor: Any) -> str:
+    return getattr(flavor, "name", str(flavor))
+
+
+def _clean_quota_values(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
+    """Check one quota's own numbers: no negatives, steps of 100 millis, limit ≥ guaranteed."""
+    from tenants.models import QUOTA_FIELDS, QUOTA_STEP_MILLIS
+
+    unknown = set(values) - set(QUOTA_FIELDS)
+    if unknown:
+        raise DomainError(f"Unknown quota field(s): {', '.join(sorted(unknown))}.")
+    cleaned = {}
+    for field in QUOTA_FIELDS:
+        value = values.get(field)
+        if field == "guaranteed_millis" or field == "guaranteed_memory_mib":
+            value = 0 if value is None else value
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise DomainError(f"{field} must be a whole number ≥ 0 (got {value!r}).", field=field)
+            if field.endswith("_millis") and value % QUOTA_STEP_MILLIS:
+                raise DomainError(
+                    f"{field} must be a multiple of {QUOTA_STEP_MILLIS} (1000 millis = one card); got {value}.",
+                    field=field,
+                )
+        cleaned[field] = value
+    where = f"{tenant.slug}/{_flavor_name(flavor)}"
+    if cleaned["limit_millis"] is not None and cleaned["limit_millis"] < cleaned["guaranteed_millis"]:
+        raise DomainError(
+            f"Quota {where}: limit_millis {cleaned['limit_millis']} is below guaranteed_millis "
+            f"{cleaned['guaranteed_millis']}; the limit must be at least the guarantee.",
+            code="quota_invalid",
+            field="limit_millis",
+        )
+    return cleaned
+
+
+def _lock_quota_path(*, tenant: Tenant, flavor: Any) -> list[Tenant]:
+    """Lock the tenant's ancestors (and itself), root first, and their quota rows for ``flavor``.
+
+    Two changes anywhere under the same parent lock the same rows in the same order, so they run one after
+    the other and the second re-checks against what the first committed; nothing is half-applied.
+    """
+    from tenants.models import Quota
+    from tenants.permissions import ancestors_and_self
+
+    chain_ids = [node.pk for node in ancestors_and_self(tenant)]
+    locked = list(Tenant.objects.select_for_update(no_key=True).filter(pk__in=chain_ids).order_by("depth"))
+    list(
+        Quota.objects.select_for_update(of=("self",), no_key=True)
+        .filter(tenant_id__in=chain_ids, flavor=flavor)
+        .order_by("tenant__depth")
+    )
+    return locked
+
+
+def _check_quota_tree(*, tenant: Tenant, flavor: Any, new: dict) -> None:
+    """Σ children's guaranteed ≤ parent's guaranteed, where "parent" and "children" are the nearest tenants
+    that hold a quota row for the flavor (a tenant without one is accounted to its nearest ancestor)."""
+    from tenants.models import Quota
+    from tenants.permissions import ancestors_and_self
+    from tenants.selectors import subtree_q
+
+    root = ancestors_and_self(tenant)[-1]
+    rows = {
+        row.tenant_id: row
+        for row in Quota.objects.filter(subtree_q([root.pk], prefix="tenant__"), flavor=flavor).select_related("tenant")
+    }
+    guaranteed = {tenant_id: row.guaranteed_millis for tenant_id, row in rows.items()}
+    guaranteed[tenant.pk] = new["guaranteed_millis"]
+    parents = dict(Tenant.objects.filter(subtree_q([root.pk])).values_list("pk", "parent_id"))
+    slugs = dict(Tenant.objects.filter(subtree_q([root.pk])).values_list("pk", "slug"))
+
+    def quota_parent(tenant_id: int) -> int | None:
+        parent = parents.get(tenant_id)
+        while parent is not None and parent not in guaranteed:
+            parent = parents.get(parent)
+        return parent
+
+    children: dict[int, list[int]] = {}
+    for tenant_id in guaranteed:
+        parent = quota_parent(tenant_id)
+        if parent is not None:
+            children.setdefault(parent, []).append(tenant_id)
+    flavor_name = _flavor_name(flavor)
+    for parent, kids in children.items():
+        total = sum(guaranteed[kid] for kid in kids)
+        if total > guaranteed[parent]:
+            parts = ", ".join(f"{slugs[kid]} {guaranteed[kid]}" for kid in sorted(kids, key=lambda k: slugs[k]))
+            raise DomainError(
+                f"Quota for {flavor_name}: the guarantees under {slugs[parent]} add up to {total} millis "
+                f"({parts}) but {slugs[parent]} is guaranteed only {guaranteed[parent]}; raise "
+                f"{slugs[parent]}'s guarantee or lower the others.",
+                code="quota_exceeds_parent",
+                field="guaranteed_millis",
+            )
+
+
+def _quota_apply(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, request: Any = None) -> Any:
+    """Validate and write one quota under row locks (no permission check: callers do that)."""
+    from tenants.models import Quota
+
+    cleaned = _clean_quota_values(values, tenant=tenant, flavor=flavor)
+    _lock_quota_path(tenant=tenant, flavor=flavor)
+    _check_quota_tree(tenant=tenant, flavor=flavor, new=cleaned)
+    quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
+    before = quota.values() if quota else None
+    if quota is None:
+        quota = Quota.objects.create(tenant=tenant, flavor=flavor, **cleaned)
+    else:
+        for field, value in cleaned.items():
+            setattr(quota, field, value)
+        quota.save()
+    audit_record(
+        action="quota.update" if before else "quota.create",
+        actor=actor,
+        tenant=tenant,
+        target=f"quota:{tenant.slug}/{_flavor_name(flavor)}",
+        details={"before": before, "after": cleaned},
+        request=request,
+    )
+    return quota
+
+
+@transaction.atomic
+def quota_set(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, request: Any = None) -> Any:
+    """Set a tenant's quota for a flavor directly (system admins; tenant admins go through
+    ``quota_change_request_create``). Refused, with the numbers, if it breaks the tree's rules."""
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor), "Only a system admin sets quotas directly; tenant admins request a change.")
+    return _quota_apply(actor=actor, tenant=tenant, flavor=flavor, values=values, request=request)
+
+
+@transaction.atomic
+def flavor_price_set(
+    *, actor: User | None, flavor: Any, price_per_device_hour: Any, currency: str = "CNY", request: Any = None
+) -> Any:
+    """Set the showback price of one card-hour of ``flavor`` (system admins)."""
+    from decimal import Decimal, InvalidOperation
+
+    from tenants.models import FlavorPrice
+
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(is_system_admin(actor), "Only a system admin sets prices.")
+    try:
+        price = Decimal(str(price_per_device_hour))
+    except InvalidOperation:
+        raise DomainError("price_per_device_hour must be a number.", field="price_per_device_hour") from None
+    if price < 0 or not price.is_finite():
+        raise DomainError("price_per_device_hour must be ≥ 0.", field="price_per_device_hour")
+    existing = FlavorPrice.objects.filter(flavor=flavor).first()
+    before = {"price": str(existing.price_per_device_hour), "currency": existing.currency} if existing else None
+    row, _created = FlavorPrice.objects.update_or_create(
+        flavor=flavor, defaults={"price_per_device_hour": price, "currency": currency.upper()[:3]}
+    )
+    audit_record(
+        action="flavor.price.set",
+        actor=actor,
+        target=f"flavor:{flavor.pk}",
+        details={"before": before, "after": {"price": str(price), "currency": row.currency}},
+        request=request,
+    )
+    return row

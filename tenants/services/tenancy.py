@@ -1,0 +1,191 @@
+"""The tenant tree: create, update (rename, move under another parent, archive) and delete tenants, with
+the sibling-name and cycle checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F, ProtectedError
+
+from audit.services import audit_record
+from portal.api import ConflictError, DomainError
+from tenants.models import MAX_TENANT_DEPTH, Tenant, TenantKind, User
+from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant, is_system_admin
+from tenants.services._common import UNSET, _ensure_may_write, _lock_tenant_tree, _require, _tenant_snapshot
+
+# --- tenants ----------------------------------------------------------------------------------------------
+
+
+def _check_sibling_name(*, name: str, parent: Tenant | None, exclude_pk: int | None = None) -> None:
+    # The database constraint does not cover roots (NULL parents are distinct), so check here for all.
+    siblings = Tenant.objects.filter(parent=parent, name__iexact=name)
+    if exclude_pk is not None:
+        siblings = siblings.exclude(pk=exclude_pk)
+    if siblings.exists():
+        where = f"under {parent.slug!r}" if parent else "at the top level"
+        raise DomainError(
+            f"A tenant named {name!r} already exists {where}; choose another name.", code="duplicate", field="name"
+        )
+
+
+@transaction.atomic
+def tenant_create(
+    *,
+    actor: User | None,
+    name: str,
+    slug: str,
+    kind: str = TenantKind.TEAM,
+    parent: Tenant | None = None,
+    description: str = "",
+    request: Any = None,
+) -> Tenant:
+    """Create a tenant. Top-level tenants: system admins; children: system admins and tenant admins of the
+    parent (or above)."""
+    _ensure_may_write(actor)
+    if actor is not None:
+        if parent is None:
+            _require(is_system_admin(actor), "Only a system admin may create a top-level tenant.")
+        else:
+            _require(can_admin_tenant(actor, parent), f"Only a tenant admin of {parent.slug!r} may add tenants to it.")
+    if kind not in TenantKind.values:
+        raise DomainError(f"Unknown tenant kind {kind!r}.", field="kind")
+    _lock_tenant_tree()
+    depth = 1 if parent is None else parent.depth + 1
+    if depth > MAX_TENANT_DEPTH:
+        raise DomainError(
+            f"Tenant {slug!r} would be at depth {depth}; the tree allows at most {MAX_TENANT_DEPTH} levels.",
+            code="tenant_too_deep",
+            field="parent",
+        )
+    if Tenant.objects.filter(slug=slug).exists():
+        raise DomainError(f"A tenant with slug {slug!r} already exists.", code="duplicate", field="slug")
+    _check_sibling_name(name=name, parent=parent)
+    tenant = Tenant.objects.create(name=name, slug=slug, kind=kind, parent=parent, depth=depth, description=description)
+    audit_record(
+        action="tenant.create",
+        actor=actor,
+        tenant=tenant,
+        target=f"tenant:{tenant.pk}",
+        details={"after": _tenant_snapshot(tenant)},
+        request=request,
+    )
+    return tenant
+
+
+@transaction.atomic
+def tenant_update(
+    *,
+    actor: User | None,
+    tenant: Tenant,
+    name: str = UNSET,
+    kind: str = UNSET,
+    description: str = UNSET,
+    parent: Tenant | None = UNSET,
+    request: Any = None,
+) -> Tenant:
+    """Rename, re-describe or move a tenant. A move keeps the tree a tree (no cycles) and within
+    MAX_TENANT_DEPTH levels for the whole moved subtree; it needs admin rights above the tenant and on the
+    new parent."""
+    from tenants.selectors import tenant_subtree_height, tenant_subtree_ids
+
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may change it.")
+    _lock_tenant_tree()
+    tenant = Tenant.objects.select_for_update(of=("self",), no_key=True).select_related("parent").get(pk=tenant.pk)
+    before = _tenant_snapshot(tenant)
+    moving = parent is not UNSET and (parent.pk if parent else None) != tenant.parent_id
+    if moving:
+        if actor is not None:
+            _require(
+                can_admin_strict_ancestor(actor, tenant),
+                f"Moving {tenant.slug!r} needs tenant admin rights on its parent tenant.",
+            )
+            if parent is None:
+                _require(is_system_admin(actor), "Only a system admin may move a tenant to the top level.")
+            else:
+                _require(can_admin_tenant(actor, parent), f"You are not a tenant admin of {parent.slug!r}.")
+        if parent is not None and parent.pk in tenant_subtree_ids(tenant):
+            raise DomainError(
+                f"Cannot move {tenant.slug!r} under {parent.slug!r}: {parent.slug!r} is inside the subtree of "
+                f"{tenant.slug!r}, which would make a cycle.",
+                code="tenant_cycle",
+                field="parent",
+            )
+        new_depth = 1 if parent is None else parent.depth + 1
+        height = tenant_subtree_height(tenant)
+        if new_depth + height - 1 > MAX_TENANT_DEPTH:
+            raise DomainError(
+                f"Cannot move {tenant.slug!r} under {parent.slug if parent else 'the top level'!r}: its subtree "
+                f"has {height} level(s) and would reach depth {new_depth + height - 1}; the tree allows at most "
+                f"{MAX_TENANT_DEPTH}.",
+                code="tenant_too_deep",
+                field="parent",
+            )
+    new_name = tenant.name if name is UNSET else name
+    new_parent = parent if moving else tenant.parent
+    if moving or new_name.lower() != tenant.name.lower():
+        _check_sibling_name(name=new_name, parent=new_parent, exclude_pk=tenant.pk)
+    if kind is not UNSET:
+        if kind not in TenantKind.values:
+            raise DomainError(f"Unknown tenant kind {kind!r}.", field="kind")
+        tenant.kind = kind
+    if description is not UNSET:
+        tenant.description = description
+    tenant.name = new_name
+    if moving:
+        delta = (1 if parent is None else parent.depth + 1) - tenant.depth
+        subtree = tenant_subtree_ids(tenant)
+        tenant.parent = parent
+        tenant.depth += delta
+        if delta:
+            Tenant.objects.filter(pk__in=[pk for pk in subtree if pk != tenant.pk]).update(depth=F("depth") + delta)
+    tenant.save()
+    audit_record(
+        action="tenant.move" if moving else "tenant.update",
+        actor=actor,
+        tenant=tenant,
+        target=f"tenant:{tenant.pk}",
+        details={"before": before, "after": _tenant_snapshot(tenant)},
+        request=request,
+    )
+    return tenant
+
+
+@transaction.atomic
+def tenant_delete(*, actor: User | None, tenant: Tenant, request: Any = None) -> None:
+    """Delete an empty tenant (no child tenants, no jobs or quotas that refer to it)."""
+    _ensure_may_write(actor)
+    if actor is not None:
+        _require(
+            can_admin_strict_ancestor(actor, tenant),
+            f"Deleting {tenant.slug!r} needs tenant admin rights on its parent (or a system admin).",
+        )
+    if tenant.children.exists():
+        raise ConflictError(
+            f"Tenant {tenant.slug!r} has child tenants; move or delete them first.", code="tenant_not_empty"
+        )
+    if tenant.memberships.exists():
+        raise ConflictError(
+            f"Tenant {tenant.slug!r} still has members; remove their memberships first.", code="tenant_not_empty"
+        )
+    before = _tenant_snapshot(tenant)
+    pk = tenant.pk
+    audit_record(
+        action="tenant.delete",
+        actor=actor,
+        tenant=tenant,
+        target=f"tenant:{pk}",
+        details={"before": before},
+        request=request,
+    )
+    try:
+        with transaction.atomic():
+            tenant.delete()
+    except ProtectedError:
+        raise ConflictError(
+            f"Tenant {tenant.slug!r} still has jobs, quotas or other records; remove those first.",
+            code="tenant_not_empty",
+        ) from None
