@@ -34,15 +34,17 @@ LINE = "x" * 99 + "\n"
 def _world(jobs: int):
     from django.conf import settings
 
-    from scheduler import services
     from scheduler.models import Device, Job, Node, NodeStatus, ResourceFlavor, Vendor
+    from scheduler.services import jobs as job_services
+    from scheduler.services.cycle import run_cycle
+    from scheduler.services.jobs import job_submit
     from tenants.models import MembershipRole, TenantKind
     from tenants.services.identity import user_create
     from tenants.services.memberships import membership_create
     from tenants.services.tenancy import tenant_create
 
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    services.request_cycle = lambda: None  # the benchmark places its jobs itself
+    job_services.request_cycle = lambda: None  # the benchmark places its jobs itself
     tag = uuid.uuid4().hex[:6]
     flavor, _ = ResourceFlavor.objects.get_or_create(
         name=f"bench-logs-{tag}", defaults={"vendor": Vendor.SIMULATED, "model": f"Bench {tag}", "memory_mib": 81920}
@@ -63,8 +65,8 @@ def _world(jobs: int):
     user = user_create(actor=None, username=f"bench-{tag}", password="bench-logs-password-1")
     membership_create(actor=None, user=user, tenant=tenant, role=MembershipRole.MEMBER)
     spec = {"name": "p", "tenant": tenant.slug, "resources": {"flavors": [flavor.name], "gpus": 1}, "command": ["x"]}
-    ids = [services.job_submit(actor=user, spec=spec).pk for _ in range(jobs)]
-    placed = set(services.run_cycle().placed)
+    ids = [job_submit(actor=user, spec=spec).pk for _ in range(jobs)]
+    placed = set(run_cycle().placed)
     assert placed >= set(ids), "not every job was placed"
     placed_jobs = list(Job.objects.filter(pk__in=ids).prefetch_related("allocations"))
     return [(job, job.allocations.all()[0].node_id) for job in placed_jobs]

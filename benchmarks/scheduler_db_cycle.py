@@ -84,7 +84,7 @@ class _Rollback(Exception):
 
 
 def _cycle(*, keep: bool) -> dict[str, float]:
-    """One cycle as ``scheduler.services.run_cycle`` runs it, step by step; rolled back unless ``keep``."""
+    """One cycle as ``scheduler.services.cycle.run_cycle`` runs it, step by step; rolled back unless ``keep``."""
     from django.db import transaction
 
     from scheduler import persist, snapshot
@@ -124,7 +124,7 @@ def _start_worker(database_url: str) -> subprocess.Popen | None:
     """A ``celery worker`` process on a private queue when Redis is configured, else the embedded worker."""
     from django.conf import settings
 
-    from scheduler import services
+    from scheduler.services import cycle
 
     if not settings.REDIS_URL:
         from portal import embedded
@@ -132,7 +132,7 @@ def _start_worker(database_url: str) -> subprocess.Popen | None:
         embedded.start_worker(concurrency=1)
         return None
     queue = f"bench-cycle-{uuid.uuid4().hex[:8]}"
-    services.CYCLE_QUEUE = queue
+    cycle.CYCLE_QUEUE = queue
     env = {**os.environ, "GPUPOOL_DATABASE_URL": database_url, "GPUPOOL_LOG_LEVEL": "WARNING"}
     command = [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "solo", "-Q", queue]
     command += ["--hostname", f"{queue}@%h", "--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
@@ -153,8 +153,11 @@ def _latency(count: int, database_url: str) -> None:
     how long each took to start a cycle and for that cycle (and any it asked for) to end."""
     from django.core.cache import cache
 
-    from scheduler import services
     from scheduler.models import Allocation, Node, ResourceFlavor
+    from scheduler.services import cycle
+    from scheduler.services.cycle import CYCLE_CLAIM_KEY, CYCLE_DIRTY_KEY, CYCLE_STARTED_KEY, request_cycle
+    from scheduler.services.jobs import job_submit
+    from scheduler.services.reports import workload_status_report
     from tenants.models import Quota, Tenant
 
     # The worker runs with the real settings, where a tenant needs a quota: give every one a generous one.
@@ -168,21 +171,21 @@ def _latency(count: int, database_url: str) -> None:
 
         # Wait for the worker: its first task connects and imports everything (and as it starts it releases
         # any cycle claim it finds); then one requested cycle brings the explanations up to date, unmeasured.
-        run_cycle.apply_async(queue=services.CYCLE_QUEUE).get(timeout=600, disable_sync_subtasks=False)
-        keys = (services.CYCLE_DIRTY_KEY, services.CYCLE_CLAIM_KEY, services.CYCLE_STARTED_KEY)
+        run_cycle.apply_async(queue=cycle.CYCLE_QUEUE).get(timeout=600, disable_sync_subtasks=False)
+        keys = (CYCLE_DIRTY_KEY, CYCLE_CLAIM_KEY, CYCLE_STARTED_KEY)
         cache.delete_many(keys)
-        services.request_cycle()
-        _wait(lambda: cache.get(services.CYCLE_STARTED_KEY) and not cache.get(services.CYCLE_CLAIM_KEY), 600)
+        request_cycle()
+        _wait(lambda: cache.get(CYCLE_STARTED_KEY) and not cache.get(CYCLE_CLAIM_KEY), 600)
         spec = {"name": "probe", "tenant": "bench-team-0", "resources": {"flavors": ["bench-80g"], "gpus": 1}}
         samples: dict[str, list[tuple[float, float]]] = {"submit": [], "finish": []}
         for kind in ("submit", "finish"):
             for n in range(count):
                 time.sleep(0.1)  # quiet: the last cycle's task has let go of its claim
-                if cache.get(services.CYCLE_CLAIM_KEY):
-                    _wait(lambda: not cache.get(services.CYCLE_CLAIM_KEY))
+                if cache.get(CYCLE_CLAIM_KEY):
+                    _wait(lambda: not cache.get(CYCLE_CLAIM_KEY))
                 before = time.time()
                 if kind == "submit":
-                    services.job_submit(actor=None, spec={**spec, "command": ["true", str(n)]})
+                    job_submit(actor=None, spec={**spec, "command": ["true", str(n)]})
                 else:
                     running = (
                         Allocation.objects.active()
@@ -193,7 +196,7 @@ def _latency(count: int, database_url: str) -> None:
                     )
                     if running is None:
                         break
-                    answer = services.workload_status_report(
+                    answer = workload_status_report(
                         node=Node.objects.get(pk=running[1]),
                         job_id=running[0],
                         replica=0,
@@ -203,8 +206,8 @@ def _latency(count: int, database_url: str) -> None:
                     )
                     if answer != "applied":
                         raise RuntimeError(f"the finish of job {running[0]} was not applied: {answer}")
-                started = _wait(lambda before=before: (cache.get(services.CYCLE_STARTED_KEY) or 0) > before)
-                ended = started + _wait(lambda: not cache.get(services.CYCLE_CLAIM_KEY))
+                started = _wait(lambda before=before: (cache.get(CYCLE_STARTED_KEY) or 0) > before)
+                ended = started + _wait(lambda: not cache.get(CYCLE_CLAIM_KEY))
                 samples[kind].append((started, ended))
         for kind, values in samples.items():
             starts = sorted(start for start, _end in values)

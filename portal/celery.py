@@ -58,7 +58,7 @@ app.conf.beat_schedule.update(
         "fleet-telemetry-purge": {"task": "fleet.telemetry_purge", "schedule": 6 * 3600.0},
     }
 )
-# The scheduling cycle. Changes start one at once (``scheduler.services.request_cycle``: a dirty flag and one
+# The scheduling cycle. Changes start one at once (``scheduler.services.cycle.request_cycle``: a dirty flag and one
 # ``scheduler.cycle_requested`` task that runs again while more are asked for); this periodic one is the safety
 # net for a request lost with Redis or a worker. Only one cycle runs at a time.
 app.conf.beat_schedule.update(
@@ -79,6 +79,6 @@ app.conf.beat_schedule.update({"scheduler-job-logs-purge": {"task": "scheduler.j
 def _release_the_cycle_claim_of_a_dead_worker(**_kwargs) -> None:
     """A worker killed mid-cycle leaves the cycle claim behind (until its TTL): drop it as a worker starts, so
     prompt cycles resume at once rather than after ``CYCLE_CLAIM_TTL_S``."""
-    from scheduler.services import cycle_claim_release
+    from scheduler.services.cycle import cycle_claim_release
 
     cycle_claim_release()

@@ -111,7 +111,7 @@ def load_history(*, nodes: list[DemoNodeRow], now: datetime | None = None) -> No
     _write_telemetry(nodes, now=now)
     _quota_requests(now=now)
     users = _users()
-    from scheduler.services import job_submit
+    from scheduler.services.jobs import job_submit
 
     for live in LIVE_JOBS:
         job_submit(actor=users[live.user], spec=live.spec(LIVE_COMMAND))
@@ -138,7 +138,8 @@ def _play_jobs(jobs: list[PastJob], *, now: datetime) -> None:
     from scheduler.fleet.services import command_ack, commands_pending
     from scheduler.logs import job_log_append
     from scheduler.models import Allocation
-    from scheduler.services import job_submit, run_cycle
+    from scheduler.services.cycle import run_cycle
+    from scheduler.services.jobs import job_submit
 
     users = _users()
     # Ends before starts at the same minute: the cards are free again for the job that follows.
@@ -181,7 +182,7 @@ def _replicas(job: Job) -> list[tuple[int, int]]:
 def _report(job: Job, *, state: str, exit_code: int | None) -> None:
     """What the node's agent reports for each replica of ``job``."""
     from scheduler.models import Node
-    from scheduler.services import workload_status_report
+    from scheduler.services.reports import workload_status_report
 
     for replica, node_id in _replicas(job):
         workload_status_report(

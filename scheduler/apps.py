@@ -8,7 +8,8 @@ class SchedulerConfig(AppConfig):
     def ready(self) -> None:
         # Jobs waiting for admission are the scheduler's: it tells the tenants app's approval inbox what to do
         # with them when a request is decided (tenants never imports the scheduler).
-        from scheduler.services import job_reject_from_approval, job_release_from_approval
+        from scheduler.services import scaling  # noqa: F401  (registers the job.scale audit event)
+        from scheduler.services.jobs import job_reject_from_approval, job_release_from_approval
         from tenants.approval_handlers import ApprovalHandler, register_approval_handler
 
         register_approval_handler(

@@ -17,9 +17,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from portal.api import DomainError
-from scheduler import selectors, services
+from scheduler import selectors
 from scheduler.jobspec import validate_job_spec
 from scheduler.models import Job, JobState
+from scheduler.services.arrays import JobArray, job_array_submit
+from scheduler.services.jobs import job_submit
 
 #: Longest key accepted (the column's length); a UUID (36) is the usual choice.
 MAX_IDEMPOTENCY_KEY_LENGTH = 128
@@ -39,7 +41,7 @@ class SubmitOutcome:
     """What a submit answered: one job or an array, and whether it is the answer of an earlier submit."""
 
     job: Job | None = None
-    array: services.JobArray | None = None
+    array: JobArray | None = None
     replayed: bool = False
 
 
@@ -87,10 +89,8 @@ def job_submit_request(
 
 def _submit(*, actor: Any, spec: Any, is_array: bool, key: str, request: Any | None) -> SubmitOutcome:
     if is_array:
-        return SubmitOutcome(
-            array=services.job_array_submit(actor=actor, spec=spec, request=request, idempotency_key=key)
-        )
-    return SubmitOutcome(job=services.job_submit(actor=actor, spec=spec, request=request, idempotency_key=key))
+        return SubmitOutcome(array=job_array_submit(actor=actor, spec=spec, request=request, idempotency_key=key))
+    return SubmitOutcome(job=job_submit(actor=actor, spec=spec, request=request, idempotency_key=key))
 
 
 def _job_of_key(*, actor: Any, key: str) -> Job | None:
@@ -108,7 +108,7 @@ def _replay(*, first: Job, actor: Any, spec: Any, key: str) -> SubmitOutcome:
     if first.array_id is None:
         return SubmitOutcome(job=selectors.job_get_visible(user=actor, pk=first.pk), replayed=True)
     job_ids = list(Job.objects.filter(array_id=first.array_id).order_by("array_index").values_list("pk", flat=True))
-    array = services.JobArray(
+    array = JobArray(
         array_id=first.array_id,
         tenant_slug=first.tenant.slug,
         name=first.name,

@@ -59,7 +59,7 @@ from scheduler.models import (
     NodeStatus,
     ResourceFlavor,
 )
-from scheduler.services import ALLOWED_TRANSITIONS, job_transition
+from scheduler.services.transitions import ALLOWED_TRANSITIONS, job_transition
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -476,7 +476,7 @@ ALLOCATION_COLUMNS = (
 
 def _admit(writes: Sequence[_PlaceWrite], *, now: datetime) -> None:
     """The ``queued → admitted`` transition of many jobs in one UPDATE per batch, with the same fields as
-    ``scheduler.services.job_transition`` sets (it writes one row per call: ~9 ms a job with its event and
+    ``scheduler.services.transitions.job_transition`` sets (it writes one row per call: ~9 ms a job with its event and
     audit record). The caller holds the rows' locks and has checked each job is queued."""
     if not writes:
         return

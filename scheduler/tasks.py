@@ -5,7 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from scheduler import eta, logs, services
+from scheduler import eta, logs
+from scheduler.services import cycle, reports
 
 
 @shared_task(
@@ -24,8 +25,8 @@ def run_cycle(hold_lock: bool = True) -> dict:
 
     ``hold_lock=False`` skips the cycle lock; only tests use it, to race the persist step on purpose.
     """
-    services.jobs_awaiting_stop_sweep()
-    return services.run_cycle(hold_lock=hold_lock).as_dict()
+    reports.jobs_awaiting_stop_sweep()
+    return cycle.run_cycle(hold_lock=hold_lock).as_dict()
 
 
 @shared_task(
@@ -41,10 +42,10 @@ def cycle_requested(self) -> int:
     """Cycles asked for by changes (``services.request_cycle``): run at once, again while more are asked for.
     Returns the number of cycles run. After ``CYCLE_LOOP_MAX_S`` of back-to-back cycles it queues a fresh task
     on its own queue and ends, so a worker is never held by one task for long."""
-    outcome = services.run_requested_cycles()
+    outcome = cycle.run_requested_cycles()
     if outcome.hand_over:
         queue = (self.request.delivery_info or {}).get("routing_key")
-        services.cycle_task_send(queue=queue)
+        cycle.cycle_task_send(queue=queue)
     return outcome.cycles
 
 

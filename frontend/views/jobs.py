@@ -24,9 +24,9 @@ from portal.api import DomainError, NotFoundError
 from scheduler import access as scheduler_access
 from scheduler import logs as scheduler_logs
 from scheduler import selectors as scheduler_selectors
-from scheduler import services as scheduler_services
 from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.models import FINAL_JOB_STATES, JobState
+from scheduler.services import jobs as job_services
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 
@@ -98,7 +98,7 @@ def job_submit(request):
         if bound.is_valid():
             spec = bound.cleaned_data["spec_json"] if use_json else bound.spec()
             try:
-                job = scheduler_services.job_submit(actor=request.user, spec=spec, request=request)
+                job = job_services.job_submit(actor=request.user, spec=spec, request=request)
             except DomainError as exc:
                 _attach_domain_error(bound, exc)
             else:
@@ -171,7 +171,7 @@ def job_cancel(request, pk: int):
     form = CancelForm(request.POST)
     reason = form.cleaned_data["reason"] if form.is_valid() else ""
     try:
-        scheduler_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)
+        job_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)
     except DomainError as exc:
         messages.error(request, exc.message)
     else:

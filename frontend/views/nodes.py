@@ -16,8 +16,8 @@ from frontend.filtersets import NodeFilterSet
 from frontend.summaries import devices_for_charts, node_utilisation
 from frontend.tables import NodeTable
 from portal.api import DomainError
-from scheduler import services as scheduler_services
 from scheduler.models import Allocation, Device, Node
+from scheduler.services.nodes import node_cordon, node_drain, node_uncordon
 
 
 def _nodes():
@@ -75,9 +75,9 @@ def node_detail(request, pk: int):
 
 
 NODE_ACTIONS = {
-    "cordon": (scheduler_services.node_cordon, _("Node %(name)s cordoned: no new work is placed on it.")),
-    "drain": (scheduler_services.node_drain, _("Node %(name)s is draining: its jobs checkpoint and move.")),
-    "uncordon": (scheduler_services.node_uncordon, _("Node %(name)s is back in service.")),
+    "cordon": (node_cordon, _("Node %(name)s cordoned: no new work is placed on it.")),
+    "drain": (node_drain, _("Node %(name)s is draining: its jobs checkpoint and move.")),
+    "uncordon": (node_uncordon, _("Node %(name)s is back in service.")),
 }
 
 

@@ -19,7 +19,7 @@ from scheduler.models import (
     Vendor,
 )
 from scheduler.selectors import job_pending_sentence
-from scheduler.services import JobArray, JobArrayCancelled
+from scheduler.services.arrays import JobArray, JobArrayCancelled
 
 
 class FlavorSerializer(serializers.ModelSerializer):

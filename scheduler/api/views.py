@@ -15,11 +15,15 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from scheduler import idempotency, selectors, services
+from scheduler import idempotency, selectors
 from scheduler.api import serializers as s
 from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec
 from scheduler.filtersets import DeviceFilterSet, JobFilterSet, NodeFilterSet
 from scheduler.models import Job
+from scheduler.services.arrays import job_array_cancel
+from scheduler.services.jobs import job_cancel
+from scheduler.services.nodes import flavor_create, node_cordon, node_drain, node_uncordon
+from scheduler.services.scaling import inference_load_report, job_scale
 from tenants.permissions import IsSystemAdmin
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
@@ -151,7 +155,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         array_uuid = selectors.job_array_get_visible(user=request.user, array_id=array_id)
         data = s.JobCancelSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = services.job_array_cancel(
+        result = job_array_cancel(
             array_id=array_uuid, actor=request.user, reason=data.validated_data["reason"], request=request
         )
         return Response(s.JobArrayCancelledSerializer(result).data)
@@ -162,7 +166,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         data = s.JobCancelSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.job_cancel(job=job, actor=request.user, reason=data.validated_data["reason"], request=request)
+        job_cancel(job=job, actor=request.user, reason=data.validated_data["reason"], request=request)
         return _job_detail(request, job)
 
     @extend_schema(request=s.JobScaleSerializer, responses={200: s.JobDetailSerializer})
@@ -172,7 +176,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         data = s.JobScaleSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.job_scale(job=job, replicas=data.validated_data["replicas"], actor=request.user, request=request)
+        job_scale(job=job, replicas=data.validated_data["replicas"], actor=request.user, request=request)
         return _job_detail(request, job)
 
     @extend_schema(request=s.JobLoadSerializer, responses={200: s.JobDetailSerializer})
@@ -182,7 +186,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         data = s.JobLoadSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.inference_load_report(job=job, load=data.validated_data["load"], actor=request.user, request=request)
+        inference_load_report(job=job, load=data.validated_data["load"], actor=request.user, request=request)
         return _job_detail(request, job)
 
 
@@ -215,20 +219,20 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     @extend_schema(request=None, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def cordon(self, request: Request, pk: str) -> Response:
-        return self._respond(services.node_cordon(node=self.get_object(), actor=request.user))
+        return self._respond(node_cordon(node=self.get_object(), actor=request.user))
 
     @extend_schema(request=s.NodeDrainSerializer, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def drain(self, request: Request, pk: str) -> Response:
         data = s.NodeDrainSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        node = services.node_drain(node=self.get_object(), actor=request.user, grace_s=data.validated_data["grace_s"])
+        node = node_drain(node=self.get_object(), actor=request.user, grace_s=data.validated_data["grace_s"])
         return self._respond(node)
 
     @extend_schema(request=None, responses={200: s.NodeSerializer})
     @action(detail=True, methods=["post"])
     def uncordon(self, request: Request, pk: str) -> Response:
-        return self._respond(services.node_uncordon(node=self.get_object(), actor=request.user))
+        return self._respond(node_uncordon(node=self.get_object(), actor=request.user))
 
 
 class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -272,5 +276,5 @@ class FlavorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def create(self, request: Request) -> Response:
         data = s.FlavorCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        flavor = services.flavor_create(actor=request.user, **data.validated_data)
+        flavor = flavor_create(actor=request.user, **data.validated_data)
         return Response(s.FlavorSerializer(flavor).data, status=status.HTTP_201_CREATED)

@@ -63,7 +63,7 @@ def _hash(secret: str) -> str:
 
 def _request_cycle() -> None:
     # Imported here, not at the top: scheduler.services imports this module's app (the fleet) while loading.
-    from scheduler.services import request_cycle
+    from scheduler.services.cycle import request_cycle
 
     transaction.on_commit(request_cycle)
 
@@ -512,8 +512,8 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
     Finished workloads are left to their reports, which follow the hello from the agent's outbox. Each job is
     its own transaction (the job lock is taken before any node row, as everywhere).
     """
-    from scheduler.services import node_jobs_requeue as requeue
-    from scheduler.services import workload_status_report as report
+    from scheduler.services.reports import node_jobs_requeue as requeue
+    from scheduler.services.reports import workload_status_report as report
 
     node = Node.objects.get(pk=node_id)
     known: set[tuple[int, int]] = set()
@@ -646,7 +646,7 @@ def lease_check(*, now: datetime | None = None) -> dict[str, list[int]]:
             lost.append(node.pk)
     grace_before = now - timedelta(seconds=settings.GPUPOOL_NODE_LOST_GRACE_S)
     overdue = NodeAgent.objects.filter(lost_at__lte=grace_before, jobs_requeued_at__isnull=True)
-    from scheduler.services import node_jobs_requeue as requeue
+    from scheduler.services.reports import node_jobs_requeue as requeue
 
     for node_id in overdue.values_list("node_id", flat=True):
         with transaction.atomic():
@@ -727,7 +727,7 @@ def workload_report_apply(*, node_id: int, status: dict, now: datetime | None = 
 def _forward(*, node: Node, status: dict) -> str | None:
     """``workload_status_report`` for one frame: its outcome, or None when the scheduler takes no reports."""
     from scheduler.fleet.telemetry import parse_time
-    from scheduler.services import workload_status_report as report
+    from scheduler.services.reports import workload_status_report as report
 
     checkpoint = status.get("last_checkpoint_at")
     outcome = report(

@@ -17,7 +17,7 @@ from tenants.services._common import _ensure_may_write, _require
 from tenants.services.approvals import _approval_audit, _approval_chain, _approval_expiry
 from tenants.services.notifications import _notify_approvers
 
-# --- job admission (called by scheduler.services.job_submit) ---------------------------------------------
+# --- job admission (called by scheduler.services.jobs.job_submit) ----------------------------------------
 
 CRITICAL_PRIORITY = 1000
 

@@ -15,8 +15,9 @@ from gpupool_client.cli import cli
 from scheduler.core import types as core
 from scheduler.models import Job, Node
 from scheduler.persist import persist_plan
-from scheduler.services import workload_status_report
+from scheduler.services.reports import workload_status_report
 from tests.factories import ApiTokenFactory, MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import node_with_devices
 
 
@@ -52,7 +53,7 @@ def pool(live_server, transactional_db, settings, monkeypatch, tmp_path) -> Pool
     Cycles are not run (tests place jobs themselves), so submits queue nothing in Celery."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: False)
+    patch_request_cycle(monkeypatch, lambda: False)
     tenant = TenantFactory(slug="team-a", name="Team A")
     alice = UserFactory(username="alice")
     MembershipFactory(user=alice, tenant=tenant, role="member")

@@ -189,10 +189,8 @@ async def test_sent_but_unacked_commands_are_sent_again_on_reconnect():
 
 
 async def test_workload_status_goes_to_the_scheduler(monkeypatch):
-    import scheduler.services
-
     reports = []
-    monkeypatch.setattr(scheduler.services, "workload_status_report", lambda **kwargs: reports.append(kwargs))
+    monkeypatch.setattr("scheduler.services.reports.workload_status_report", lambda **kwargs: reports.append(kwargs))
     node, credential = await db(register_node)("gpu-a")
     socket = await connect_agent(credential, "gpu-a")
     status = protocol.WorkloadStatus(

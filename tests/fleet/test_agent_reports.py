@@ -22,7 +22,6 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import OperationalError
 
-import scheduler.services
 from nodeagent import protocol
 from nodeagent.agent import Agent, AgentSettings, ConnectionLost
 from nodeagent.backends.simulated import SimulatedBackend
@@ -30,7 +29,11 @@ from nodeagent.workloads import WorkloadRunner
 from portal.api import ConflictError
 from scheduler.fleet.models import AgentReport
 from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, JobState
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
+from scheduler.services.reports import workload_status_report
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -42,7 +45,7 @@ db = database_sync_to_async
 def _scheduling(settings, monkeypatch) -> None:
     # Placement, not quotas, is what these tests are about; cycles are run by the tests themselves.
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr(scheduler.services, "request_cycle", lambda: False)
+    patch_request_cycle(monkeypatch, lambda: False)
 
 
 # --- helpers: jobs placed by a real cycle ---------------------------------------------------------------------
@@ -56,10 +59,10 @@ def submit_and_place(node_name: str, *, command: list[str] | None = None, env: d
     user = UserFactory()
     MembershipFactory(user=user, tenant=tenant, role="member")
     spec = {"name": "t", "tenant": tenant.slug, "resources": {"flavors": [flavor], "gpus": 1}}
-    job = scheduler.services.job_submit(actor=user, spec={**spec, "command": command or ["true"]})
+    job = job_submit(actor=user, spec={**spec, "command": command or ["true"]})
     if env is not None:
         Job.objects.filter(pk=job.pk).update(env=env)
-    placed = scheduler.services.run_cycle().placed
+    placed = run_cycle().placed
     assert job.pk in placed, f"job {job.pk} was not placed: {Job.objects.get(pk=job.pk).pending_message}"
     return job.pk
 
@@ -314,7 +317,7 @@ async def test_a_duplicate_report_is_acked_and_changes_nothing():
 
 async def test_a_report_the_database_could_not_take_is_not_acked_and_applies_when_resent(monkeypatch):
     socket, _credential, job_id = await placed_on_socket("gpu-retry")
-    real = scheduler.services.workload_status_report
+    real = workload_status_report
     calls = []
 
     def deadlocked_once(**kwargs):
@@ -323,7 +326,7 @@ async def test_a_report_the_database_could_not_take_is_not_acked_and_applies_whe
             raise OperationalError("deadlock detected")
         return real(**kwargs)
 
-    monkeypatch.setattr(scheduler.services, "workload_status_report", deadlocked_once)
+    monkeypatch.setattr("scheduler.services.reports.workload_status_report", deadlocked_once)
     await socket.send_to(text_data=status(job_id, "succeeded", 201, exit_code=0))
     refused = (await frames_until(socket, report_answer(201)))[-1]
     assert (refused["type"], refused["code"]) == ("error", "retry_later")
@@ -351,7 +354,7 @@ async def test_a_report_refused_for_good_is_acked_with_the_error_code(monkeypatc
     def refuse(**kwargs):
         raise error
 
-    monkeypatch.setattr(scheduler.services, "workload_status_report", refuse)
+    monkeypatch.setattr("scheduler.services.reports.workload_status_report", refuse)
     await socket.send_to(text_data=status(job_id, "failed", 301, exit_code=1))
     ack = (await frames_until(socket, report_answer(301)))[-1]
     await socket.disconnect()

@@ -11,10 +11,13 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from nodeagent import protocol
-from scheduler import services
 from scheduler.fleet.fencing import FENCE_MARGIN_S, check_fence_timing, lease_timing
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState, Node, NodeStatus
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
+from scheduler.services.reports import node_jobs_requeue, workload_status_report
 from tests.fleet.conftest import agent_socket, register_node
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
 WHOLE = {"name": "w", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["true"]}
@@ -67,14 +70,14 @@ async def test_the_config_frame_tells_the_agent_when_to_fence(settings):
 def placed(db, settings, monkeypatch):
     """Places a spec on two one-card nodes and reports it running: (job, nodes it runs on)."""
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     nodes = [node_with_devices(1, name=f"fence-{index}") for index in range(3)]
     member = UserFactory(username="fence-member")
     MembershipFactory(user=member, tenant=TenantFactory(slug="team-a"), role="member")
 
     def place(spec: dict) -> tuple[Job, list[Node]]:
-        job = services.job_submit(actor=member, spec=spec)
-        assert job.pk in services.run_cycle().placed
+        job = job_submit(actor=member, spec=spec)
+        assert job.pk in run_cycle().placed
         held = list(Allocation.objects.active().filter(job=job).order_by("replica"))
         for allocation in held:
             report(allocation.node, job, "running", replica=allocation.replica)
@@ -86,7 +89,7 @@ def placed(db, settings, monkeypatch):
 
 
 def report(node: Node, job: Job, state: str, *, replica: int = 0, reason: str = "") -> str:
-    return services.workload_status_report(
+    return workload_status_report(
         node=node,
         job_id=job.pk,
         replica=replica,
@@ -124,9 +127,9 @@ def test_a_fenced_gang_member_stops_the_others_and_requeues_the_gang(placed):
 
 def test_a_fenced_report_after_the_grace_period_moved_the_job_changes_nothing(placed):
     job, (node,) = placed(WHOLE)
-    services.node_jobs_requeue(node=node)
+    node_jobs_requeue(node=node)
     Node.objects.filter(pk=node.pk).update(status=NodeStatus.NOT_READY)
-    assert services.run_cycle().placed == [job.pk]
+    assert run_cycle().placed == [job.pk]
     new_node = Allocation.objects.active().get(job=job).node
     report(new_node, job, "running")
 

@@ -10,7 +10,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-import scheduler.services
 from audit.models import AuditRecord
 from scheduler.fleet import services, tasks
 from scheduler.fleet.models import NodeAgent
@@ -37,7 +36,7 @@ def requeues(monkeypatch) -> list:
         calls.append((node.pk, reason))
         return 2
 
-    monkeypatch.setattr(scheduler.services, "node_jobs_requeue", fake_requeue)
+    monkeypatch.setattr("scheduler.services.reports.node_jobs_requeue", fake_requeue)
     return calls
 
 

@@ -12,10 +12,12 @@ from django.test.utils import CaptureQueriesContext
 from scheduler.fleet.api.views import TelemetryHistoryView
 from scheduler.fleet.telemetry import minute_of
 from scheduler.models import Allocation
-from scheduler.services import job_submit, run_cycle
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tenants.models import PlatformRole
 from tests.fleet.rollup_data import write_minutes
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
+from tests.patching import patch_request_cycle
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +30,7 @@ def fleet(settings, monkeypatch):
     """Two H100 cards on n1 (one held by team vision's job for the last 20 minutes), an A100 card on n2, and
     90 minutes of rollups for every card (utilisation: 10 times the card's index, plus minutes ago / 100)."""
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     monkeypatch.setattr(TelemetryHistoryView, "clock", staticmethod(lambda: NOW))
     h100, a100 = make_flavor("nvidia-h100-80g"), make_flavor("nvidia-a100-40g", memory_mib=40960)
     n1, n2 = make_node("n1", devices=2, flavor=h100), make_node("n2", devices=1, flavor=a100)

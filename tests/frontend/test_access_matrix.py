@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from audit.services import audit_record
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 

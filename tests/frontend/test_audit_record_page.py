@@ -12,7 +12,7 @@ from audit.models import AuditRecord
 from audit.services import SHREDDED, audit_record
 from frontend.audit_details import audit_details
 from scheduler.models import Job
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tenants.services.identity import user_set_platform_role
 from tenants.services.quotas import quota_set

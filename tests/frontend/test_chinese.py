@@ -40,7 +40,7 @@ def test_the_console_404_page_is_translated(client):
 
 def test_a_placement_sentence_is_shown_in_chinese(client):
     from scheduler.models import JobEvent, JobState
-    from scheduler.services import job_submit
+    from scheduler.services.jobs import job_submit
 
     flavor = make_flavor("nvidia-h100-80g")
     make_node("sim-01", devices=1, flavor=flavor)
@@ -61,7 +61,7 @@ def test_a_placement_sentence_is_shown_in_chinese(client):
 
 def test_one_job_running_is_singular_in_english(client):
     from scheduler.models import Job, JobState
-    from scheduler.services import job_submit
+    from scheduler.services.jobs import job_submit
 
     flavor = make_flavor("nvidia-h100-80g")
     make_node("sim-01", devices=2, flavor=flavor)

@@ -12,11 +12,13 @@ from django.utils import timezone
 
 from frontend.datetimes import MOMENT_FORMATS, format_moment
 from scheduler.models import Job, JobState, Node
-from scheduler.services import job_submit, run_cycle
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tenants.services.quotas import quota_set
 from tenants.services.tokens import api_token_create
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
+from tests.patching import patch_request_cycle
 
 pytestmark = pytest.mark.django_db
 
@@ -44,7 +46,7 @@ def busy_pool(settings, monkeypatch, client):
     """A pool with a moment on every main page: heartbeats, jobs started, finished and expected, events, audit
     records, a token, a quota request, a failed sign-in."""
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     now = timezone.now()
     flavor = make_flavor("nvidia-h100-80g")
     node = make_node("n1", devices=2, flavor=flavor)

@@ -10,7 +10,7 @@ import pytest
 
 from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.models import Job
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tests.frontend.factories import make_flavor, make_member, make_tenant
 
 pytestmark = pytest.mark.django_db

@@ -9,8 +9,10 @@ import pytest
 
 from scheduler import logs
 from scheduler.models import JobEvent
-from scheduler.services import job_submit, run_cycle
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant
+from tests.patching import patch_request_cycle
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +20,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def running(settings, monkeypatch):
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     flavor = make_flavor()
     node = make_node("n1", devices=2, flavor=flavor)
     tenant = make_tenant("vision")

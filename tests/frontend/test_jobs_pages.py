@@ -5,7 +5,7 @@ import json
 import pytest
 
 from scheduler.models import Job, JobState
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tests.frontend.factories import make_flavor, make_member, make_tenant, make_user
 

@@ -65,7 +65,7 @@ def test_numbers_fragment_renders_without_the_layout(client):
 
 
 def test_member_overview_counts_only_their_tenants_jobs(client):
-    from scheduler.services import job_submit
+    from scheduler.services.jobs import job_submit
 
     make_flavor("nvidia-h100-80g")
     mine, other = make_tenant("mine"), make_tenant("other")
@@ -107,7 +107,7 @@ def test_member_overview_charts_only_the_cards_their_tenant_holds(client):
     from django.utils import timezone
 
     from scheduler.models import Allocation
-    from scheduler.services import job_submit
+    from scheduler.services.jobs import job_submit
 
     flavor = make_flavor("nvidia-h100-80g")
     node = make_node("n1", devices=2, flavor=flavor)

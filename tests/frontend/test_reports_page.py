@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from scheduler.models import Allocation
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 

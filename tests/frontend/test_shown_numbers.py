@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from scheduler.models import Allocation, NodeStatus
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tenants.models import PlatformRole
 from tenants.services.quotas import quota_set
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user

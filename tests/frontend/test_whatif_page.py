@@ -11,6 +11,7 @@ import pytest
 from scheduler.models import ResourceFlavor
 from tenants.models import PlatformRole
 from tests.frontend.factories import make_member, make_node, make_tenant, make_user
+from tests.patching import patch_request_cycle
 from tests.scheduler.history import FLAVOR, job_history
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def admin(client, settings, monkeypatch):
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     flavor = ResourceFlavor.objects.create(name=FLAVOR, vendor="simulated", model="Simulated 80G", memory_mib=81920)
     node = make_node("node-a", devices=2, flavor=flavor)
     job_history(make_member(make_tenant("team-a")), node)

@@ -6,11 +6,15 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nodeagent import protocol
-from scheduler import services
 from scheduler.fleet.services import command_ack, commands_pending
 from scheduler.models import AgentCommand, Allocation, Job, JobState, Node, NodeStatus
 from scheduler.outbox import START_WITHDRAWN
+from scheduler.services.cycle import request_cycle, run_cycle
+from scheduler.services.jobs import job_submit
+from scheduler.services.nodes import node_drain
+from scheduler.services.reports import node_jobs_requeue, workload_status_report
 from tests.nodeagent.test_agent_loop import FakeClock, FakeConnector, _agent
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
 WHOLE = {"name": "w", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["true"]}
@@ -35,12 +39,12 @@ async def test_a_shorter_heartbeat_interval_from_the_portal_applies_at_once(tmp_
 def running_job(db, settings, monkeypatch):
     """A job running on one of two one-card nodes: (job, its node, the other node)."""
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     first, second = node_with_devices(1, name="node-a"), node_with_devices(1, name="node-b")
     member = UserFactory(username="rules-member")
     MembershipFactory(user=member, tenant=TenantFactory(slug="team-a"), role="member")
-    job = services.job_submit(actor=member, spec=WHOLE)
-    assert services.run_cycle().placed == [job.pk]
+    job = job_submit(actor=member, spec=WHOLE)
+    assert run_cycle().placed == [job.pk]
     node = Allocation.objects.active().get(job=job).node
     report(node, job, "running")
     assert Job.objects.get(pk=job.pk).state == JobState.RUNNING
@@ -48,9 +52,7 @@ def running_job(db, settings, monkeypatch):
 
 
 def report(node: Node, job: Job, state: str) -> None:
-    services.workload_status_report(
-        node=node, job_id=job.pk, replica=0, state=state, exit_code=None, last_checkpoint_at=None
-    )
+    workload_status_report(node=node, job_id=job.pk, replica=0, state=state, exit_code=None, last_checkpoint_at=None)
 
 
 def stops(node: Node, job: Job):
@@ -59,7 +61,7 @@ def stops(node: Node, job: Job):
 
 def test_requeueing_a_lost_nodes_jobs_also_tells_that_node_to_stop_them(running_job):
     job, node, _other = running_job
-    assert services.node_jobs_requeue(node=node) == 1
+    assert node_jobs_requeue(node=node) == 1
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
     # Delivered when the node is heard from again: a node declared lost may only have been cut off.
     assert stops(node, job).count() == 1
@@ -67,9 +69,9 @@ def test_requeueing_a_lost_nodes_jobs_also_tells_that_node_to_stop_them(running_
 
 def test_reports_of_a_requeued_jobs_stale_copy_never_move_its_new_run(running_job):
     job, node, other = running_job
-    services.node_jobs_requeue(node=node)
+    node_jobs_requeue(node=node)
     Node.objects.filter(pk=node.pk).update(status=NodeStatus.NOT_READY)
-    assert services.run_cycle().placed == [job.pk]
+    assert run_cycle().placed == [job.pk]
     report(other, job, "running")
 
     # The old node comes back and says its copy still runs: told to stop (once, while a stop is pending).
@@ -94,8 +96,8 @@ def test_asking_for_a_cycle_while_redis_is_down_does_not_fail_the_caller(monkeyp
     def unreachable(*args, **kwargs):
         raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr("scheduler.services.cache.add", unreachable)
-    assert services.request_cycle() is False
+    monkeypatch.setattr("scheduler.services.cycle.cache.add", unreachable)
+    assert request_cycle() is False
 
 
 def test_a_start_the_lost_node_never_acknowledged_is_withdrawn_and_not_delivered_when_it_returns(running_job):
@@ -104,9 +106,9 @@ def test_a_start_the_lost_node_never_acknowledged_is_withdrawn_and_not_delivered
     job, node, other = running_job
     start = AgentCommand.objects.get(node=node, job=job, command_type="workload.start")
     assert start.acked_at is None  # the agent never acknowledged it (the link was cut)
-    services.node_jobs_requeue(node=node)
+    node_jobs_requeue(node=node)
     Node.objects.filter(pk=node.pk).update(status=NodeStatus.NOT_READY)
-    assert services.run_cycle().placed == [job.pk]
+    assert run_cycle().placed == [job.pk]
 
     # The node reconnects: only the stop goes out, never the old start.
     pending = [payload["type"] for _pk, payload in commands_pending(node_id=node.pk)]
@@ -123,7 +125,7 @@ def test_a_drained_jobs_unacknowledged_start_still_goes_out_so_the_agent_can_con
     """A drain (like a preemption) waits for the agent's ``stopped``: the allocations stay, the start is not
     withdrawn, and the agent gets the start and then the stop."""
     job, node, _other = running_job
-    services.node_drain(node=node, actor=None)
+    node_drain(node=node, actor=None)
     assert Job.objects.get(pk=job.pk).state == JobState.PREEMPTING
     pending = [payload["type"] for _pk, payload in commands_pending(node_id=node.pk)]
     assert pending == ["workload.start", "workload.stop"]
@@ -134,14 +136,14 @@ def test_a_late_report_on_an_earlier_run_never_fails_the_run_placed_on_the_same_
     the first run's ``stopped`` (a repeated report) was taken for the new run's and failed the job."""
     job, node, other = running_job
     first_start = AgentCommand.objects.get(node=node, job=job, command_type="workload.start").pk
-    services.node_jobs_requeue(node=node)
+    node_jobs_requeue(node=node)
     Node.objects.filter(pk=other.pk).update(status=NodeStatus.CORDONED)
-    assert services.run_cycle().placed == [job.pk]
+    assert run_cycle().placed == [job.pk]
     second_start = AgentCommand.objects.filter(node=node, job=job, command_type="workload.start").latest("pk").pk
     assert second_start > first_start
 
     def status(state: str, command_id: int) -> str:
-        return services.workload_status_report(
+        return workload_status_report(
             node=node,
             job_id=job.pk,
             replica=0,

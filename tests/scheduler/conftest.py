@@ -1,5 +1,6 @@
 import pytest
 
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import FlavorFactory, MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
 
@@ -29,7 +30,7 @@ def node(flavor):
 def no_cycle_requests(monkeypatch):
     """Record request_cycle calls instead of queueing Celery tasks."""
     calls = []
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: calls.append(1))
+    patch_request_cycle(monkeypatch, lambda: calls.append(1))
     return calls
 
 

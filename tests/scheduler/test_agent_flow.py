@@ -9,9 +9,11 @@ import pytest
 from channels.db import database_sync_to_async
 
 from nodeagent import protocol
-from scheduler import services
 from scheduler.models import AgentCommand, Allocation, Job, JobState, ResourceFlavor
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import connect_agent, register_node, settle
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,7 +27,7 @@ def member_of_team_a():
 
 
 async def test_a_placed_job_reaches_the_agent_and_its_reports_finish_it(monkeypatch):
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
     await db(ResourceFlavor.objects.create)(
         name="nvidia-h100-80g", vendor="nvidia", model="NVIDIA H100 80GB HBM3", memory_mib=81559
@@ -40,8 +42,8 @@ async def test_a_placed_job_reaches_the_agent_and_its_reports_finish_it(monkeypa
         "command": ["python", "serve.py"],
         "env": {"MODE": "test"},
     }
-    job = await db(services.job_submit)(actor=member, spec=spec)
-    result = await db(services.run_cycle)()
+    job = await db(job_submit)(actor=member, spec=spec)
+    result = await db(run_cycle)()
     assert result.placed == [job.pk]
 
     frame = json.loads(await socket.receive_from(timeout=10))

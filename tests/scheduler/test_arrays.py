@@ -12,10 +12,10 @@ from rest_framework.test import APIClient
 from audit.models import AuditRecord
 from audit.services import record_details
 from audit.verification import verify_trail
-from scheduler import services
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan
+from scheduler.services.cycle import run_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
 SPEC = {
@@ -56,7 +56,7 @@ def test_an_array_of_1000_is_queued_then_placed_by_one_cycle(
     assert no_cycle_requests == [1]  # one cycle request for the batch
     assert Job.objects.filter(array_id=body["array_id"], state=JobState.QUEUED).count() == 1000
 
-    result = services.run_cycle()
+    result = run_cycle()
 
     assert result.ran and sorted(result.placed) == sorted(body["job_ids"])
     assert Job.objects.filter(array_id=body["array_id"], state=JobState.ADMITTED).count() == 1000

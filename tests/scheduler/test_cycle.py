@@ -2,9 +2,12 @@
 
 import pytest
 
-from scheduler import services
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, Job, JobState
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
+from scheduler.services.nodes import node_cordon
+from scheduler.services.reports import workload_status_report
 from scheduler.snapshot import build_snapshot
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
@@ -17,7 +20,7 @@ def _quiet(no_cycle_requests):
 
 
 def test_snapshot_reflects_nodes_devices_allocations_and_pending_jobs(member, node):
-    job = services.job_submit(actor=member, spec=SPEC)
+    job = job_submit(actor=member, spec=SPEC)
     node.devices.filter(index=1).update(health="unhealthy", nvlink_domain="nv0")
     snap = build_snapshot()
     (core_node,) = snap.nodes
@@ -30,8 +33,8 @@ def test_snapshot_reflects_nodes_devices_allocations_and_pending_jobs(member, no
 
 
 def test_a_cycle_places_what_fits_and_explains_the_rest(member, node):
-    jobs = [services.job_submit(actor=member, spec=SPEC) for _ in range(3)]
-    result = services.run_cycle()
+    jobs = [job_submit(actor=member, spec=SPEC) for _ in range(3)]
+    result = run_cycle()
     assert result.ran
     assert sorted(result.placed) == [jobs[0].pk, jobs[1].pk]
     states = dict(Job.objects.values_list("pk", "state"))
@@ -41,17 +44,17 @@ def test_a_cycle_places_what_fits_and_explains_the_rest(member, node):
     assert (waiting.position_in_tenant, waiting.position_overall) == (1, 1)
     assert AgentCommand.objects.filter(command_type="workload.start").count() == 2
     # Nothing changed, so a second cycle places nothing more and double-books nothing.
-    assert services.run_cycle().placed == []
+    assert run_cycle().placed == []
     assert Allocation.objects.active().count() == 2
 
 
 def test_the_next_cycle_uses_capacity_freed_by_a_finished_job(member, node):
-    jobs = [services.job_submit(actor=member, spec=SPEC) for _ in range(3)]
-    services.run_cycle()
-    services.workload_status_report(
+    jobs = [job_submit(actor=member, spec=SPEC) for _ in range(3)]
+    run_cycle()
+    workload_status_report(
         node=node, job_id=jobs[0].pk, replica=0, state="succeeded", exit_code=0, last_checkpoint_at=None
     )
-    assert services.run_cycle().placed == [jobs[2].pk]
+    assert run_cycle().placed == [jobs[2].pk]
 
 
 def test_a_lender_reclaims_borrowed_capacity_through_preemption_then_runs(member, node, monkeypatch, settings):
@@ -65,28 +68,28 @@ def test_a_lender_reclaims_borrowed_capacity_through_preemption_then_runs(member
     )
     monkeypatch.setattr("scheduler.snapshot._quotas", lambda: quotas)
     settings.GPUPOOL_SCHEDULER_POLICY = {"min_runtime_before_preempt_s": 0}
-    low = [services.job_submit(actor=borrower, spec={**SPEC, "tenant": "team-b"}) for _ in range(2)]
-    assert sorted(services.run_cycle().placed) == sorted(j.pk for j in low)
+    low = [job_submit(actor=borrower, spec={**SPEC, "tenant": "team-b"}) for _ in range(2)]
+    assert sorted(run_cycle().placed) == sorted(j.pk for j in low)
     assert sum(Allocation.objects.active().values_list("borrowed_millis", flat=True)) == 2000
 
-    lender_job = services.job_submit(actor=member, spec={**SPEC, "priority_class": "high"})
-    result = services.run_cycle()
+    lender_job = job_submit(actor=member, spec={**SPEC, "priority_class": "high"})
+    result = run_cycle()
     assert len(result.preempted) == 1 and result.placed == []
     victim = Job.objects.get(pk=result.preempted[0])
     assert victim.state == JobState.PREEMPTING
     assert Job.objects.get(pk=lender_job.pk).pending_reason_code == "waiting_for_preemption"
-    services.workload_status_report(
+    workload_status_report(
         node=node, job_id=victim.pk, replica=0, state="stopped", exit_code=None, last_checkpoint_at=None
     )
-    assert services.run_cycle().placed == [lender_job.pk]
+    assert run_cycle().placed == [lender_job.pk]
     victim.refresh_from_db()
     assert victim.state == JobState.QUEUED and victim.preempted_by == [lender_job.pk]
 
 
 def test_cordoned_nodes_get_no_new_work(member, node):
-    services.node_cordon(node=node, actor=None)
-    job = services.job_submit(actor=member, spec=SPEC)
-    assert services.run_cycle().placed == []
+    node_cordon(node=node, actor=None)
+    job = job_submit(actor=member, spec=SPEC)
+    assert run_cycle().placed == []
     assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
 
 
@@ -99,7 +102,7 @@ def test_a_cycle_that_cannot_take_the_lock_does_nothing(member, node):
 
     from scheduler import locks
 
-    job = services.job_submit(actor=member, spec=SPEC)
+    job = job_submit(actor=member, spec=SPEC)
     holding, release, seen = threading.Event(), threading.Event(), []
 
     def hold_the_lock() -> None:
@@ -119,12 +122,12 @@ def test_a_cycle_that_cannot_take_the_lock_does_nothing(member, node):
     thread.start()
     try:
         assert holding.wait(timeout=30) and seen == [True]
-        assert services.run_cycle().ran is False
+        assert run_cycle().ran is False
         assert Job.objects.get(pk=job.pk).state == JobState.QUEUED
     finally:
         release.set()
         thread.join(timeout=30)
-    assert services.run_cycle().placed == [job.pk]
+    assert run_cycle().placed == [job.pk]
 
 
 def test_fair_share_usage_decays_between_cycles():
@@ -144,10 +147,10 @@ def test_a_cycle_stores_the_usage_for_the_next_one(member, node, django_capture_
     from scheduler.snapshot import USAGE_CACHE_KEY
 
     cache.delete(USAGE_CACHE_KEY)
-    services.job_submit(actor=member, spec=SPEC)
-    services.run_cycle()
+    job_submit(actor=member, spec=SPEC)
+    run_cycle()
     with django_capture_on_commit_callbacks(execute=True):
-        services.run_cycle()
+        run_cycle()
     assert cache.get(USAGE_CACHE_KEY)["usage"] == {"team-a": {"sim-80g": 1000.0}}
     cache.delete(USAGE_CACHE_KEY)
 
@@ -158,7 +161,7 @@ def test_the_management_command_runs_one_cycle(member, node):
 
     from django.core.management import call_command
 
-    job = services.job_submit(actor=member, spec=SPEC)
+    job = job_submit(actor=member, spec=SPEC)
     out = io.StringIO()
     call_command("scheduler_cycle", stdout=out)
     assert json.loads(out.getvalue())["placed"] == [job.pk]
@@ -168,13 +171,13 @@ def test_quota_rows_of_the_tenants_app_bound_what_a_tenant_runs(member, node, se
     from tenants.models import Quota as quota
 
     settings.GPUPOOL_SCHEDULER_POLICY = {}  # quotas required (the default)
-    job = services.job_submit(actor=member, spec=SPEC)
-    assert services.run_cycle().placed == []
+    job = job_submit(actor=member, spec=SPEC)
+    assert run_cycle().placed == []
     assert Job.objects.get(pk=job.pk).pending_reason_code == "no_quota"
     quota.objects.create(
         tenant=job.tenant, flavor=node.devices.first().flavor, guaranteed_millis=1000, limit_millis=1000
     )
-    second = services.job_submit(actor=member, spec=SPEC)
-    assert services.run_cycle().placed == [job.pk]
+    second = job_submit(actor=member, spec=SPEC)
+    assert run_cycle().placed == [job.pk]
     waiting = Job.objects.get(pk=second.pk)
     assert waiting.state == JobState.QUEUED and waiting.pending_reason_code in ("quota_limit", "quota_exhausted")

@@ -16,10 +16,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from scheduler import services
 from scheduler.core import types as core
 from scheduler.models import Allocation, Device, Job, JobState
 from scheduler.persist import persist_plan
+from scheduler.services.jobs import job_submit
 from tenants.models import Quota
 from tests.scheduler.factories import FlavorFactory, node_with_devices
 
@@ -43,7 +43,7 @@ def assert_no_device_double_booked() -> None:
 
 
 def test_the_database_refuses_a_double_booking_whoever_writes_it(postgres, member, node):
-    job = services.job_submit(actor=member, spec=WHOLE)
+    job = job_submit(actor=member, spec=WHOLE)
     device = node.devices.get(index=0)
     fields = dict(job=job, tenant=job.tenant, flavor=device.flavor, device=device, node=node, started_at=timezone.now())
     Allocation.objects.create(replica=0, millis=500, memory_mib=1000, **fields)
@@ -60,7 +60,7 @@ def test_two_threads_persisting_conflicting_plans_book_each_card_once(postgres, 
     devices = list(node.devices.order_by("index"))
     rounds = []
     for _ in range(4):
-        first, second = (services.job_submit(actor=member, spec=WHOLE) for _ in range(2))
+        first, second = (job_submit(actor=member, spec=WHOLE) for _ in range(2))
         rounds.append((first, second))
     outcomes: list = []
     errors: list = []
@@ -169,9 +169,9 @@ def test_two_celery_workers_racing_cycles_never_double_book(postgres, two_worker
     node_with_devices(4, name="race-a")
     node_with_devices(4, name="race-b")
     for _ in range(10):
-        services.job_submit(actor=member, spec=WHOLE)
+        job_submit(actor=member, spec=WHOLE)
     for _ in range(6):
-        services.job_submit(actor=member, spec=HALF)
+        job_submit(actor=member, spec=HALF)
 
     results = []
     for hold_lock in (False, True, False):

@@ -15,14 +15,16 @@ import pytest
 from django.core.cache import cache
 from django.db import connection, transaction
 
-from scheduler import locks, services
+from scheduler import locks
 from scheduler.models import Job, JobState
+from scheduler.services import cycle as cycle_services
+from scheduler.services.jobs import job_submit
 from tenants.models import Quota
 from tests.scheduler.factories import FlavorFactory, node_with_devices
 from tests.scheduler.test_cycle_race import ROOT, _database_url
 
 SPEC = {"name": "now", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["true"]}
-KEYS = (services.CYCLE_DIRTY_KEY, services.CYCLE_CLAIM_KEY, services.CYCLE_STARTED_KEY)
+KEYS = (cycle_services.CYCLE_DIRTY_KEY, cycle_services.CYCLE_CLAIM_KEY, cycle_services.CYCLE_STARTED_KEY)
 
 
 @pytest.fixture
@@ -43,94 +45,94 @@ def sent(monkeypatch, clean_cycle_keys):
 
 
 def test_a_request_queues_a_cycle_at_once_and_a_burst_queues_only_one(sent):
-    assert services.request_cycle() is True
+    assert cycle_services.request_cycle() is True
     assert sent == [{"queue": None}]  # no countdown: the cycle starts as soon as a worker takes it
-    assert not any(services.request_cycle() for _ in range(50))
-    assert len(sent) == 1 and cache.get(services.CYCLE_DIRTY_KEY)
+    assert not any(cycle_services.request_cycle() for _ in range(50))
+    assert len(sent) == 1 and cache.get(cycle_services.CYCLE_DIRTY_KEY)
 
 
 def test_requests_made_during_a_cycle_get_exactly_one_more(sent, monkeypatch):
-    services.request_cycle()
+    cycle_services.request_cycle()
     cycles = []
 
     def cycle(**kwargs):
         cycles.append(kwargs)
         if len(cycles) == 1:  # three changes land while the first cycle runs
-            assert not any(services.request_cycle() for _ in range(3))
-        return services.CycleResult(ran=True)
+            assert not any(cycle_services.request_cycle() for _ in range(3))
+        return cycle_services.CycleResult(ran=True)
 
-    monkeypatch.setattr(services, "run_cycle", cycle)
-    outcome = services.run_requested_cycles()
+    monkeypatch.setattr(cycle_services, "run_cycle", cycle)
+    outcome = cycle_services.run_requested_cycles()
     assert (outcome.cycles, outcome.hand_over) == (2, False)
-    assert cycles[0] == {"lock_wait_s": services.CYCLE_LOCK_WAIT_S}
+    assert cycles[0] == {"lock_wait_s": cycle_services.CYCLE_LOCK_WAIT_S}
     assert len(sent) == 1  # all served by the task already queued
-    assert cache.get(services.CYCLE_CLAIM_KEY) is None and cache.get(services.CYCLE_DIRTY_KEY) is None
-    assert services.request_cycle() is True  # the claim is free again: the next change queues a task
+    assert cache.get(cycle_services.CYCLE_CLAIM_KEY) is None and cache.get(cycle_services.CYCLE_DIRTY_KEY) is None
+    assert cycle_services.request_cycle() is True  # the claim is free again: the next change queues a task
 
 
 def test_a_request_that_lands_as_the_task_lets_go_is_not_lost(sent, monkeypatch):
     """The request finds the claim still held (so queues nothing) just before the task releases it: the task
     looks at the dirty flag once more after releasing and runs the cycle itself."""
-    services.request_cycle()
-    monkeypatch.setattr(services, "run_cycle", lambda **kwargs: services.CycleResult(ran=True))
+    cycle_services.request_cycle()
+    monkeypatch.setattr(cycle_services, "run_cycle", lambda **kwargs: cycle_services.CycleResult(ran=True))
     real_delete = cache.delete
     raced = []
 
     def delete(key, *args, **kwargs):
-        if key == services.CYCLE_CLAIM_KEY and not raced:
-            raced.append(services.request_cycle())
+        if key == cycle_services.CYCLE_CLAIM_KEY and not raced:
+            raced.append(cycle_services.request_cycle())
         return real_delete(key, *args, **kwargs)
 
-    monkeypatch.setattr(services.cache, "delete", delete)
-    assert services.run_requested_cycles().cycles == 2
+    monkeypatch.setattr(cycle_services.cache, "delete", delete)
+    assert cycle_services.run_requested_cycles().cycles == 2
     assert raced == [False] and len(sent) == 1
 
 
 def test_a_cycle_that_finds_the_lock_busy_is_run_again_not_dropped(sent, monkeypatch):
-    services.request_cycle()
+    cycle_services.request_cycle()
     answers = iter([False, True])
-    monkeypatch.setattr(services, "run_cycle", lambda **kwargs: services.CycleResult(ran=next(answers)))
-    assert services.run_requested_cycles().cycles == 1
-    assert cache.get(services.CYCLE_DIRTY_KEY) is None
+    monkeypatch.setattr(cycle_services, "run_cycle", lambda **kwargs: cycle_services.CycleResult(ran=next(answers)))
+    assert cycle_services.run_requested_cycles().cycles == 1
+    assert cache.get(cycle_services.CYCLE_DIRTY_KEY) is None
 
 
 def test_a_task_that_keeps_being_asked_hands_over_to_a_fresh_one(sent, monkeypatch):
-    services.request_cycle()
+    cycle_services.request_cycle()
 
     def busy(**kwargs):
-        services.request_cycle()  # a change during every cycle
-        return services.CycleResult(ran=True)
+        cycle_services.request_cycle()  # a change during every cycle
+        return cycle_services.CycleResult(ran=True)
 
-    monkeypatch.setattr(services, "run_cycle", busy)
-    outcome = services.run_requested_cycles(max_s=0.0)
+    monkeypatch.setattr(cycle_services, "run_cycle", busy)
+    outcome = cycle_services.run_requested_cycles(max_s=0.0)
     assert (outcome.cycles, outcome.hand_over) == (1, True)
-    assert cache.get(services.CYCLE_CLAIM_KEY)  # kept for the task it hands over to
+    assert cache.get(cycle_services.CYCLE_CLAIM_KEY)  # kept for the task it hands over to
 
 
 def test_a_failed_cycle_leaves_its_request_for_the_retry(sent, monkeypatch):
     from django.db import OperationalError
 
-    services.request_cycle()
+    cycle_services.request_cycle()
 
     def deadlocked(**kwargs):
         raise OperationalError("deadlock detected")
 
-    monkeypatch.setattr(services, "run_cycle", deadlocked)
+    monkeypatch.setattr(cycle_services, "run_cycle", deadlocked)
     with pytest.raises(OperationalError):
-        services.run_requested_cycles()
-    assert cache.get(services.CYCLE_DIRTY_KEY) and cache.get(services.CYCLE_CLAIM_KEY)
+        cycle_services.run_requested_cycles()
+    assert cache.get(cycle_services.CYCLE_DIRTY_KEY) and cache.get(cycle_services.CYCLE_CLAIM_KEY)
 
 
 def test_a_restarted_worker_releases_a_dead_workers_claim_and_serves_its_request(sent):
-    cache.set(services.CYCLE_DIRTY_KEY, 1)
-    cache.set(services.CYCLE_CLAIM_KEY, 1)  # left by a worker killed mid-cycle
-    services.cycle_claim_release()
+    cache.set(cycle_services.CYCLE_DIRTY_KEY, 1)
+    cache.set(cycle_services.CYCLE_CLAIM_KEY, 1)  # left by a worker killed mid-cycle
+    cycle_services.cycle_claim_release()
     assert len(sent) == 1
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_requested_cycle_waits_for_the_lock_instead_of_giving_up(member, node, no_cycle_requests):
-    job = services.job_submit(actor=member, spec=SPEC)
+    job = job_submit(actor=member, spec=SPEC)
     holding, release = threading.Event(), threading.Event()
 
     def hold_the_lock() -> None:
@@ -148,9 +150,9 @@ def test_a_requested_cycle_waits_for_the_lock_instead_of_giving_up(member, node,
     thread.start()
     try:
         assert holding.wait(timeout=30)
-        assert services.run_cycle(lock_wait_s=0.2).ran is False  # waited 0.2 s, then gave up
+        assert cycle_services.run_cycle(lock_wait_s=0.2).ran is False  # waited 0.2 s, then gave up
         threading.Timer(0.3, release.set).start()
-        result = services.run_cycle(lock_wait_s=30)
+        result = cycle_services.run_cycle(lock_wait_s=30)
     finally:
         release.set()
         thread.join(timeout=30)
@@ -166,7 +168,7 @@ def cycle_worker(transactional_db, redis_url, monkeypatch, clean_cycle_keys):
     command = [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "solo", "-Q", queue]
     command += ["--hostname", f"{queue}@%h", "--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    monkeypatch.setattr(services, "CYCLE_QUEUE", queue)
+    monkeypatch.setattr(cycle_services, "CYCLE_QUEUE", queue)
     try:
         from scheduler.tasks import run_cycle
 
@@ -200,8 +202,8 @@ def test_a_submit_starts_a_cycle_on_a_real_worker_without_waiting_for_a_timer(po
     latencies = []
     for _ in range(3):
         before = time.time()
-        job = services.job_submit(actor=member, spec=SPEC)  # request_cycle runs on commit, as in production
-        started = _wait_for(lambda before=before: (cache.get(services.CYCLE_STARTED_KEY) or 0) > before)
+        job = job_submit(actor=member, spec=SPEC)  # request_cycle runs on commit, as in production
+        started = _wait_for(lambda before=before: (cache.get(cycle_services.CYCLE_STARTED_KEY) or 0) > before)
         admitted = _wait_for(lambda job=job: Job.objects.get(pk=job.pk).state == JobState.ADMITTED)
         latencies.append((started, started + admitted))
     print("submit → cycle start, → admitted (s):", [(round(s, 3), round(a, 3)) for s, a in latencies])
@@ -210,5 +212,5 @@ def test_a_submit_starts_a_cycle_on_a_real_worker_without_waiting_for_a_timer(po
     assert sorted(started for started, _admitted in latencies)[1] < 1.0, latencies
 
     # A burst of submits: every one of them is placed without a timer either.
-    burst = [services.job_submit(actor=member, spec=SPEC) for _ in range(5)]
+    burst = [job_submit(actor=member, spec=SPEC) for _ in range(5)]
     _wait_for(lambda: Job.objects.filter(pk__in=[j.pk for j in burst], state=JobState.ADMITTED).count() == 5)

@@ -8,9 +8,11 @@ import pytest
 from django.core.cache import cache
 from django.utils import timezone, translation
 
-from scheduler import eta, services, tasks
-from scheduler.models import Job, JobState
+from scheduler import eta, tasks
+from scheduler.models import Allocation, Job, JobState
 from scheduler.selectors import duration_words, job_pending_sentence, job_start_estimate_sentence
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tests.scheduler.factories import JobFactory, UserFactory
 from tests.scheduler.test_api import client_for
 
@@ -95,8 +97,8 @@ def _busy_pool(member, tenant, *, runtime_s: float = 600):
     """node-a's two cards run two 'train' jobs (history says 'train' takes ``runtime_s``); a third waits."""
     for i in range(3):
         finished(member, tenant, runtime_s=runtime_s, ago_s=100 + i)
-    jobs = [services.job_submit(actor=member, spec=SPEC) for _ in range(3)]
-    services.run_cycle()
+    jobs = [job_submit(actor=member, spec=SPEC) for _ in range(3)]
+    run_cycle()
     waiting = Job.objects.get(pk=jobs[2].pk)
     assert waiting.state == JobState.QUEUED
     return waiting
@@ -104,7 +106,7 @@ def _busy_pool(member, tenant, *, runtime_s: float = 600):
 
 def test_the_task_writes_a_start_estimate_and_a_band(member, tenant, node):
     waiting = _busy_pool(member, tenant)
-    placed_at = min(a.started_at for a in services.Allocation.objects.active())
+    placed_at = min(a.started_at for a in Allocation.objects.active())
     result = tasks.estimate_starts()
     assert result["ran"] and result["estimated"] == 1
     waiting.refresh_from_db()
@@ -140,19 +142,19 @@ def test_a_cycle_that_starts_many_jobs_asks_for_new_estimates(
     asked = []
     monkeypatch.setattr(eta, "estimates_refresh_request", lambda: asked.append(1))
     for _ in range(2):
-        services.job_submit(actor=member, spec=SPEC)
+        job_submit(actor=member, spec=SPEC)
     with django_capture_on_commit_callbacks(execute=True):
-        services.run_cycle()
+        run_cycle()
     assert asked == [1]
-    services.job_submit(actor=member, spec=SPEC)  # fits nowhere: the next cycle starts nothing
+    job_submit(actor=member, spec=SPEC)  # fits nowhere: the next cycle starts nothing
     with django_capture_on_commit_callbacks(execute=True):
-        services.run_cycle()
+        run_cycle()
     assert asked == [1]
 
 
 def test_running_past_the_prediction_leaves_a_little_time_not_a_negative_one(member, tenant, node):
     waiting = _busy_pool(member, tenant, runtime_s=600)
-    services.Allocation.objects.active().update(started_at=timezone.now() - timedelta(hours=2))
+    Allocation.objects.active().update(started_at=timezone.now() - timedelta(hours=2))
     tasks.estimate_starts()
     waiting.refresh_from_db()
     wait_s = (waiting.estimated_start_at - waiting.estimated_at).total_seconds()

@@ -2,9 +2,11 @@
 
 import pytest
 
-from scheduler import services
 from scheduler.core import types as core
 from scheduler.models import Allocation, CapacityHold, Job, JobEvent, JobState
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_cancel, job_submit
+from scheduler.services.reports import workload_status_report
 from scheduler.snapshot import build_snapshot
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
@@ -28,23 +30,23 @@ def lender_and_borrower(member, node, monkeypatch, settings):
     )
     monkeypatch.setattr("scheduler.snapshot._quotas", lambda: quotas)
     settings.GPUPOOL_SCHEDULER_POLICY = {"min_runtime_before_preempt_s": 0, "ordering": "fifo"}
-    borrowed = [services.job_submit(actor=borrower, spec={**SPEC, "tenant": "team-b"}) for _ in range(2)]
-    assert sorted(services.run_cycle().placed) == sorted(j.pk for j in borrowed)
+    borrowed = [job_submit(actor=borrower, spec={**SPEC, "tenant": "team-b"}) for _ in range(2)]
+    assert sorted(run_cycle().placed) == sorted(j.pk for j in borrowed)
     return borrowed
 
 
 def _stopped(job: Job) -> None:
     allocation = Allocation.objects.active().get(job=job)
-    services.workload_status_report(
+    workload_status_report(
         node=allocation.node, job_id=job.pk, replica=0, state="stopped", exit_code=None, last_checkpoint_at=None
     )
 
 
 def test_the_preemptor_gets_the_freed_card_over_three_cycles_and_preempts_only_once(member, lender_and_borrower):
-    lender = services.job_submit(actor=member, spec=SPEC)
+    lender = job_submit(actor=member, spec=SPEC)
 
     # Cycle 1: one borrower is preempted and its card is held for the lender.
-    first = services.run_cycle()
+    first = run_cycle()
     assert len(first.preempted) == 1 and first.placed == []
     victim = Job.objects.get(pk=first.preempted[0])
     victim_device = Allocation.objects.active().get(job=victim).device
@@ -55,7 +57,7 @@ def test_the_preemptor_gets_the_freed_card_over_three_cycles_and_preempts_only_o
     )
 
     # Cycle 2: the victim is still in its grace period; the lender waits and preempts nobody else.
-    second = services.run_cycle()
+    second = run_cycle()
     assert second.preempted == [] and second.placed == []
     assert Job.objects.get(pk=lender.pk).pending_reason_code == "waiting_for_preemption"
     assert CapacityHold.objects.get().job_id == lender.pk
@@ -66,7 +68,7 @@ def test_the_preemptor_gets_the_freed_card_over_three_cycles_and_preempts_only_o
     assert Job.objects.get(pk=victim.pk).state == JobState.QUEUED
 
     # Cycle 3: the lender, not the requeued victim, gets the freed card; the hold is gone.
-    third = services.run_cycle()
+    third = run_cycle()
     assert third.placed == [lender.pk] and third.preempted == []
     assert Allocation.objects.active().get(job=lender).device == victim_device
     assert Job.objects.get(pk=victim.pk).state == JobState.QUEUED
@@ -77,19 +79,19 @@ def test_the_preemptor_gets_the_freed_card_over_three_cycles_and_preempts_only_o
 def test_without_the_stored_hold_the_requeued_victim_takes_the_card_back(member, lender_and_borrower):
     # The same story with the hold row removed before the last cycle: the victim, first in FIFO order, takes
     # the card again — what made the lender preempt over and over before holds outlived one cycle.
-    lender = services.job_submit(actor=member, spec=SPEC)
-    victim = Job.objects.get(pk=services.run_cycle().preempted[0])
+    lender = job_submit(actor=member, spec=SPEC)
+    victim = Job.objects.get(pk=run_cycle().preempted[0])
     _stopped(victim)
     CapacityHold.objects.all().delete()
-    assert services.run_cycle().placed == [victim.pk]
+    assert run_cycle().placed == [victim.pk]
     assert Job.objects.get(pk=lender.pk).state == JobState.QUEUED
 
 
 def test_a_cancelled_preemptor_leaves_no_hold_behind(member, lender_and_borrower):
-    lender = services.job_submit(actor=member, spec=SPEC)
-    victim = Job.objects.get(pk=services.run_cycle().preempted[0])
-    services.job_cancel(job=lender, actor=None)
+    lender = job_submit(actor=member, spec=SPEC)
+    victim = Job.objects.get(pk=run_cycle().preempted[0])
+    job_cancel(job=lender, actor=None)
     _stopped(victim)
     # The next cycle drops the hold and the freed card goes to whoever is next: the requeued victim.
-    assert services.run_cycle().placed == [victim.pk]
+    assert run_cycle().placed == [victim.pk]
     assert not CapacityHold.objects.exists()

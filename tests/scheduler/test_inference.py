@@ -4,9 +4,12 @@ import pytest
 from rest_framework.test import APIClient
 
 from portal.api import DomainError
-from scheduler import services
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, InferenceReservation, Job, JobEvent, JobState
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_cancel, job_submit
+from scheduler.services.reports import jobs_awaiting_stop_sweep, workload_status_report
+from scheduler.services.scaling import desired_replicas, inference_load_report, job_scale
 from scheduler.snapshot import build_snapshot
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
@@ -31,7 +34,7 @@ def _quiet(no_cycle_requests):
 
 def _report(job: Job, replica: int, state: str) -> None:
     allocation = Allocation.objects.active().filter(job=job, replica=replica).first()
-    services.workload_status_report(
+    workload_status_report(
         node=allocation.node, job_id=job.pk, replica=replica, state=state, exit_code=None, last_checkpoint_at=None
     )
 
@@ -42,8 +45,8 @@ def service(member, node, monkeypatch):
     # Non-preemptible work needs a guarantee: team-a's covers the service, its reservation and training.
     quotas = (core.Quota(tenant="team-a", flavor="sim-80g", guaranteed_millis=4000),)
     monkeypatch.setattr("scheduler.snapshot._quotas", lambda: quotas)
-    job = services.job_submit(actor=member, spec=SERVICE)
-    assert services.run_cycle().placed == [job.pk]
+    job = job_submit(actor=member, spec=SERVICE)
+    assert run_cycle().placed == [job.pk]
     _report(job, 0, "running")
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
@@ -58,37 +61,37 @@ def test_placing_a_service_persists_its_reservation_and_feeds_it_back(service):
     (core_reservation,) = build_snapshot().reservations
     assert (core_reservation.job_id, core_reservation.device_uuid) == (str(service.pk), reservation.device.uuid)
     # The reserved card is not free for ordinary work: an interactive job waits.
-    other = services.job_submit(actor=None, spec={**TRAINING, "kind": "interactive", "preemptible": False})
-    assert services.run_cycle().placed == []
+    other = job_submit(actor=None, spec={**TRAINING, "kind": "interactive", "preemptible": False})
+    assert run_cycle().placed == []
     assert Job.objects.get(pk=other.pk).state == JobState.QUEUED
 
 
 def test_training_on_the_idle_reservation_is_reclaimed_when_the_service_scales_up_on_load(member, service):
     reserved_device = InferenceReservation.objects.get().device
-    training = services.job_submit(actor=member, spec=TRAINING)
-    assert services.run_cycle().placed == [training.pk]
+    training = job_submit(actor=member, spec=TRAINING)
+    assert run_cycle().placed == [training.pk]
     borrowed = Allocation.objects.active().get(job=training)
     assert (borrowed.device, borrowed.reservation_of_id) == (reserved_device, service.pk)
     _report(training, 0, "running")
 
     # Load above the target: one replica at 1.4 → two replicas (ceil(1 * 1.4 / 0.7)).
-    scaled = services.inference_load_report(job=service, load=1.4, actor=member)
+    scaled = inference_load_report(job=service, load=1.4, actor=member)
     assert scaled.replicas == 2
     assert JobEvent.objects.filter(job=service, reason="scale").exists()
 
-    result = services.run_cycle()
+    result = run_cycle()
     assert result.preempted == [training.pk] and result.placed == []
     training.refresh_from_db()
     assert training.state == JobState.PREEMPTING
     assert training.events.get(to_state=JobState.PREEMPTING).reason == "reservation_reclaim"
     assert AgentCommand.objects.filter(job=training, command_type="workload.stop").count() == 1
     # While the training job checkpoints and stops, the next cycle preempts nothing more.
-    assert services.run_cycle().preempted == []
+    assert run_cycle().preempted == []
 
     _report(training, 0, "stopped")
     assert Job.objects.get(pk=training.pk).state == JobState.QUEUED
 
-    result = services.run_cycle()
+    result = run_cycle()
     assert result.placed == [service.pk]
     new_replica = Allocation.objects.active().get(job=service, replica=1)
     assert new_replica.device == reserved_device and new_replica.reservation_of_id is None
@@ -100,13 +103,13 @@ def test_training_on_the_idle_reservation_is_reclaimed_when_the_service_scales_u
 
 
 def test_scaling_down_stops_the_highest_replica_and_its_card_becomes_the_reservation(member, service):
-    services.job_scale(job=service, replicas=2, actor=member)
-    assert services.run_cycle().placed == [service.pk]
+    job_scale(job=service, replicas=2, actor=member)
+    assert run_cycle().placed == [service.pk]
     _report(service, 1, "running")
     assert not InferenceReservation.objects.exists()
 
     # Load well below the target: two replicas at 0.2 → one.
-    services.inference_load_report(job=service, load=0.2, actor=member)
+    inference_load_report(job=service, load=0.2, actor=member)
     stop = AgentCommand.objects.get(job=service, command_type="workload.stop")
     assert (stop.payload["replica"], stop.payload["reason"]) == (1, "scale_down")
     freed = Allocation.objects.active().get(job=service, replica=1).device
@@ -120,11 +123,11 @@ def test_scaling_down_stops_the_highest_replica_and_its_card_becomes_the_reserva
 
 
 def test_a_scale_down_stop_the_agent_never_confirms_is_taken_as_done_after_the_timeout(member, service):
-    services.job_scale(job=service, replicas=2, actor=member)
-    assert services.run_cycle().placed == [service.pk]
-    services.job_scale(job=service, replicas=1, actor=member)
-    assert services.jobs_awaiting_stop_sweep(older_than_s=3600) == 0  # not yet
-    assert services.jobs_awaiting_stop_sweep(older_than_s=0) == 1
+    job_scale(job=service, replicas=2, actor=member)
+    assert run_cycle().placed == [service.pk]
+    job_scale(job=service, replicas=1, actor=member)
+    assert jobs_awaiting_stop_sweep(older_than_s=3600) == 0  # not yet
+    assert jobs_awaiting_stop_sweep(older_than_s=0) == 1
     service.refresh_from_db()
     assert service.scaling_down_replicas == [] and service.state == JobState.RUNNING
     assert list(Allocation.objects.active().filter(job=service).values_list("replica", flat=True)) == [0]
@@ -132,9 +135,9 @@ def test_a_scale_down_stop_the_agent_never_confirms_is_taken_as_done_after_the_t
 
 
 def test_a_cancelled_service_releases_its_reservation_and_borrowers_keep_running(member, service):
-    training = services.job_submit(actor=member, spec=TRAINING)
-    assert services.run_cycle().placed == [training.pk]
-    services.job_cancel(job=service, actor=member)
+    training = job_submit(actor=member, spec=TRAINING)
+    assert run_cycle().placed == [training.pk]
+    job_cancel(job=service, actor=member)
     assert not InferenceReservation.objects.exists()
     borrowed = Allocation.objects.active().get(job=training)
     assert borrowed.reservation_of_id is None
@@ -143,7 +146,7 @@ def test_a_cancelled_service_releases_its_reservation_and_borrowers_keep_running
 
 
 def test_load_within_the_tolerance_of_the_target_changes_nothing(member, service):
-    assert services.inference_load_report(job=service, load=0.75, actor=member).replicas == 1
+    assert inference_load_report(job=service, load=0.75, actor=member).replicas == 1
 
 
 @pytest.mark.parametrize(
@@ -151,16 +154,16 @@ def test_load_within_the_tolerance_of_the_target_changes_nothing(member, service
     [(1, 1.4, 2), (2, 0.2, 1), (3, 0.7, 3), (2, 3.0, 3), (3, 0.0, 1), (1, 0.72, 1)],
 )
 def test_desired_replicas_keeps_the_target_load_within_bounds(running, load, expected):
-    assert services.desired_replicas(running=running, load=load, least=1, most=3) == expected
+    assert desired_replicas(running=running, load=load, least=1, most=3) == expected
 
 
 def test_a_service_cannot_be_scaled_past_max_replicas_or_a_training_job_at_all(member, service):
     with pytest.raises(DomainError) as exc:
-        services.job_scale(job=service, replicas=3, actor=member)
+        job_scale(job=service, replicas=3, actor=member)
     assert exc.value.code == "invalid_replicas"
-    training = services.job_submit(actor=member, spec=TRAINING)
+    training = job_submit(actor=member, spec=TRAINING)
     with pytest.raises(DomainError) as exc:
-        services.job_scale(job=training, replicas=2, actor=member)
+        job_scale(job=training, replicas=2, actor=member)
     assert exc.value.code == "not_scalable"
 
 

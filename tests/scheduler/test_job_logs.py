@@ -18,13 +18,16 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-import scheduler.services
 from nodeagent import protocol
-from scheduler import logs, services
+from scheduler import logs
 from scheduler.models import AgentCommand, Job, JobLogChunk, JobState, ResourceFlavor
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
+from scheduler.services.reports import node_jobs_requeue, workload_status_report
 from scheduler.tasks import job_logs_purge
 from tests.fleet.conftest import connect_agent, register_node, settle
 from tests.fleet.test_agent_reports import Link, drive, job_state, real_agent, stop_agent, submit_and_place
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
 db = database_sync_to_async
@@ -38,8 +41,8 @@ def place(member, flavor, *, replicas: int = 1) -> Job:
         "resources": {"flavors": [flavor.name], "gpus": 1},
         "command": ["python", "train.py"],
     }
-    job = services.job_submit(actor=member, spec=spec)
-    assert job.pk in services.run_cycle().placed
+    job = job_submit(actor=member, spec=spec)
+    assert job.pk in run_cycle().placed
     return Job.objects.get(pk=job.pk)
 
 
@@ -167,7 +170,7 @@ def test_complete_says_the_job_ended_and_nothing_more_will_come(running, node, m
     append(node, running, "done\n", offset=0)
     assert read(member, running)[1]["complete"] is False
 
-    services.workload_status_report(
+    workload_status_report(
         node=node, job_id=running.pk, replica=0, state="succeeded", exit_code=0, last_checkpoint_at=None
     )
 
@@ -249,12 +252,12 @@ def test_a_bad_replica_or_offset_is_a_400_saying_what_to_ask(running, member, qu
 
 def test_a_requeued_job_continues_its_log_where_the_last_run_ended(running, node, flavor) -> None:
     append(node, running, "run 1: epoch 1\n", offset=0)
-    services.node_jobs_requeue(node=node)
+    node_jobs_requeue(node=node)
     node.status = "cordoned"
     node.save(update_fields=["status"])
     other = node_with_devices(1, name="node-b")
 
-    assert running.pk in services.run_cycle().placed
+    assert running.pk in run_cycle().placed
     start = AgentCommand.objects.filter(job=running, node=other, command_type="workload.start").get()
 
     assert start.payload["log_offset"] == len("run 1: epoch 1\n")
@@ -301,7 +304,7 @@ async def log_socket(user, job_id: int, query: str = "") -> WebsocketCommunicato
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_follower_gets_output_as_the_agent_sends_it_and_the_end(monkeypatch) -> None:
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
     await db(ResourceFlavor.objects.create)(
         name="nvidia-h100-80g", vendor="nvidia", model="NVIDIA H100 80GB HBM3", memory_mib=81559
@@ -316,8 +319,8 @@ async def test_a_follower_gets_output_as_the_agent_sends_it_and_the_end(monkeypa
         "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1},
         "command": ["x"],
     }
-    job = await db(services.job_submit)(actor=owner, spec=spec)
-    assert (await db(services.run_cycle)()).placed == [job.pk]
+    job = await db(job_submit)(actor=owner, spec=spec)
+    assert (await db(run_cycle)()).placed == [job.pk]
 
     async def agent_sends(offset: int, text: str) -> dict:
         await agent.send_to(
@@ -353,7 +356,7 @@ async def test_a_follower_gets_output_as_the_agent_sends_it_and_the_end(monkeypa
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_follower_who_may_not_see_the_job_is_refused(monkeypatch) -> None:
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
     tenant = await db(TenantFactory)(slug="hidden")
     outsider = await db(UserFactory)(username="outsider-ws")
     await db(MembershipFactory)(user=outsider, tenant=await db(TenantFactory)(slug="elsewhere"), role="member")
@@ -375,7 +378,7 @@ async def test_a_follower_who_may_not_see_the_job_is_refused(monkeypatch) -> Non
 @pytest.mark.django_db(transaction=True)
 async def test_the_api_shows_a_running_jobs_output_from_a_real_agent(tmp_path: Path, settings, monkeypatch) -> None:
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr(scheduler.services, "request_cycle", lambda: False)
+    patch_request_cycle(monkeypatch, lambda: False)
     monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
     _node, credential = await db(register_node)("gpu-live")
     link = Link(credential)

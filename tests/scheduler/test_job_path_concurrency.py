@@ -18,9 +18,11 @@ from django.test import Client
 
 from audit.services import checkpoint_all
 from audit.verification import verify_trail
-from scheduler import services
 from scheduler.models import Allocation, Job, JobEvent, JobState, Node
+from scheduler.services.cycle import run_cycle
+from scheduler.services.reports import workload_status_report
 from tests.factories import ApiTokenFactory, bearer
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import FlavorFactory, MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -50,7 +52,7 @@ def test_concurrent_submits_cancels_reports_and_cycles_never_deadlock_and_every_
     postgres, monkeypatch, settings, tmp_path
 ):
     settings.GPUPOOL_AUDIT_WITNESS_PATH = str(tmp_path / "witness.jsonl")
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)  # cycles run in their own thread here
+    patch_request_cycle(monkeypatch, lambda: None)  # cycles run in their own thread here
     FlavorFactory()
     tenants = [TenantFactory(slug="team-a"), TenantFactory(slug="team-b")]
     tokens = []
@@ -102,7 +104,7 @@ def test_concurrent_submits_cancels_reports_and_cycles_never_deadlock_and_every_
                     Allocation.objects.active().filter(node_id=node_pk).values_list("job_id", "replica").distinct()
                 )
                 for job_id, replica in sorted(held - running):
-                    services.workload_status_report(
+                    workload_status_report(
                         node=node,
                         job_id=job_id,
                         replica=replica,
@@ -113,7 +115,7 @@ def test_concurrent_submits_cancels_reports_and_cycles_never_deadlock_and_every_
                     reports.append((job_id, "running"))
                     running.add((job_id, replica))
                 for job_id, replica in sorted(running & held):
-                    services.workload_status_report(
+                    workload_status_report(
                         node=node,
                         job_id=job_id,
                         replica=replica,
@@ -132,7 +134,7 @@ def test_concurrent_submits_cancels_reports_and_cycles_never_deadlock_and_every_
     def cycles() -> None:
         try:
             while not stop.is_set():
-                services.run_cycle()
+                run_cycle()
                 time.sleep(0.02)
         except BaseException as exc:
             failures.append(exc)

@@ -8,10 +8,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditRecord
-from scheduler import persist, services
+from scheduler import persist
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_cancel, job_submit
 from tests.scheduler.factories import node_with_devices
 
 SPEC = {"name": "bulk", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["true"]}
@@ -43,8 +45,8 @@ def _explain(job, code=core.PendingReason.INSUFFICIENT_CAPACITY, position=1) -> 
 
 def test_placing_many_jobs_takes_as_many_statements_as_placing_one(member):
     small, large = node_with_devices(1, name="small"), node_with_devices(24, name="large")
-    one = [services.job_submit(actor=member, spec=SPEC)]
-    many = [services.job_submit(actor=member, spec=SPEC) for _ in range(24)]
+    one = [job_submit(actor=member, spec=SPEC)]
+    many = [job_submit(actor=member, spec=SPEC) for _ in range(24)]
     with CaptureQueriesContext(connection) as first:
         assert persist_plan(core.Plan(places=_places(one, small))).placed == [one[0].pk]
     with CaptureQueriesContext(connection) as second:
@@ -60,7 +62,7 @@ def test_placing_many_jobs_takes_as_many_statements_as_placing_one(member):
 
 
 def test_a_bulk_place_writes_what_a_transition_one_by_one_writes(member, node):
-    job = services.job_submit(actor=member, spec=SPEC)
+    job = job_submit(actor=member, spec=SPEC)
     Job.objects.filter(pk=job.pk).update(pending_reason_code="insufficient_capacity", position_overall=3)
     persist_plan(core.Plan(places=_places([job], node)))
     job.refresh_from_db()
@@ -82,7 +84,7 @@ def test_a_bulk_place_writes_what_a_transition_one_by_one_writes(member, node):
 
 
 def test_explanations_are_written_only_when_they_change(member, node):
-    jobs = [services.job_submit(actor=member, spec=SPEC) for _ in range(3)]
+    jobs = [job_submit(actor=member, spec=SPEC) for _ in range(3)]
     plan = core.Plan(explanations=tuple(_explain(job, position=n + 1) for n, job in enumerate(jobs)))
     assert persist_plan(plan).explained == 3
     with CaptureQueriesContext(connection) as unchanged:
@@ -93,22 +95,22 @@ def test_explanations_are_written_only_when_they_change(member, node):
     assert Job.objects.get(pk=jobs[1].pk).position_in_tenant == 7
     # What the snapshot read stands in for reading the jobs again; a job no longer pending keeps its fields.
     stored = {jobs[2].pk: ("old", "old", None, None)}
-    services.job_cancel(job=jobs[2], actor=member)
+    job_cancel(job=jobs[2], actor=member)
     assert persist_plan(core.Plan(explanations=(_explain(jobs[2]),)), stored_explanations=stored).explained == 0
     assert Job.objects.get(pk=jobs[2].pk).pending_reason_code == ""
 
 
 def test_the_cycle_writes_explanations_from_what_its_snapshot_read(member, node):
     for _ in range(4):  # two cards: two placed, two explained
-        services.job_submit(actor=member, spec=SPEC)
-    assert services.run_cycle().explained == 2
-    assert services.run_cycle().explained == 0  # nothing changed: nothing written
+        job_submit(actor=member, spec=SPEC)
+    assert run_cycle().explained == 2
+    assert run_cycle().explained == 0  # nothing changed: nothing written
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_place_the_database_refuses_in_a_bulk_write_skips_only_that_place(postgres, member, monkeypatch):
     node = node_with_devices(3, name="refusing")
-    jobs = [services.job_submit(actor=member, spec=SPEC) for _ in range(3)]
+    jobs = [job_submit(actor=member, spec=SPEC) for _ in range(3)]
     taken = node.devices.get(index=1)
     Allocation.objects.create(
         job=jobs[0], replica=5, tenant=jobs[0].tenant, flavor=taken.flavor, device=taken, node=node,
@@ -130,7 +132,7 @@ def test_a_place_the_database_refuses_in_a_bulk_write_skips_only_that_place(post
 
 
 def test_the_preempt_path_locks_the_job_row_only(member, node):
-    job = services.job_submit(actor=member, spec=SPEC)
+    job = job_submit(actor=member, spec=SPEC)
     persist_plan(core.Plan(places=_places([job], node)))
     preempt = core.Preempt(job_id=str(job.pk), victim_of="0", reason=core.PreemptReason.PRIORITY, grace_s=5)
     with CaptureQueriesContext(connection) as seen:

@@ -5,10 +5,13 @@ import pytest
 from audit.models import AuditRecord
 from audit.services import record_details
 from portal.api import ConflictError, NotFoundError, PermissionDeniedError
-from scheduler import services
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan
+from scheduler.services.jobs import job_cancel, job_release_from_approval, job_submit
+from scheduler.services.nodes import node_cordon, node_drain
+from scheduler.services.reports import jobs_awaiting_stop_sweep, node_jobs_requeue, workload_status_report
+from scheduler.services.transitions import job_transition
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
 SPEC = {"name": "train", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["python"]}
@@ -26,7 +29,7 @@ def place(job, node, *uuids, replica=0, millis=1000, memory=0):
 @pytest.fixture
 def submitted(member, node, no_cycle_requests, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
-        job = services.job_submit(actor=member, spec=SPEC)
+        job = job_submit(actor=member, spec=SPEC)
     return job
 
 
@@ -48,29 +51,29 @@ def test_submit_holds_the_job_when_the_tenants_app_wants_approval(member, node, 
     created = []
     monkeypatch.setattr(admissions, "job_admission_needs_approval", lambda **kw: kw["priority_class"] == 1000, False)
     monkeypatch.setattr(admissions, "job_admission_request_create", lambda **kw: created.append(kw), False)
-    job = services.job_submit(actor=member, spec={**SPEC, "priority_class": "critical"})
+    job = job_submit(actor=member, spec={**SPEC, "priority_class": "critical"})
     assert job.state == JobState.PENDING_APPROVAL
     assert created == [{"job": job, "actor": member}]
-    released = services.job_release_from_approval(job=job, actor=None)
+    released = job_release_from_approval(job=job, actor=None)
     assert released.state == JobState.QUEUED
     with pytest.raises(ConflictError):
-        services.job_release_from_approval(job=job, actor=None)
+        job_release_from_approval(job=job, actor=None)
 
 
 def test_viewers_cannot_submit_and_other_tenants_are_invisible(tenant, node):
     viewer = UserFactory(username="viewer")
     MembershipFactory(user=viewer, tenant=tenant, role="viewer")
     with pytest.raises(PermissionDeniedError):
-        services.job_submit(actor=viewer, spec=SPEC)
+        job_submit(actor=viewer, spec=SPEC)
     outsider = UserFactory(username="outsider")
     MembershipFactory(user=outsider, tenant=TenantFactory(slug="team-b"), role="member")
     with pytest.raises(NotFoundError):
-        services.job_submit(actor=outsider, spec=SPEC)
+        job_submit(actor=outsider, spec=SPEC)
 
 
 def test_illegal_transitions_are_refused(submitted):
     with pytest.raises(ConflictError, match="cannot become succeeded"):
-        services.job_transition(job=submitted, to_state=JobState.SUCCEEDED, actor=None)
+        job_transition(job=submitted, to_state=JobState.SUCCEEDED, actor=None)
 
 
 def test_place_creates_allocations_and_a_start_command(submitted, node):
@@ -90,8 +93,8 @@ def test_place_creates_allocations_and_a_start_command(submitted, node):
 
 def test_a_stale_place_onto_a_full_device_is_skipped(member, node):
     device = node.devices.get(index=0)
-    first = services.job_submit(actor=member, spec=SPEC)
-    second = services.job_submit(actor=member, spec=SPEC)
+    first = job_submit(actor=member, spec=SPEC)
+    second = job_submit(actor=member, spec=SPEC)
     # Two plans made from the same snapshot both chose the same card.
     persist_plan(core.Plan(places=(place(first, node, device.uuid),)))
     outcome = persist_plan(core.Plan(places=(place(second, node, device.uuid),)))
@@ -105,7 +108,7 @@ def test_a_stale_place_onto_a_full_device_is_skipped(member, node):
 def test_fractions_share_a_card_up_to_1000_millis_and_its_memory(member, node):
     device = node.devices.get(index=0)
     spec = {**SPEC, "resources": {"flavors": ["sim-80g"], "millis": 400, "memory_mib": 30000}}
-    jobs = [services.job_submit(actor=member, spec=spec) for _ in range(3)]
+    jobs = [job_submit(actor=member, spec=spec) for _ in range(3)]
     plans = [core.Plan(places=(place(job, node, device.uuid, millis=400, memory=30000),)) for job in jobs]
     placed = [persist_plan(plan).placed for plan in plans]
     assert placed == [[jobs[0].pk], [jobs[1].pk], []]  # the third would need 1200 millis and 90000 MiB
@@ -116,13 +119,13 @@ def test_workload_reports_drive_running_and_succeeded(submitted, node):
     device = node.devices.get(index=0)
     persist_plan(core.Plan(places=(place(submitted, node, device.uuid),)))
     report = dict(node=node, job_id=submitted.pk, replica=0, exit_code=None, last_checkpoint_at=None)
-    services.workload_status_report(state="running", **report)
+    workload_status_report(state="running", **report)
     assert Job.objects.get(pk=submitted.pk).state == JobState.RUNNING
-    services.workload_status_report(state="succeeded", **{**report, "exit_code": 0})
+    workload_status_report(state="succeeded", **{**report, "exit_code": 0})
     job = Job.objects.get(pk=submitted.pk)
     assert (job.state, job.exit_code) == (JobState.SUCCEEDED, 0)
     assert not Allocation.objects.active().filter(job=job).exists()
-    services.workload_status_report(state="succeeded", **report)  # a repeated report changes nothing
+    workload_status_report(state="succeeded", **report)  # a repeated report changes nothing
     assert job.events.count() == 5
 
 
@@ -139,7 +142,7 @@ def test_preemption_stops_the_victim_and_requeues_it_with_its_checkpoint(submitt
     # Capacity stays held until the agent confirms the stop.
     assert Allocation.objects.active().filter(job=job).exists()
     checkpoint = datetime(2026, 1, 1, tzinfo=UTC)
-    services.workload_status_report(
+    workload_status_report(
         node=node, job_id=job.pk, replica=0, state="stopped", exit_code=None, last_checkpoint_at=checkpoint
     )
     job.refresh_from_db()
@@ -150,28 +153,28 @@ def test_preemption_stops_the_victim_and_requeues_it_with_its_checkpoint(submitt
 
 def test_cancel_stops_replicas_and_ends_allocations(submitted, node, member):
     persist_plan(core.Plan(places=(place(submitted, node, node.devices.get(index=0).uuid),)))
-    services.job_cancel(job=submitted, actor=member, reason="not needed")
+    job_cancel(job=submitted, actor=member, reason="not needed")
     job = Job.objects.get(pk=submitted.pk)
     assert job.state == JobState.CANCELLED
     assert not Allocation.objects.active().filter(job=job).exists()
     assert AgentCommand.objects.filter(job=job, command_type="workload.stop").count() == 1
     with pytest.raises(ConflictError):
-        services.job_cancel(job=job, actor=member)
+        job_cancel(job=job, actor=member)
 
 
 def test_another_member_cannot_cancel_but_a_tenant_admin_can(submitted, tenant):
     other = UserFactory(username="other")
     MembershipFactory(user=other, tenant=tenant, role="member")
     with pytest.raises(PermissionDeniedError):
-        services.job_cancel(job=submitted, actor=other)
+        job_cancel(job=submitted, actor=other)
     admin = UserFactory(username="tadmin")
     MembershipFactory(user=admin, tenant=tenant, role="tenant_admin")
-    assert services.job_cancel(job=submitted, actor=admin).state == JobState.CANCELLED
+    assert job_cancel(job=submitted, actor=admin).state == JobState.CANCELLED
 
 
 def test_a_lost_node_requeues_its_jobs(submitted, node):
     persist_plan(core.Plan(places=(place(submitted, node, node.devices.get(index=0).uuid),)))
-    assert services.node_jobs_requeue(node=node) == 1
+    assert node_jobs_requeue(node=node) == 1
     job = Job.objects.get(pk=submitted.pk)
     assert job.state == JobState.QUEUED
     assert list(JobEvent.objects.filter(job=job).values_list("to_state", flat=True))[-2:] == ["node_lost", "queued"]
@@ -179,7 +182,7 @@ def test_a_lost_node_requeues_its_jobs(submitted, node):
 
 
 def test_a_failed_gang_member_fails_the_job_and_stops_the_others(member, node):
-    job = services.job_submit(actor=member, spec={**SPEC, "replicas": 2})
+    job = job_submit(actor=member, spec={**SPEC, "replicas": 2})
     a, b = node.devices.order_by("index")
     gang = core.Place(
         job_id=str(job.pk),
@@ -188,9 +191,7 @@ def test_a_failed_gang_member_fails_the_job_and_stops_the_others(member, node):
         assignments=(core.Assignment(0, node.name, a.uuid, 1000, 0), core.Assignment(1, node.name, b.uuid, 1000, 0)),
     )
     assert persist_plan(core.Plan(places=(gang,))).placed == [job.pk]
-    services.workload_status_report(
-        node=node, job_id=job.pk, replica=1, state="failed", exit_code=3, last_checkpoint_at=None
-    )
+    workload_status_report(node=node, job_id=job.pk, replica=1, state="failed", exit_code=3, last_checkpoint_at=None)
     job.refresh_from_db()
     assert (job.state, job.exit_code) == (JobState.FAILED, 3)
     assert (
@@ -207,12 +208,12 @@ def test_drain_asks_jobs_to_stop_and_cordons_the_node(submitted, node):
 
     persist_plan(core.Plan(places=(place(submitted, node, node.devices.get(index=0).uuid),)))
     admin = SystemAdminFactory()
-    services.node_drain(node=node, actor=admin)
+    node_drain(node=node, actor=admin)
     node.refresh_from_db()
     assert node.status == "draining"
     assert Job.objects.get(pk=submitted.pk).state == JobState.PREEMPTING
     with pytest.raises(PermissionDeniedError):
-        services.node_cordon(node=node, actor=UserFactory(username="nobody"))
+        node_cordon(node=node, actor=UserFactory(username="nobody"))
 
 
 def test_commands_are_announced_only_after_commit(submitted, node, monkeypatch, django_capture_on_commit_callbacks):
@@ -241,9 +242,9 @@ def test_a_stop_that_is_never_confirmed_is_requeued_after_the_timeout(submitted,
     persist_plan(core.Plan(places=(place(submitted, node, node.devices.get(index=0).uuid),)))
     preempt = core.Preempt(job_id=str(submitted.pk), victim_of="1", reason=core.PreemptReason.PRIORITY, grace_s=30)
     persist_plan(core.Plan(preemptions=(preempt,)))
-    assert services.jobs_awaiting_stop_sweep(older_than_s=300) == 0
+    assert jobs_awaiting_stop_sweep(older_than_s=300) == 0
     Job.objects.filter(pk=submitted.pk).update(updated_at=timezone.now() - timedelta(minutes=10))
-    assert services.jobs_awaiting_stop_sweep(older_than_s=300) == 1
+    assert jobs_awaiting_stop_sweep(older_than_s=300) == 1
     job = Job.objects.get(pk=submitted.pk)
     assert job.state == JobState.QUEUED
     assert not Allocation.objects.active().filter(job=job).exists()

@@ -124,13 +124,13 @@ def test_an_anonymous_or_deactivated_actor_sees_no_tenant(member, node, no_cycle
     from django.contrib.auth.models import AnonymousUser
 
     from portal.api import NotFoundError
-    from scheduler import services
+    from scheduler.services.jobs import job_submit
 
     with pytest.raises(NotFoundError):
-        services.job_submit(actor=AnonymousUser(), spec=SPEC)
+        job_submit(actor=AnonymousUser(), spec=SPEC)
     member.is_active = False
     with pytest.raises(NotFoundError):
-        services.job_submit(actor=member, spec=SPEC)
+        job_submit(actor=member, spec=SPEC)
     assert not Job.objects.exists()
 
 

@@ -8,6 +8,8 @@ import uuid
 import pytest
 from django.apps import apps
 
+from tests.patching import patch_request_cycle
+
 #: Apps whose tables hold product state (tenants, jobs, nodes, credentials, audit trail).
 STATE_APPS = ("tenants", "scheduler", "fleet", "audit")
 #: Columns that legitimately move on a refused request (a token's or credential's last use).
@@ -37,7 +39,7 @@ def private_telemetry_prefix(settings, monkeypatch) -> None:
 
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-security-{uuid.uuid4().hex[:10]}"
     monkeypatch.setattr(services, "_request_cycle", lambda: None)
-    monkeypatch.setattr("scheduler.services.request_cycle", lambda: None)
+    patch_request_cycle(monkeypatch, lambda: None)
 
 
 def fast_user(username: str | None = None, *, platform_role: str = ""):

@@ -22,10 +22,11 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from nodeagent import protocol
-from scheduler import services as scheduler_services
 from scheduler.fleet import services
 from scheduler.fleet.telemetry import latest_store
 from scheduler.models import AgentCommand, Allocation, Job, JobState, ResourceFlavor
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tenants.services.quotas import quota_set
 from tests.factories import ApiTokenFactory, MembershipFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node, settle, telemetry
@@ -108,8 +109,8 @@ def _job_running_on(node_name: str):
         "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1},
         "command": ["python", "train.py"],
     }
-    job = scheduler_services.job_submit(actor=member, spec=spec)
-    result = scheduler_services.run_cycle()
+    job = job_submit(actor=member, spec=spec)
+    result = run_cycle()
     job.refresh_from_db()
     assert result.placed == [job.pk], job.pending_message
     assert Allocation.objects.active().get(job=job).node.name == node_name

@@ -22,7 +22,7 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis import GenerationMode  # noqa: E402
 
-from scheduler.services import job_submit  # noqa: E402
+from scheduler.services.jobs import job_submit  # noqa: E402
 from tenants.models import MembershipRole, TokenScope  # noqa: E402
 from tenants.services.approvals import quota_change_request_create  # noqa: E402
 from tenants.services.quotas import quota_set  # noqa: E402

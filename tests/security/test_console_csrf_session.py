@@ -20,7 +20,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from scheduler.models import Job, JobState, Node, NodeStatus
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tests.factories import TEST_PASSWORD as PASSWORD
 from tests.frontend.factories import make_flavor, make_node, make_tenant

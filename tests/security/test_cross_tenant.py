@@ -22,7 +22,8 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from scheduler.models import Device, Job
-from scheduler.services import job_submit, run_cycle
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tenants.models import ApiToken, Membership, MembershipRole, NotificationDelivery, Quota, TokenScope
 from tenants.services.approvals import quota_change_request_create
 from tenants.services.quotas import quota_set

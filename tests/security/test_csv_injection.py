@@ -20,7 +20,7 @@ from openpyxl import load_workbook
 from audit.csvsafe import FORMULA_TRIGGERS, formula_safe
 from audit.verify import verify_bundle
 from scheduler.models import Allocation
-from scheduler.services import job_submit
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tests.factories import ApiTokenFactory, AuditorFactory, MembershipFactory, TenantFactory, UserFactory, bearer
 from tests.scheduler.factories import DeviceFactory, FlavorFactory, JobFactory

@@ -13,17 +13,19 @@ import pytest
 from channels.db import database_sync_to_async
 from rest_framework.test import APIClient
 
-import scheduler.services
 from nodeagent.agent import Agent, AgentSettings
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.sandbox import Sandbox, SandboxConfig
 from nodeagent.workloads import WorkloadRunner
 from scheduler.models import Device, Job, JobEvent, JobState
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import register_node
 from tests.fleet.test_agent_reports import Link, drive, job_state
 from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE
+from tests.patching import patch_request_cycle
 from tests.scheduler.factories import FlavorFactory
 from tests.security.conftest import assert_unchanged, state_fingerprint
 
@@ -126,7 +128,7 @@ def test_an_image_job_is_only_for_nodes_with_a_container_runtime(member) -> None
 @pytest.mark.django_db(transaction=True)
 async def test_a_job_cannot_steal_the_node_credential_end_to_end(tmp_path: Path, settings, monkeypatch) -> None:
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
-    monkeypatch.setattr(scheduler.services, "request_cycle", lambda: False)
+    patch_request_cycle(monkeypatch, lambda: False)
     monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
     _node, credential = await db(register_node)("gpu-theft")
     credential_file = tmp_path / "etc" / "agent.json"
@@ -155,7 +157,7 @@ async def test_a_job_cannot_steal_the_node_credential_end_to_end(tmp_path: Path,
         user = UserFactory()
         MembershipFactory(user=user, tenant=tenant, role="member")
         steal = f"cat {credential_file} > out; cat {work_dir}/outbox.jsonl >> out; cat out; grep -c gpn_ out"
-        job = scheduler.services.job_submit(
+        job = job_submit(
             actor=user,
             spec={
                 "name": "thief",
@@ -164,7 +166,7 @@ async def test_a_job_cannot_steal_the_node_credential_end_to_end(tmp_path: Path,
                 "command": ["sh", "-c", steal],
             },
         )
-        assert job.pk in scheduler.services.run_cycle().placed
+        assert job.pk in run_cycle().placed
         return job.pk
 
     job_id = await db(submit)()

@@ -314,7 +314,7 @@ def test_concurrent_final_approvals_that_together_overflow_the_parent_are_serial
 
 
 def test_critical_job_submitted_through_the_scheduler_waits_in_the_inbox_until_approved(world):
-    from scheduler import services as scheduler_services
+    from scheduler.services.jobs import job_submit
 
     FlavorFactory()
     spec = {
@@ -324,7 +324,7 @@ def test_critical_job_submitted_through_the_scheduler_waits_in_the_inbox_until_a
         "resources": {"flavors": ["sim-80g"], "gpus": 1},
         "command": ["python", "train.py"],
     }
-    job = scheduler_services.job_submit(actor=world.users["member"], spec=spec)
+    job = job_submit(actor=world.users["member"], spec=spec)
     assert job.state == JobState.PENDING_APPROVAL
     [approval] = approvals_awaiting(world.users["tenant_admin"])
     assert approval.job_id == job.pk and approval.requester == world.users["member"]

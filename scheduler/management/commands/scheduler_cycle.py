@@ -6,14 +6,14 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from scheduler import services
+from scheduler.services.cycle import run_cycle
 
 
 class Command(BaseCommand):
     help = "Run one scheduling cycle now (waits for nothing: returns at once if another cycle is running)."
 
     def handle(self, *args, **options) -> None:
-        result = services.run_cycle()
+        result = run_cycle()
         if not result.ran:
             self.stdout.write("another cycle is running; nothing done")
             return

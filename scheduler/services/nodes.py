@@ -1,0 +1,92 @@
+"""Node status set by a system admin (cordon, drain, uncordon) and resource flavors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from portal.api import ConflictError, PermissionDeniedError
+from scheduler import access, outbox
+from scheduler.models import Allocation, Node, NodeStatus, ResourceFlavor
+from scheduler.services.cycle import request_cycle
+from scheduler.services.transitions import S, _lock_job, job_transition
+
+# --- nodes and flavors (system admin) -----------------------------------------------------------------
+
+
+def _require_system_admin(actor: Any | None) -> None:
+    if actor is not None and not access.is_system_admin(actor):
+        raise PermissionDeniedError("Only a system admin may change nodes and flavors.")
+
+
+def _node_set_status(*, node: Node, actor: Any | None, status: str, action: str) -> Node:
+    node = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
+    before = node.status
+    node.status = status
+    node.save(update_fields=["status"])
+    audit_record(
+        action=action,
+        actor=actor,
+        target=f"node:{node.pk}",
+        details={"before": {"status": before}, "after": {"status": status}, "node": node.name},
+    )
+    transaction.on_commit(request_cycle)
+    return node
+
+
+@transaction.atomic
+def node_cordon(*, node: Node, actor: Any | None) -> Node:
+    """No new work lands on the node; running work stays."""
+    _require_system_admin(actor)
+    return _node_set_status(node=node, actor=actor, status=NodeStatus.CORDONED, action="node.cordon")
+
+
+@transaction.atomic
+def node_drain(*, node: Node, actor: Any | None, grace_s: float = outbox.DEFAULT_STOP_GRACE_S) -> Node:
+    """Cordon the node and ask every job on it to checkpoint and stop; they are requeued when stopped."""
+    _require_system_admin(actor)
+    node = _node_set_status(node=node, actor=actor, status=NodeStatus.DRAINING, action="node.drain")
+    job_ids = sorted(set(Allocation.objects.active().filter(node=node).values_list("job_id", flat=True)))
+    for job_id in job_ids:
+        job = _lock_job(job_id)
+        if job.state not in (S.ADMITTED, S.RUNNING):
+            continue
+        outbox.stop_active_replicas(job=job, grace_s=grace_s, reason="node_drain")
+        job_transition(
+            job=job, to_state=S.PREEMPTING, actor=actor, reason="node_drain", message=f"Node {node.name} is draining."
+        )
+    return node
+
+
+@transaction.atomic
+def node_uncordon(*, node: Node, actor: Any | None) -> Node:
+    """Schedulable again: ``ready`` if its agent is alive (recent heartbeat), else ``not_ready``."""
+    _require_system_admin(actor)
+    lease_s = getattr(settings, "GPUPOOL_HEARTBEAT_INTERVAL_S", 5) * getattr(settings, "GPUPOOL_LEASE_MISSES", 3)
+    alive = node.last_heartbeat_at is not None and node.last_heartbeat_at >= timezone.now() - timedelta(seconds=lease_s)
+    status = NodeStatus.READY if alive else NodeStatus.NOT_READY
+    return _node_set_status(node=node, actor=actor, status=status, action="node.uncordon")
+
+
+@transaction.atomic
+def flavor_create(
+    *, actor: Any | None, name: str, vendor: str, model: str, memory_mib: int, description: str = ""
+) -> ResourceFlavor:
+    _require_system_admin(actor)
+    if ResourceFlavor.objects.filter(name=name).exists():
+        raise ConflictError(f"A flavor named {name!r} already exists.", code="duplicate")
+    flavor = ResourceFlavor.objects.create(
+        name=name, vendor=vendor, model=model, memory_mib=memory_mib, description=description
+    )
+    audit_record(
+        action="flavor.create",
+        actor=actor,
+        target=f"flavor:{flavor.pk}",
+        details={"after": {"name": name, "vendor": vendor, "model": model, "memory_mib": memory_mib}},
+    )
+    return flavor
