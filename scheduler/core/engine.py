@@ -1,12 +1,18 @@
-"""``plan(snapshot, policy)``: one scheduling cycle, as a pipeline of named steps.
+"""``plan(snapshot, policy)``: one scheduling cycle — the DESIGN's six steps (``docs/scheduler.md``).
 
 1. **order** (``order.py``) — priority class, fair share, submit time; lazily, so shares move as jobs start.
-2. **admit** (``quota.py``) — guarantee, borrowing from the cohort, limits, max running jobs.
-3. **filter → score → gang** (``placement.py``) — devices for all replicas or none.
-4. **reservations** (``reservations.py``) — a service's own reservation first; training on idle ones.
-5. **preempt** (``preempt.py``) — the cheapest victim set when an admitted job does not fit.
-6. **backfill** (``backfill.py``) — hold capacity for a blocked head; later jobs only use the holes.
-7. **explain** (``explain.py``) — a reason code, a sentence and queue positions for every pending job.
+2. **admit** (``quota.py``) — a valid, approved request; guarantee, borrowing from the cohort, limits, max
+   running jobs.
+3. **place** (``placement.py``: filter → score → gang; ``reservations.py``) — devices for all replicas or
+   none; an inference service's own reservation first, preemptible training on idle reservations.
+4. **preempt** (``preempt.py``, ``holds.py``) — the cheapest victim set when an admitted job does not fit (or
+   its own quota refuses it); the freed devices are held for it across cycles.
+5. **backfill** (``backfill.py``) — hold capacity for a blocked head; later jobs only use the holes.
+6. **explain** (``explain.py``) — a reason code, a sentence and queue positions for every pending job.
+
+Each job goes through ``_Cycle._schedule`` in one straight line, like kube-scheduler's ``scheduleOne``:
+admit → place (one placement helper, ``Placer.place_job``) → bind; a job that fits nowhere takes the one
+failure path (``_unschedulable``, PostFilter), which carries one ``_Diagnosis`` to the reason it waits with.
 
 The cycle only ever *takes* capacity (places, holds), never frees it — preempted work frees its devices
 when it stops, and the preemptor starts in a later cycle on the devices held for it (``holds.py``: the
@@ -17,7 +23,7 @@ did not fit once will not fit later in the same cycle, which lets the cycle skip
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .backfill import HeadReservations
 from .capacity import Cluster
@@ -35,6 +41,7 @@ from .types import (
     MIN_FRACTION_MILLIS,
     Assignment,
     FractionalStrategy,
+    Hold,
     JobKind,
     PendingJob,
     PendingReason,
@@ -87,11 +94,44 @@ def validate(job: PendingJob) -> str | None:
 
 
 @dataclass(slots=True)
+class _Fit:
+    """Devices found for a job's gang on one flavor (already taken in the cluster, undo list in ``log``)."""
+
+    flavor: str
+    admission: Admission
+    log: list[Take]
+
+
+@dataclass(slots=True)
 class _Attempt:
+    """A flavor on which the job was admitted but its gang did not fit."""
+
     flavor: str
     admission: Admission
     failure: Failure
     count: int
+
+
+@dataclass(slots=True)
+class _Diagnosis:
+    """Why a job fits on none of its flavors, one entry per flavor (kube-scheduler's ``Diagnosis``)."""
+
+    unfit: list[_Attempt] = field(default_factory=list)  # admitted, no devices: what steps 3-5 may change
+    refused: list[Failure] = field(default_factory=list)  # not admitted (quota, unknown flavor, blocked by head)
+
+    def capacity(self) -> list[_Attempt]:
+        """The attempts that failed for want of devices: those an idle reservation, backfill or preemption helps."""
+        return [a for a in self.unfit if a.failure.code in _CAPACITY_REASONS]
+
+    def quota_refused(self) -> bool:
+        return any(r.code in _QUOTA_REASONS for r in self.refused)
+
+    def reason(self) -> Failure:
+        """The one reason the job waits with: its first flavor's placement failure, else its first refusal —
+        where a flavor the pool lacks says less than a quota refusal on another one."""
+        if self.unfit:
+            return self.unfit[0].failure
+        return next((r for r in self.refused if r.code != PendingReason.NO_SUCH_FLAVOR), self.refused[0])
 
 
 class _Cycle:
@@ -145,7 +185,7 @@ class _Cycle:
             "holds_kept": 0,
         }
 
-    # -- the loop --------------------------------------------------------------------------------------------
+    # -- the loop (step 1 orders, step 6 explains what is left) ----------------------------------------------
 
     def run(self) -> Plan:
         cap = self.p.max_jobs_per_cycle
@@ -178,72 +218,114 @@ class _Cycle:
     def _wait(self, job: PendingJob, code: PendingReason, message: str) -> None:
         self.pending.append(Pending(job, code, message))
 
+    # -- one job, one straight line --------------------------------------------------------------------------
+
     def _schedule(self, job: PendingJob) -> None:
-        held = self.holds.take(job.job_id)
-        problem = validate(job)
-        if problem:
-            self._wait(job, PendingReason.INVALID_REQUEST, f"the request cannot be scheduled: {problem}")
-            return
-        if job.awaiting_approval:
-            self._wait(job, PendingReason.AWAITING_APPROVAL, "waiting for approval by an administrator")
+        """One job's way through the cycle (kube-scheduler's ``scheduleOne``); it ends placed, preempting or
+        waiting — each exactly once:
+
+        - step 2, gate: a request that can never run, or waits for approval, waits with that reason;
+        - step 3, an inference service scaling up goes onto its own reservation first;
+        - steps 2 → 3 on each of the job's flavors in turn: admit, then filter → score → gang; the first flavor
+          it fits on binds it;
+        - otherwise the one failure path, ``_unschedulable``, with the ``_Diagnosis`` of every flavor.
+        """
+        held = self.holds.take(job.job_id)  # devices an earlier preemption freed for it, if any
+        refusal = self._gate(job)
+        if refusal is not None:
+            self._wait(job, refusal.code, refusal.message)
             return
         waiting = self.holds.waiting_for(held)
         if self._own_reservation(job, waiting):
             return
-        attempts: list[_Attempt] = []
-        refusals: list[Failure] = []
+        fit, diagnosis = self._find_fit(job, holder=bool(held))
+        if fit is not None:
+            self._bind(job, fit)
+            return
+        self._unschedulable(job, diagnosis, held, waiting)
+
+    def _gate(self, job: PendingJob) -> Failure | None:
+        """Step 2, before any quota: the request is one that can be scheduled, and nobody has to approve it."""
+        problem = validate(job)
+        if problem:
+            return Failure(PendingReason.INVALID_REQUEST, f"the request cannot be scheduled: {problem}")
+        if job.awaiting_approval:
+            return Failure(PendingReason.AWAITING_APPROVAL, "waiting for approval by an administrator")
+        return None
+
+    def _find_fit(self, job: PendingJob, *, holder: bool) -> tuple[_Fit | None, _Diagnosis]:
+        """Steps 2 → 3 on each flavor in the job's order of preference, up to the first it fits on."""
+        diagnosis = _Diagnosis()
         for flavor in job.request.flavors:
-            outcome = self._try_flavor(job, flavor, holder=bool(held))
-            if outcome is None:
-                return  # placed
+            outcome = self._try_flavor(job, flavor, holder=holder)
+            if isinstance(outcome, _Fit):
+                return outcome, diagnosis
             if isinstance(outcome, _Attempt):
-                attempts.append(outcome)
+                diagnosis.unfit.append(outcome)
             else:
-                refusals.append(outcome)
+                diagnosis.refused.append(outcome)
+        return None, diagnosis
+
+    def _unschedulable(
+        self, job: PendingJob, diagnosis: _Diagnosis, held: list[tuple[int, Hold]], waiting: tuple[str, ...]
+    ) -> None:
+        """The one failure path (kube-scheduler's PostFilter, then its failure handler). Cheapest remedy first:
+
+        - a preemptor whose victims are still stopping keeps its held devices and waits (step 4, holds);
+        - capacity that stops nobody: an idle inference reservation (step 3), then the devices held for a
+          blocked head when the job ends before they free up (step 5, EASY backfill);
+        - preemption: for a job that did not fit, else for one its own quota refused (step 4);
+        - else it waits with the diagnosis' reason, and a job that wants devices holds some as the head of its
+          flavor's queue (step 5), explained in step 6.
+        """
         if waiting:
             self._keep_waiting(job, held, waiting)
             return
-        for attempt in attempts:
-            if attempt.failure.code in _CAPACITY_REASONS and self._on_reservation(job, attempt):
-                return
-        for attempt in attempts:
-            if attempt.failure.code in _CAPACITY_REASONS and self._backfill_held(job, attempt):
-                return
-        for attempt in attempts:
-            if attempt.failure.code in _CAPACITY_REASONS and self._preempt_for(job, attempt):
-                return
-        if attempts:
-            first = attempts[0]
-            message = first.failure.message
-            if first.failure.code in _CAPACITY_REASONS:
-                held = self.heads.reserve(job, first.flavor, first.count)
-                if held is not None:
-                    self.stats["head_reservations"] += 1
-                    message += f"; {len(held[0])} {first.flavor} device(s) are held for it as the head of the queue"
-            self._wait(job, first.failure.code, message)
+        unfit = diagnosis.capacity()
+        if any(self._on_idle_reservation(job, attempt) for attempt in unfit):
             return
-        # A flavor the pool lacks says less than a quota refusal on another one.
-        first = next((r for r in refusals if r.code != PendingReason.NO_SUCH_FLAVOR), refusals[0])
-        if any(r.code in _QUOTA_REASONS for r in refusals) and self._preempt_for_quota(job):
+        if any(self._backfill_held(job, attempt) for attempt in unfit):
             return
-        self._wait(job, first.code, first.message)
+        if diagnosis.unfit:
+            if any(self._preempt_for(job, attempt) for attempt in unfit):
+                return
+        elif diagnosis.quota_refused() and self._preempt_for_quota(job):
+            return
+        reason = diagnosis.reason()
+        message = reason.message
+        if diagnosis.unfit and reason.code in _CAPACITY_REASONS:
+            first = diagnosis.unfit[0]
+            head = self.heads.reserve(job, first.flavor, first.count)
+            if head is not None:
+                self.stats["head_reservations"] += 1
+                message += f"; {len(head[0])} {first.flavor} device(s) are held for it as the head of the queue"
+        self._wait(job, reason.code, message)
 
-    # -- one flavor: admit, place ----------------------------------------------------------------------------
+    # -- steps 2 and 3 on one flavor: admit, filter → score → gang, bind -------------------------------------
 
-    def _try_flavor(self, job: PendingJob, flavor: str, *, holder: bool = False) -> _Attempt | Failure | None:
-        """Admit and place on ``flavor``; None when placed. A ``holder`` (a preemptor with devices held for it)
-        sees capacity no other job sees, so shape failures of others say nothing about it and vice versa."""
+    def _admit(
+        self, job: PendingJob, flavor: str, replicas: int, *, new_job: bool = True, borrow: bool = True
+    ) -> Admission:
+        """Step 2 for ``replicas`` of the job on ``flavor`` (changes nothing). ``new_job=False``: more replicas
+        of a job already counted; ``borrow=False``: only within the guarantee."""
+        return self.book.admit(
+            tenant=job.tenant,
+            flavor=flavor,
+            millis=job.request.millis * replicas,
+            preemptible=job.preemptible and borrow,
+            borrowing=self.p.borrowing and borrow,
+            new_job=new_job,
+        )
+
+    def _try_flavor(self, job: PendingJob, flavor: str, *, holder: bool = False) -> _Fit | _Attempt | Failure:
+        """Admit and place the job's gang on ``flavor``: a ``_Fit``, an admitted ``_Attempt`` that did not fit,
+        or the ``Failure`` that refused it. A ``holder`` (a preemptor with devices held for it) sees capacity no
+        other job sees, so shape failures of others say nothing about it and vice versa."""
         req = job.request
         if not self.cluster.has_flavor(flavor):
             return Failure(PendingReason.NO_SUCH_FLAVOR, f"no healthy, schedulable {flavor} device in the pool")
         count = job.gang_min
-        admission = self.book.admit(
-            tenant=job.tenant,
-            flavor=flavor,
-            millis=req.millis * count,
-            preemptible=job.preemptible,
-            borrowing=self.p.borrowing,
-        )
+        admission = self._admit(job, flavor, count)
         if not admission.ok:
             return Failure(admission.code or PendingReason.QUOTA_EXHAUSTED, admission.message)
         head = self.heads.head(flavor)
@@ -267,96 +349,68 @@ class _Cycle:
             self.stats["skipped_repeat_shapes"] += 1
             return _Attempt(flavor, admission, failure, count)
         log: list[Take] = []
-        failure = self.placer.place(
-            flavor=flavor,
-            millis=req.millis,
-            memory_mib=req.memory_mib,
-            count=count,
-            first_replica=job.first_replica,
-            topology=job.topology,
-            selector=job.node_selector,
-            log=log,
-            cpu_millicores=req.cpu_millicores,
-            host_memory_mib=req.host_memory_mib,
-        )
+        failure = self.placer.place_job(job, flavor, log, count=count)
         if failure is not None:
             if not holder:
                 self.failed_shapes[shape] = failure
             return _Attempt(flavor, admission, failure, count)
-        self._commit_place(job, flavor, admission, log)
-        return None
+        return _Fit(flavor, admission, log)
 
-    def _keep_waiting(self, job: PendingJob, held: list, waiting: tuple[str, ...]) -> None:
-        """A preemptor whose victims are still stopping: its devices stay held, it preempts nobody new."""
-        self.holds.keep(job.job_id, held, waiting)
-        self.stats["holds_kept"] += 1
+    def _bind(self, job: PendingJob, fit: _Fit) -> None:
+        """Record the placement: charge the quota and fair share, add the replicas beyond the gang that fit
+        (inference), and the idle reservation of a service."""
         req = job.request
-        flavor = self.cluster.dev_flavor[held[0][0]]
-        node = self.book.account(job.tenant, flavor)
-        if node is not None:  # as when it preempted: jobs behind it cannot spend its quota meanwhile
-            self.book.charge(node=node, flavor=flavor, millis=req.millis * job.gang_min)
-        self._wait(
-            job,
-            PendingReason.WAITING_FOR_PREEMPTION,
-            f"waiting for {len(waiting)} preempted job(s) to stop; {len({d for d, _ in held})} {flavor} "
-            "device(s) are held for it meanwhile",
-        )
-
-    def _commit_place(self, job: PendingJob, flavor: str, admission: Admission, log: list[Take]) -> None:
-        req = job.request
-        node = admission.accounted_to
+        flavor, log = fit.flavor, fit.log
+        node = fit.admission.accounted_to
         assert node is not None
-        placed_millis = req.millis * job.gang_min
-        self.book.charge(node=node, flavor=flavor, millis=placed_millis)
-        borrowed = admission.borrowed_millis
-        # Inference: more replicas than the minimum when they fit and quota allows, one by one.
-        for i in range(job.gang_min, job.replicas):
-            extra = self.book.admit(
-                tenant=job.tenant,
-                flavor=flavor,
-                millis=req.millis,
-                preemptible=job.preemptible,
-                borrowing=self.p.borrowing,
-                new_job=False,
-            )
-            if not extra.ok:
-                break
-            replica_log: list[Take] = []
-            if job.topology == Topology.SAME_NODE and log:
-                # The extra replica joins the others on their node (a lone replica is no same-node gang).
-                if not self.placer.place_replica(
-                    flavor,
-                    req.millis,
-                    req.memory_mib,
-                    job.first_replica + i,
-                    Topology.NONE,
-                    {},
-                    replica_log,
-                    self.cluster.dev_node[log[0][1]],
-                    (req.cpu_millicores, req.host_memory_mib),
-                ):
-                    break
-            elif self.placer.place(
-                flavor=flavor,
-                millis=req.millis,
-                memory_mib=req.memory_mib,
-                count=1,
-                first_replica=job.first_replica + i,
-                topology=job.topology,
-                selector=job.node_selector,
-                log=replica_log,
-                cpu_millicores=req.cpu_millicores,
-                host_memory_mib=req.host_memory_mib,
-            ):
-                break
-            self.book.charge(node=node, flavor=flavor, millis=req.millis, jobs=0)
-            borrowed += extra.borrowed_millis
-            placed_millis += req.millis
-            log.extend(replica_log)
+        self.book.charge(node=node, flavor=flavor, millis=req.millis * job.gang_min)
+        # A same-node job's extra replicas join the others on their node (a lone replica is no same-node gang).
+        near = self.cluster.dev_node[log[0][1]] if job.topology == Topology.SAME_NODE and log else None
+        extra, extra_borrowed = self._add_replicas(
+            job, flavor, node, log, first=job.first_replica + job.gang_min, n=job.replicas - job.gang_min, near=near
+        )
         assignments = tuple(self._assignment(r, d, m, mem, cpu=cpu, host_mem=hm) for r, d, m, mem, cpu, hm in log)
         reserved = self._reserve_idle_replicas(job, flavor, node, len({a.replica for a in assignments}))
-        self.fair.add(job.tenant, flavor, placed_millis)
+        self.fair.add(job.tenant, flavor, req.millis * (job.gang_min + extra))
+        borrowed = fit.admission.borrowed_millis + extra_borrowed
         self.places.append(Place(job.job_id, job.tenant, flavor, assignments, borrowed, reserved))
+
+    def _add_replicas(
+        self,
+        job: PendingJob,
+        flavor: str,
+        node: str,
+        log: list[Take],
+        *,
+        first: int,
+        n: int,
+        borrow: bool = True,
+        near: int | None = None,
+    ) -> tuple[int, int]:
+        """Up to ``n`` more single replicas numbered from ``first``, each admitted on its own (the job is already
+        counted) and charged, into ``log``; stops at the first that is refused or does not fit. ``near``: the
+        node they must join. Returns how many were added and the millis they borrow."""
+        req = job.request
+        added = borrowed = 0
+        for replica in range(first, first + n):
+            admission = self._admit(job, flavor, 1, new_job=False, borrow=borrow)
+            if not admission.ok:
+                break
+            replica_log: list[Take] = []
+            if near is not None:
+                host = (req.cpu_millicores, req.host_memory_mib)
+                ok = self.placer.place_replica(
+                    flavor, req.millis, req.memory_mib, replica, Topology.NONE, {}, replica_log, near, host
+                )
+            else:
+                ok = self.placer.place_job(job, flavor, replica_log, count=1, first_replica=replica) is None
+            if not ok:
+                break
+            self.book.charge(node=node, flavor=flavor, millis=req.millis, jobs=0)
+            added += 1
+            borrowed += admission.borrowed_millis
+            log.extend(replica_log)
+        return added, borrowed
 
     def _assignment(
         self,
@@ -372,39 +426,19 @@ class _Cycle:
         c = self.cluster
         return Assignment(replica, c.node_name[c.dev_node[d]], c.dev_uuid[d], millis, memory_mib, of, cpu, host_mem)
 
+    # -- step 3: inference reservations ----------------------------------------------------------------------
+
     def _reserve_idle_replicas(self, job: PendingJob, flavor: str, node: str, placed: int) -> tuple[Assignment, ...]:
-        """Inference: hold capacity for replicas up to ``max_replicas`` (charged to the tenant's quota)."""
+        """Inference: hold capacity for replicas up to ``max_replicas`` (charged to the tenant's quota, never
+        borrowed)."""
         if job.kind != JobKind.INFERENCE or job.max_replicas is None:
             return ()
         req = job.request
         per = 1 if req.fractional else req.device_count
         want = job.max_replicas - job.first_replica - placed - self.reservations.count(job.job_id, per)
-        out: list[Assignment] = []
-        for i in range(max(0, want)):
-            if not self.book.admit(
-                tenant=job.tenant, flavor=flavor, millis=req.millis, preemptible=False, borrowing=False, new_job=False
-            ).ok:
-                break
-            log: list[Take] = []
-            replica = job.first_replica + placed + i
-            if self.placer.place(
-                flavor=flavor,
-                millis=req.millis,
-                memory_mib=req.memory_mib,
-                count=1,
-                first_replica=replica,
-                topology=job.topology,
-                selector=job.node_selector,
-                log=log,
-                cpu_millicores=req.cpu_millicores,
-                host_memory_mib=req.host_memory_mib,
-            ):
-                break
-            self.book.charge(node=node, flavor=flavor, millis=req.millis, jobs=0)
-            out.extend(self._assignment(r, d, m, mem, cpu=cpu, host_mem=hm) for r, d, m, mem, cpu, hm in log)
-        return tuple(out)
-
-    # -- reservations ----------------------------------------------------------------------------------------
+        log: list[Take] = []
+        self._add_replicas(job, flavor, node, log, first=job.first_replica + placed, n=max(0, want), borrow=False)
+        return tuple(self._assignment(r, d, m, mem, cpu=cpu, host_mem=hm) for r, d, m, mem, cpu, hm in log)
 
     def _own_reservation(self, job: PendingJob, waiting: tuple[str, ...] = ()) -> bool:
         """An inference service scaling up goes onto its own reservation first (no new quota: it is charged).
@@ -424,16 +458,12 @@ class _Cycle:
                 known = self.preemptor.victims if self.preemptor else {}
                 for victim in [b for b in blockers if b not in taken and b not in waiting]:
                     taken.add(victim)
-                    tenant = known[victim].tenant if victim in known else ""
-                    self.preemptions.append(
-                        Preempt(
-                            job_id=victim,
-                            victim_of=job.job_id,
-                            reason=PreemptReason.RESERVATION_RECLAIM,
-                            grace_s=self.p.grace_period_s,
-                            tenant=tenant,
-                            message=f"inference service {job.job_id} scales up into its reserved capacity",
-                        )
+                    self._stop(
+                        victim,
+                        known[victim].tenant if victim in known else "",
+                        job,
+                        PreemptReason.RESERVATION_RECLAIM,
+                        f"inference service {job.job_id} scales up into its reserved capacity",
                     )
                 slots = self.reservations.slots[job.job_id]
                 self.holds.add(job.job_id, (s.d for s in slots if set(s.borrowers) & set(blockers)), blockers)
@@ -445,7 +475,7 @@ class _Cycle:
                 return True
         return False
 
-    def _on_reservation(self, job: PendingJob, attempt: _Attempt) -> bool:
+    def _on_idle_reservation(self, job: PendingJob, attempt: _Attempt) -> bool:
         """A preemptible training/batch job that fits nowhere may run on an idle inference reservation."""
         for service in self.reservations.services():
             assigned, _ = self.reservations.place(
@@ -463,9 +493,10 @@ class _Cycle:
                 return True
         return False
 
-    # -- backfill onto a head's held devices ----------------------------------------------------------------
+    # -- step 5: backfill onto a head's held devices ---------------------------------------------------------
 
     def _backfill_held(self, job: PendingJob, attempt: _Attempt) -> bool:
+        """A job that ends before the devices held for its flavor's blocked head free up may use them."""
         head = self.heads.head(attempt.flavor)
         devices = self.heads.window(attempt.flavor, job)
         if head is None or not devices:
@@ -479,30 +510,36 @@ class _Cycle:
         for d in devices:
             self.cluster.release(d)
         log: list[Take] = []
-        failure = self.placer.place(
-            flavor=attempt.flavor,
-            millis=req.millis,
-            memory_mib=req.memory_mib,
-            count=attempt.count,
-            first_replica=job.first_replica,
-            topology=job.topology,
-            selector=job.node_selector,
-            log=log,
-            cpu_millicores=req.cpu_millicores,
-            host_memory_mib=req.host_memory_mib,
-        )
+        failure = self.placer.place_job(job, attempt.flavor, log, count=attempt.count)
         for d in devices:
             self.cluster.hold(d, head)
         if failure is not None:
             self.failed_shapes[shape] = failure
             return False
         self.stats["backfilled_into_held"] += 1
-        self._commit_place(job, attempt.flavor, attempt.admission, log)
+        self._bind(job, _Fit(attempt.flavor, attempt.admission, log))
         return True
 
-    # -- preemption ------------------------------------------------------------------------------------------
+    # -- step 4: preemption ----------------------------------------------------------------------------------
+
+    def _keep_waiting(self, job: PendingJob, held: list[tuple[int, Hold]], waiting: tuple[str, ...]) -> None:
+        """A preemptor whose victims are still stopping: its devices stay held, it preempts nobody new."""
+        self.holds.keep(job.job_id, held, waiting)
+        self.stats["holds_kept"] += 1
+        req = job.request
+        flavor = self.cluster.dev_flavor[held[0][0]]
+        node = self.book.account(job.tenant, flavor)
+        if node is not None:  # as when it preempted: jobs behind it cannot spend its quota meanwhile
+            self.book.charge(node=node, flavor=flavor, millis=req.millis * job.gang_min)
+        self._wait(
+            job,
+            PendingReason.WAITING_FOR_PREEMPTION,
+            f"waiting for {len(waiting)} preempted job(s) to stop; {len({d for d, _ in held})} {flavor} "
+            "device(s) are held for it meanwhile",
+        )
 
     def _preempt_for_quota(self, job: PendingJob) -> bool:
+        """A job its own quota refuses may stop lower-priority work charged to the same quota node."""
         if self.preemptor is None or self.searches >= self.p.max_preemption_searches:
             return False
         req = job.request
@@ -516,13 +553,7 @@ class _Cycle:
                 continue
 
             def admitted(flavor: str = flavor) -> bool:
-                return self.book.admit(
-                    tenant=job.tenant,
-                    flavor=flavor,
-                    millis=req.millis * count,
-                    preemptible=job.preemptible,
-                    borrowing=self.p.borrowing,
-                ).ok
+                return self._admit(job, flavor, count).ok
 
             before = self.preemptor.quota_searches
             choice = self.preemptor.search_quota(
@@ -539,6 +570,7 @@ class _Cycle:
         return False
 
     def _preempt_for(self, job: PendingJob, attempt: _Attempt) -> bool:
+        """A job admitted on ``attempt.flavor`` that found no devices may stop the cheapest victim set there."""
         borrowing = attempt.admission.borrowed_millis > 0
         # A job within its tenant's guarantee reclaims whatever the cap says: the guarantee is a promise, and
         # a search cap must not leave the lender waiting while others borrow (its searches still count).
@@ -589,21 +621,25 @@ class _Cycle:
                 if reason == PreemptReason.RECLAIM_BORROWED
                 else f"higher-priority job {job.job_id} (priority {int(job.priority)}) needs the capacity"
             )
-            self.preemptions.append(
-                Preempt(
-                    job_id=victim.job_id,
-                    victim_of=job.job_id,
-                    reason=reason,
-                    grace_s=self.p.grace_period_s,
-                    tenant=victim.tenant,
-                    message=why,
-                )
-            )
+            self._stop(victim.job_id, victim.tenant, job, reason, why)
         self._wait(
             job,
             PendingReason.WAITING_FOR_PREEMPTION,
             f"waiting for {len(choice.victims)} job(s) to stop and free {cards(req.millis * count)} "
             f"{flavor} card(s) for it; it starts in a following cycle",
+        )
+
+    def _stop(self, victim: str, tenant: str, job: PendingJob, reason: PreemptReason, message: str) -> None:
+        """The one place a preemption decision is made: ``victim`` stops (after the grace period) for ``job``."""
+        self.preemptions.append(
+            Preempt(
+                job_id=victim,
+                victim_of=job.job_id,
+                reason=reason,
+                grace_s=self.p.grace_period_s,
+                tenant=tenant,
+                message=message,
+            )
         )
 
 

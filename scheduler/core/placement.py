@@ -23,7 +23,7 @@ from .capacity import Cluster, bucket_of
 from .fragment import CANDIDATE_CARDS, Fragmentation
 from .fragment import CANDIDATE_NODES as FRAG_CANDIDATE_NODES
 from .quota import cards
-from .types import FRACTION_STEP_MILLIS, MILLIS_PER_DEVICE, FractionalStrategy, PendingReason, Topology
+from .types import FRACTION_STEP_MILLIS, MILLIS_PER_DEVICE, FractionalStrategy, PendingJob, PendingReason, Topology
 
 # How many candidate nodes a whole-card replica looks at before taking the best seen; a node with the best
 # possible link ends the search at once. Bounds the work per replica on large clusters.
@@ -95,6 +95,26 @@ class Placer:
         return found
 
     # -- gang ------------------------------------------------------------------------------------------------
+
+    def place_job(
+        self, job: PendingJob, flavor: str, log: list[Take], *, count: int, first_replica: int | None = None
+    ) -> Failure | None:
+        """``place`` for ``job``'s request on ``flavor``: ``count`` replicas numbered from ``first_replica``
+        (default: the job's first), with its topology, node selector and host resources. Every caller that
+        places a job's replicas comes through here."""
+        req = job.request
+        return self.place(
+            flavor=flavor,
+            millis=req.millis,
+            memory_mib=req.memory_mib,
+            count=count,
+            first_replica=job.first_replica if first_replica is None else first_replica,
+            topology=job.topology,
+            selector=job.node_selector,
+            log=log,
+            cpu_millicores=req.cpu_millicores,
+            host_memory_mib=req.host_memory_mib,
+        )
 
     def place(
         self,

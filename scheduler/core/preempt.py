@@ -301,19 +301,7 @@ class Preemptor:
         log: list[Take] = []
         req = job.request
         if only_node is None:
-            failure = self.placer.place(
-                flavor=flavor,
-                millis=req.millis,
-                memory_mib=req.memory_mib,
-                count=count,
-                first_replica=job.first_replica,
-                topology=job.topology,
-                selector=job.node_selector,
-                log=log,
-                cpu_millicores=req.cpu_millicores,
-                host_memory_mib=req.host_memory_mib,
-            )
-            ok = failure is None
+            ok = self.placer.place_job(job, flavor, log, count=count) is None
         else:
             ok = True
             millis = req.millis
