@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import django_tables2 as tables
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 from frontend.audit_details import role_words
 from frontend.datetimes import format_moment
-from scheduler.models import Node
-from scheduler.selectors import job_start_estimate_words
+from scheduler.core.types import PendingReason
+from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, PENDING_JOB_STATES, JobState, Node
+from scheduler.selectors import QueuePosition, job_pending_sentence, job_start_estimate_words, queue_order
 
 
 class BadgeColumn(tables.Column):
@@ -120,19 +125,188 @@ class AuditTable(ConsoleTable):
         return role_words(value)
 
 
+# The engine's pending reasons (scheduler.core.types.PendingReason) as the short word a queue view shows beside
+# the code, like squeue's REASON column; the job's own sentence (pending_message) says the details.
+PENDING_REASON_WORDS = {
+    PendingReason.AWAITING_APPROVAL: _("approval"),
+    PendingReason.INVALID_REQUEST: _("invalid request"),
+    PendingReason.NO_QUOTA: _("no quota"),
+    PendingReason.QUOTA_EXHAUSTED: _("quota used up"),
+    PendingReason.QUOTA_LIMIT: _("quota limit"),
+    PendingReason.MAX_RUNNING_JOBS: _("job limit"),
+    PendingReason.NO_LENDABLE_CAPACITY: _("nothing to borrow"),
+    PendingReason.NO_SUCH_FLAVOR: _("no such cards"),
+    PendingReason.NO_MATCHING_NODE: _("no matching node"),
+    PendingReason.INSUFFICIENT_CAPACITY: _("resources"),
+    PendingReason.INSUFFICIENT_MEMORY: _("card memory"),
+    PendingReason.INSUFFICIENT_HOST: _("host CPU or memory"),
+    PendingReason.TOPOLOGY: _("topology"),
+    PendingReason.GANG: _("gang"),
+    PendingReason.WAITING_FOR_PREEMPTION: _("waiting for preemption"),
+    PendingReason.BLOCKED_BY_HEAD: _("job ahead"),
+    PendingReason.CYCLE_LIMIT: _("not looked at yet"),
+}
+
+
+def elapsed_seconds(job, now: datetime) -> float | None:
+    """How long the job has run: until now while it runs, its run time once finished; None when it has not
+    started (queued jobs, a job admitted whose replicas are not up yet)."""
+    if job.started_at is None or job.state in PENDING_JOB_STATES or job.state == JobState.SUBMITTED:
+        return None
+    if job.state in FINAL_JOB_STATES:
+        return (job.finished_at - job.started_at).total_seconds() if job.finished_at else None
+    return (now - job.started_at).total_seconds()
+
+
+def clock_duration(seconds: float) -> str:
+    """A duration the way squeue prints TIME, hours not folded into days: '0:04:05', '27:03:10'."""
+    minutes, secs = divmod(max(0, int(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+class SelectColumn(tables.Column):
+    """A checkbox per row (``name="select"``, the job id as value) for the bulk actions; a select-all box in
+    the header (wired by jobqueue.js). Rows of finished jobs get none: there is nothing to act on."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(
+            accessor="pk", orderable=False, empty_values=(), exclude_from_export=True, verbose_name="", **kwargs
+        )
+
+    @property
+    def header(self):
+        return format_html('<input type="checkbox" data-select-all aria-label="{}">', _("Select all jobs shown"))
+
+    def render(self, value, record):
+        if record.state in FINAL_JOB_STATES:
+            return ""
+        label = _("Select job %(id)s") % {"id": value}
+        return format_html(
+            '<input type="checkbox" name="select" value="{}" data-job-select aria-label="{}">', value, label
+        )
+
+
+def _column_name(bound_column) -> str:
+    return bound_column.name
+
+
 class JobTable(ConsoleTable):
+    """The jobs list as a queue view (like squeue): state, why a job waits, its place in the queue, when it
+    should start, where it runs, how long it has run. Every cell carries ``data-col`` so the column picker can
+    hide a column (jobqueue.js)."""
+
+    select = SelectColumn()
     id = tables.Column(verbose_name=_("ID"))
     name = tables.LinkColumn("frontend:job-detail", args=[tables.A("pk")], verbose_name=_("Name"))
     tenant = tables.Column(accessor="tenant__slug", verbose_name=_("Tenant"), order_by="tenant__slug")
-    submitter = tables.Column(accessor="submitter__username", verbose_name=_("Submitter"), default="—")
     state = BadgeColumn(verbose_name=_("State"))
+    reason = tables.Column(accessor="pending_reason_code", verbose_name=_("Reason"), empty_values=())
+    position = tables.Column(verbose_name=_("Position"), accessor="pk", empty_values=())
+    estimated_start_at = tables.Column(verbose_name=_("Expected start"), empty_values=())
+    nodes = tables.Column(verbose_name=_("Nodes"), accessor="pk", empty_values=(), orderable=False)
+    elapsed = tables.Column(verbose_name=_("Elapsed"), accessor="started_at", empty_values=(), orderable=False)
     priority_class = tables.Column(verbose_name=_("Priority"))
     request = tables.Column(verbose_name=_("Request"), empty_values=(), orderable=False)
+    submitter = tables.Column(accessor="submitter__username", verbose_name=_("Submitter"), default="—")
     submitted_at = WhenColumn(verbose_name=_("Submitted (UTC)"))
-    estimated_start_at = tables.Column(verbose_name=_("Expected start"), empty_values=())
 
     class Meta(ConsoleTable.Meta):
         empty_text = _("No jobs match these filters.")
+        attrs = {
+            "class": "data",
+            "data-queue-table": "",
+            "th": {"data-col": _column_name},
+            "td": {"data-col": _column_name},
+        }
+        row_attrs = {"data-job-id": lambda record: record.pk}
+
+    def __init__(
+        self,
+        *args,
+        positions: dict[int, QueuePosition] | None = None,
+        now: datetime | None = None,
+        selectable: bool = False,
+        **kwargs,
+    ) -> None:
+        """``positions``: the queue positions of pending jobs (``scheduler.selectors.queue_positions``);
+        ``selectable``: show the checkboxes of the bulk actions (the user may cancel some jobs)."""
+        if not selectable:
+            kwargs["exclude"] = (*kwargs.get("exclude", ()), "select")
+        super().__init__(*args, **kwargs)
+        self.positions = positions or {}
+        self.now = now or timezone.now()
+
+    def render_reason(self, record):
+        code = self._reason_code(record)
+        if code is None:
+            return "—"
+        word = PENDING_REASON_WORDS.get(code, code) if code else _("new")
+        sentence = job_pending_sentence(record)
+        if not code:
+            return format_html('<span class="reason" title="{}">{}</span>', sentence, word)
+        return format_html('<span class="reason" title="{}">{}</span> <code>{}</code>', sentence, word, code)
+
+    def value_reason(self, record):
+        return self._reason_code(record) or ""
+
+    @staticmethod
+    def _reason_code(record) -> str | None:
+        """The pending reason code; '' for a waiting job no cycle has explained yet; None once it left the queue."""
+        if record.state == JobState.PENDING_APPROVAL:
+            return record.pending_reason_code or PendingReason.AWAITING_APPROVAL
+        if record.state == JobState.QUEUED:
+            return record.pending_reason_code
+        return None
+
+    def render_position(self, record):
+        position = self.positions.get(record.pk)
+        if position is None:
+            return "—"
+        title = _("Position %(overall)s in the whole queue, %(tenant)s among its tenant's waiting jobs.") % {
+            "overall": position.overall,
+            "tenant": position.in_tenant,
+        }
+        return format_html('<span title="{}">{}</span>', title, position.overall)
+
+    def value_position(self, record):
+        position = self.positions.get(record.pk)
+        return "" if position is None else position.overall
+
+    def order_position(self, queryset, is_descending):
+        """Waiting jobs first, in the order the scheduler serves them; the others after, newest first."""
+        waiting_first = Case(When(state__in=PENDING_JOB_STATES, then=Value(0)), default=Value(1))
+        keys = [waiting_first.asc(), *queue_order(), F("submitted_at").desc()]
+        if is_descending:
+            keys = [key.copy().reverse_ordering() for key in keys]
+        return queryset.order_by(*keys), True
+
+    def render_nodes(self, record):
+        return ", ".join(self._node_names(record)) or "—"
+
+    def value_nodes(self, record):
+        return " ".join(self._node_names(record))
+
+    @staticmethod
+    def _node_names(record) -> list[str]:
+        """Where the job runs now; for a finished job, where it ran. A waiting job (even one preempted
+        earlier) has none."""
+        allocations = getattr(record, "queue_allocations", None)
+        if allocations is None:
+            allocations = list(record.allocations.select_related("node"))
+        if record.state in ACTIVE_JOB_STATES:
+            allocations = [a for a in allocations if a.ended_at is None]
+        elif record.state not in FINAL_JOB_STATES:
+            return []
+        return list(dict.fromkeys(a.node.name for a in allocations))
+
+    def render_elapsed(self, record):
+        seconds = elapsed_seconds(record, self.now)
+        return "—" if seconds is None else clock_duration(seconds)
+
+    def value_elapsed(self, record):
+        seconds = elapsed_seconds(record, self.now)
+        return "" if seconds is None else int(seconds)
 
     def render_estimated_start_at(self, record):
         return job_start_estimate_words(record) or "—"
@@ -156,6 +330,11 @@ class JobTable(ConsoleTable):
 
     def value_request(self, record):
         return self.render_request(record)
+
+    def column_choices(self) -> list[tuple[str, str]]:
+        """(name, header) of the columns a user may hide; the checkboxes and the job's name always show."""
+        fixed = {"select", "id", "name"}
+        return [(column.name, str(column.header)) for column in self.columns if column.name not in fixed]
 
 
 class YesNoColumn(tables.Column):

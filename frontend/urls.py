@@ -20,6 +20,7 @@ console_patterns = [
     path("approvals/<int:pk>/", tenants.approval_detail, name="approval-detail"),
     path("jobs/", jobs.job_list, name="job-list"),
     path("jobs/submit/", jobs.job_submit, name="job-submit"),
+    path("jobs/cancel/", jobs.job_bulk_cancel, name="job-bulk-cancel"),
     path("jobs/<int:pk>/", jobs.job_detail, name="job-detail"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("reports/", reports.usage_reports, name="reports"),

@@ -7,24 +7,30 @@ A job outside the caller's tenants is *missing* to them: ``job_get_visible`` rai
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Value
+from django.db.models import Exists, F, OuterRef, Prefetch, QuerySet, Value, Window
+from django.db.models.expressions import OrderBy
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 from django.utils.translation import gettext, ngettext
 
 from portal.api import NotFoundError
-from scheduler import access
+from portal.policy import Action
+from scheduler.core.types import Ordering
 from scheduler.message_text import localize
-from scheduler.models import Allocation, Device, Job, JobEvent, JobState, Node, ResourceFlavor
+from scheduler.models import PENDING_JOB_STATES, Allocation, Device, Job, JobEvent, JobState, Node, ResourceFlavor
+from scheduler.snapshot import policy_from_settings
+from tenants.models import Tenant
+from tenants.policy import reaches_all, restrict
 
 
 def jobs_visible_to(user: Any) -> QuerySet[Job]:
-    queryset = Job.objects.select_related("tenant", "submitter")
-    if access.sees_all_tenants(user):
-        return queryset.all()
-    return queryset.filter(tenant__in=access.visible_tenant_ids(user))
+    """The jobs ``user`` may read (policy action ``job.view``): every job for the system admin and the auditor,
+    the jobs of their subtrees for tenant roles, none for the security admin."""
+    return restrict(Job.objects.select_related("tenant", "submitter"), user, Action.JOB_VIEW)
 
 
 def job_get_visible(*, user: Any, pk: Any) -> Job:
@@ -52,6 +58,50 @@ def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
     return value
 
 
+def job_queue_rows(user: Any) -> QuerySet[Job]:
+    """The jobs ``user`` sees, with what a queue view shows beside each: ``queue_allocations`` (the job's
+    allocations with their nodes, oldest first) in one prefetch query for the whole page."""
+    allocations = Allocation.objects.select_related("node").order_by("started_at", "replica", "pk")
+    return jobs_visible_to(user).prefetch_related(Prefetch("allocations", allocations, to_attr="queue_allocations"))
+
+
+def queue_order() -> list[OrderBy]:
+    """The order the scheduler serves pending jobs in, as far as the database knows it.
+
+    The engine's order (``scheduler.core.order``: priority class, aged gangs, guarantees, fair share, submit
+    time) depends on live usage and cannot be written in SQL; each cycle stores where it put every pending job
+    (``position_overall``). So: that stored order, with the gaps closed by jobs that left the queue since, and
+    jobs no cycle has looked at yet (submitted in the last seconds) after the others of their priority class,
+    by submit time. Under the FIFO policy priority does not come first."""
+    keys = [F("position_overall").asc(nulls_last=True), F("submitted_at").asc(), F("id").asc()]
+    if policy_from_settings().ordering == Ordering.PRIORITY_FAIRSHARE:
+        keys.insert(0, F("priority_class").desc())
+    return keys
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    overall: int  # 1-based place among all pending jobs
+    in_tenant: int  # 1-based place among the pending jobs of the same tenant
+
+
+def queue_positions() -> dict[int, QueuePosition]:
+    """Every pending job's place in the queue (job id → position), in one query (two window functions).
+
+    Positions count every tenant's pending jobs, as the engine does (the API shows the same figure in
+    ``position_overall``); a caller shows only the rows of jobs its user may see."""
+    order = queue_order()
+    rows = (
+        Job.objects.filter(state__in=PENDING_JOB_STATES)
+        .annotate(
+            overall=Window(RowNumber(), order_by=order),
+            in_tenant=Window(RowNumber(), partition_by=[F("tenant_id")], order_by=order),
+        )
+        .values_list("pk", "overall", "in_tenant")
+    )
+    return {pk: QueuePosition(overall=overall, in_tenant=in_tenant) for pk, overall, in_tenant in rows}
+
+
 def nodes_visible_to(user: Any) -> QuerySet[Node]:
     """Every signed-in user sees the nodes (capacity is shared); only admins change them."""
     return Node.objects.select_related("agent").prefetch_related("devices")
@@ -63,9 +113,10 @@ def devices_visible_to(user: Any) -> QuerySet[Device]:
     hold now. A card's UUID is the name a node agent uses for it, so the fleet's list is not handed to tenants
     (a stolen node credential once claimed another node's card by its UUID read here)."""
     queryset = Device.objects.select_related("node", "flavor")
-    if access.sees_all_tenants(user):
+    if reaches_all(user, Action.DEVICE_IDENTIFY):
         return queryset.annotate(uuid_visible=Value(True))
-    held = Allocation.objects.active().filter(device=OuterRef("pk"), tenant__in=access.visible_tenant_ids(user))
+    tenants = restrict(Tenant.objects.all(), user, Action.DEVICE_IDENTIFY).values("pk")
+    held = Allocation.objects.active().filter(device=OuterRef("pk"), tenant__in=tenants)
     return queryset.annotate(uuid_visible=Exists(held))
 
 

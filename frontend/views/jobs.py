@@ -7,13 +7,15 @@ import shlex
 
 from django.contrib import messages
 from django.db.models import Count
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
-from frontend.access import Section, is_system_admin, section_required
+from frontend.access import Section, section_required
 from frontend.admin_forms import tenant_path_labels
 from frontend.export import export_response
 from frontend.filtersets import JobFilterSet
@@ -21,7 +23,7 @@ from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
 from frontend.summaries import job_chart_devices
 from frontend.tables import JobTable
 from portal.api import DomainError, NotFoundError
-from scheduler import access as scheduler_access
+from portal.policy import Action
 from scheduler import logs as scheduler_logs
 from scheduler import selectors as scheduler_selectors
 from scheduler.jobspec import EXAMPLE_COMMAND
@@ -29,22 +31,28 @@ from scheduler.models import FINAL_JOB_STATES, JobState
 from scheduler.services import jobs as job_services
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
+from tenants.permissions import can_manage_job, is_system_admin
+from tenants.policy import may, reaches_all, restrict
 
 
 def submittable_tenants(user) -> list[Tenant]:
     """Tenants ``user`` may submit work to (members and tenant admins, inherited down the tree)."""
-    visible = Tenant.objects.filter(pk__in=scheduler_access.visible_tenant_ids(user)).order_by("slug")
-    return [t for t in visible if scheduler_access.can_submit_work(user, t)]
+    return list(restrict(Tenant.objects.all(), user, Action.JOB_SUBMIT).order_by("slug"))
 
 
 @section_required(Section.JOBS)
 def job_list(request):
-    jobs = scheduler_selectors.jobs_visible_to(request.user).order_by("-submitted_at", "-id")
+    """The queue view (like squeue): filters in the query string, so a filtered view is a link to share."""
+    jobs = scheduler_selectors.job_queue_rows(request.user).order_by("-submitted_at", "-id")
     visible = list(tenant_selectors.tenants_visible_to(request.user))
     labels = tenant_path_labels(visible)
     tenants = sorted(((t.slug, labels[t.pk]) for t in visible), key=lambda choice: choice[1].lower())
     filterset = JobFilterSet(request.GET, queryset=jobs, request=request, tenants=tenants)
-    table = JobTable(filterset.qs)
+    can_submit = bool(submittable_tenants(request.user))
+    # Members and tenant admins cancel their jobs, system admins any; viewers see no checkboxes.
+    selectable = may(request.user, Action.JOB_MANAGE)
+    positions = scheduler_selectors.queue_positions()
+    table = JobTable(filterset.qs, positions=positions, selectable=selectable)
     if request.GET.get("export") == "csv":
         RequestConfig(request, paginate=False).configure(table)
         return export_response(table, fmt="csv", filename="jobs")
@@ -53,9 +61,75 @@ def job_list(request):
         "section": Section.JOBS,
         "filter": filterset,
         "table": table,
-        "can_submit": bool(submittable_tenants(request.user)),
+        "can_submit": can_submit,
+        "selectable": selectable,
+        "column_choices": table.column_choices(),
+        "return_query": request.GET.urlencode(),
     }
     return render(request, "frontend/jobs/list.html", context)
+
+
+# One request cancels at most this many jobs (a page shows 50); more are refused with a message, not a timeout.
+BULK_CANCEL_MAX = 200
+
+
+@require_POST
+@section_required(Section.JOBS)
+def job_bulk_cancel(request):
+    """Cancel the jobs ticked in the list, each through ``job_cancel`` (its permission check, its audit record,
+    its own transaction): one job that cannot be cancelled does not stop the others. A job the user cannot see
+    is reported like a job that does not exist."""
+    back = reverse("frontend:job-list")
+    query = QueryDict(request.POST.get("return_query", "")).urlencode()
+    if query:
+        back = f"{back}?{query}"
+    wanted = list(dict.fromkeys(request.POST.getlist("select")))
+    if not wanted:
+        messages.warning(request, _("Select the jobs to cancel first."))
+        return redirect(back)
+    if len(wanted) > BULK_CANCEL_MAX:
+        messages.error(request, _("Select at most %(max)s jobs at a time.") % {"max": BULK_CANCEL_MAX})
+        return redirect(back)
+    ids = [int(value) for value in wanted if value.isdigit()]
+    found = {job.pk: job for job in scheduler_selectors.jobs_visible_to(request.user).filter(pk__in=ids)}
+    cancelled: list[int] = []
+    refused: list[str] = []
+    for value in wanted:
+        job = found.get(int(value)) if value.isdigit() else None
+        if job is None:
+            refused.append(_("%(id)s (no such job)") % {"id": value[:20]})
+            continue
+        if job.state in FINAL_JOB_STATES:
+            refused.append(_("%(id)s (already %(state)s)") % {"id": job.pk, "state": job.get_state_display()})
+            continue
+        if not can_manage_job(request.user, job):
+            refused.append(_("%(id)s (you may not cancel it)") % {"id": job.pk})
+            continue
+        try:
+            job_services.job_cancel(job=job, actor=request.user, request=request)
+        except DomainError as exc:
+            refused.append(f"{job.pk} ({exc.message})")
+        else:
+            cancelled.append(job.pk)
+    if cancelled:
+        count = len(cancelled)
+        messages.success(
+            request,
+            ngettext("Cancelled %(count)d job: %(ids)s.", "Cancelled %(count)d jobs: %(ids)s.", count)
+            % {"count": count, "ids": ", ".join(str(pk) for pk in cancelled)},
+        )
+    if refused:
+        count = len(refused)
+        messages.error(
+            request,
+            ngettext(
+                "%(count)d job could not be cancelled: %(details)s.",
+                "%(count)d jobs could not be cancelled: %(details)s.",
+                count,
+            )
+            % {"count": count, "details": "; ".join(refused)},
+        )
+    return redirect(back)
 
 
 def _attach_domain_error(form, exc: DomainError) -> None:
@@ -70,7 +144,7 @@ def _attach_domain_error(form, exc: DomainError) -> None:
 def job_submit(request):
     tenants = submittable_tenants(request.user)
     if not tenants:
-        # The API's rule (scheduler.access.can_submit_work): members and tenant admins submit; viewers and
+        # The policy's job.submit: members and tenant admins submit; viewers and
         # platform accounts (which hold no tenant role) do not. Say why, as the API's 403 does.
         context = {"section": Section.JOBS, "is_system_admin": is_system_admin(request.user)}
         return render(request, "frontend/jobs/cannot_submit.html", context, status=403)
@@ -133,7 +207,7 @@ def job_detail(request, pk: int):
     events = list(job.events.all())
     active = [a for a in job.allocations.all() if a.ended_at is None]
     # Tenant users get their devices' telemetry by tenant; a system admin watches the nodes themselves.
-    subscribe = sorted({a.node_id for a in active}) if is_system_admin(request.user) else []
+    subscribe = sorted({a.node_id for a in active}) if reaches_all(request.user, Action.TELEMETRY_VIEW) else []
     log_tail = next((e.details.get("log_tail") for e in reversed(events) if e.details.get("log_tail")), "")
     context = {
         "section": Section.JOBS,
@@ -146,7 +220,7 @@ def job_detail(request, pk: int):
         # The output panel (live logs) replaces the final log tail once the agent streams the job's output.
         "has_streamed_log": job.log_chunks.exists(),
         "log_replicas": range(scheduler_logs.replica_count(job)),
-        "can_cancel": job.state not in FINAL_JOB_STATES and scheduler_access.can_manage_job(request.user, job),
+        "can_cancel": job.state not in FINAL_JOB_STATES and can_manage_job(request.user, job),
         "cancel_form": CancelForm(),
         "is_live": job.state not in FINAL_JOB_STATES,
         "chart_devices": job_chart_devices(active),
