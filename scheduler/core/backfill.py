@@ -1,4 +1,4 @@
-"""Step 7, backfill: hold capacity for a blocked queue head so smaller jobs behind it cannot delay it.
+"""Step 5, backfill: hold capacity for a blocked queue head so smaller jobs behind it cannot delay it.
 
 When the first job in queue order that wants a flavor cannot be placed (and no preemption helps), the cycle
 picks the devices where it will be able to start soonest — judged by the ``expected_end_at`` of what runs

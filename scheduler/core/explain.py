@@ -1,4 +1,4 @@
-"""Step 8, explain: every job left pending gets a reason code, a sentence and its queue positions.
+"""Step 6, explain: every job left pending gets a reason code, a sentence and its queue positions.
 
 Positions are 1-based and follow the order the cycle served the jobs in (priority, fair share, submit time),
 counted among the jobs still pending: ``position_in_tenant`` among the jobs of the same tenant,

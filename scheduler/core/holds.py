@@ -1,4 +1,4 @@
-"""Holds: the capacity a preemption frees is kept for its preemptor across cycles (``types.Hold``).
+"""Step 4, holds: the capacity a preemption frees is kept for its preemptor across cycles (``types.Hold``).
 
 A preemption plans a job's start for a later cycle: its victims get a grace period to checkpoint, so the
 devices they free are not free in the cycle that preempts. Holding them for one cycle only is not enough —

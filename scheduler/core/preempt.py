@@ -1,4 +1,4 @@
-"""Step 6, preempt: when an admitted job does not fit, find the cheapest set of running jobs to stop.
+"""Step 4, preempt: when an admitted job does not fit, find the cheapest set of running jobs to stop.
 
 Who may be a victim of job J (all must hold):
 - the victim is preemptible, runs on the flavor J is trying, and has run at least

@@ -1,4 +1,4 @@
-"""Admission against the hierarchical quota tree: guarantee, borrowing from the cohort, limits.
+"""Step 2, admit: the hierarchical quota tree — guarantee, borrowing from the cohort, limits.
 
 Per flavor, the quota tree holds only tenants with a ``Quota`` row for that flavor; a tenant without a row is
 accounted to its nearest ancestor with one (a team without its own quota spends its department's).

@@ -1,4 +1,5 @@
-"""Inference reservations: idle capacity a service holds for replicas it may scale up to.
+"""Step 3, place (beside ``placement.py``): inference reservations, idle capacity a service holds for replicas it
+may scale up to.
 
 A ``Reservation`` row takes its capacity out of the free pool (``Cluster``). Two kinds of job may use it:
 

@@ -1,4 +1,4 @@
-"""Step 7: a blocked head of the queue gets capacity held; smaller jobs backfill only the holes."""
+"""Step 5: a blocked head of the queue gets capacity held; smaller jobs backfill only the holes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Step 8: every pending job gets a code, a sentence and its queue positions."""
+"""Step 6: every pending job gets a code, a sentence and its queue positions."""
 
 from __future__ import annotations
 

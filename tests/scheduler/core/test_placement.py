@@ -1,4 +1,4 @@
-"""Steps 3 to 5: filter, score (best-fit fractions, topology, energy mode) and gang all-or-nothing."""
+"""Step 3: filter, score (best-fit fractions, topology, energy mode) and gang all-or-nothing."""
 
 from __future__ import annotations
 

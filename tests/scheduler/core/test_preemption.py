@@ -1,4 +1,4 @@
-"""Step 6: reclaim of borrowed capacity, priority preemption, victim choice, protections."""
+"""Step 4: reclaim of borrowed capacity, priority preemption, victim choice, protections."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Inference reservations: training may borrow them; the service takes them back when it scales up."""
+"""Step 3, inference reservations: training may borrow them; the service takes them back when it scales up."""
 
 from __future__ import annotations
 
