@@ -48,6 +48,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from nodeagent.protocol import DEFAULT_ENV_DENYLIST, env_denied
 from portal.api import DomainError
+from scheduler.core.types import FRACTION_STEP_MILLIS
 from scheduler.models import (
     MILLIS_PER_DEVICE,
     MIN_FRACTION_MILLIS,
@@ -57,7 +58,6 @@ from scheduler.models import (
     TopologyConstraint,
 )
 
-FRACTION_STEP_MILLIS = 100
 #: A command that works on any node as it is (python3 is there, and a job starts in an empty directory of its
 #: own): a minute of training-like progress, then exit 0. The console's submit form shows it as the example.
 EXAMPLE_COMMAND = (

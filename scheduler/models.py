@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-MILLIS_PER_DEVICE = 1000
-MIN_FRACTION_MILLIS = 100
+from scheduler.core.types import MILLIS_PER_DEVICE, MIN_FRACTION_MILLIS
+from scheduler.core.types import PriorityClass as CorePriority
 
 
 class Vendor(models.TextChoices):
@@ -107,13 +107,13 @@ class JobKind(models.TextChoices):
 
 
 class PriorityClass(models.IntegerChoices):
-    """Named priority classes (the value is the priority; higher wins). Same numbers as ``scheduler.core``."""
+    """Named priority classes (the value is the priority; higher wins): ``scheduler.core``'s, with labels."""
 
-    CRITICAL = 1000, _("critical")
-    HIGH = 800, _("high")
-    NORMAL = 500, _("normal")
-    LOW = 200, _("low")
-    BEST_EFFORT = 0, _("best effort")
+    CRITICAL = int(CorePriority.CRITICAL), _("critical")
+    HIGH = int(CorePriority.HIGH), _("high")
+    NORMAL = int(CorePriority.NORMAL), _("normal")
+    LOW = int(CorePriority.LOW), _("low")
+    BEST_EFFORT = int(CorePriority.BEST_EFFORT), _("best effort")
 
 
 class TopologyConstraint(models.TextChoices):
