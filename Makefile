@@ -39,6 +39,7 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python manage.py permissions_doc --check
 
 format: $(VENV)/.installed
 	$(BIN)/ruff format .

@@ -1,18 +1,23 @@
-"""Only auditors read the audit trail; every refused attempt is itself audited."""
+"""Only those the access policy lets read the audit trail (the auditors) do; every refused attempt is itself
+audited."""
 
 from __future__ import annotations
 
 from rest_framework.permissions import BasePermission
 
-from audit.selectors import is_auditor
+from audit.selectors import may_read_trail
 from audit.services import audit_record
 
 
-class IsAuditor(BasePermission):
+class AuditTrailPermission(BasePermission):
+    """Records a refused attempt on the trail; runs before the default ``PolicyPermission`` (which checks the
+    same rule and the token's scope) so that the refusal leaves a trace."""
+
     message = "Only auditors can read or export the audit trail."
 
     def has_permission(self, request, view) -> bool:
-        if is_auditor(request.user):
+        action = view.policy_actions[request.method.lower() if request.method != "HEAD" else "get"]
+        if may_read_trail(request.user, action):
             return True
         if request.user is not None and request.user.is_authenticated:
             # An assessor probing with a non-auditor account must leave a trace (DESIGN §12).

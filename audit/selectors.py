@@ -10,13 +10,17 @@ from django.db.models import F, Min, Q, QuerySet
 from audit import conf
 from audit.models import AuditRecord, ChainHead
 from audit.services import details_for, record_view
+from portal.policy import Action, Principal, role_may
 
-AUDITOR_ROLE = "auditor"
 
-
-def is_auditor(user: Any) -> bool:
-    """Separation of duties: the auditor role alone reads the trail — not system admins, not superusers."""
-    return bool(user is not None and getattr(user, "is_authenticated", False) and user.platform_role == AUDITOR_ROLE)
+def may_read_trail(user: Any, action: Action = Action.AUDIT_VIEW) -> bool:
+    """Whether the access policy lets ``user`` take an audit-trail ``action``. Separation of duties: in the
+    table only the auditor role has these rules — not system admins, not superusers. The audit app sits below
+    the tenants app and cannot read memberships; no tenant role has an audit rule (tests/security hold the
+    table to that), so the account's platform role decides."""
+    if user is None or not getattr(user, "is_authenticated", False) or not user.is_active:
+        return False
+    return role_may(frozenset({Principal.ANY_USER, user.platform_role}), action)
 
 
 def records_for(
@@ -37,7 +41,7 @@ def records_for(
     ``actor`` matches the username (or the numeric actor id); ``action`` is a prefix (``job.`` finds every job
     action).
     """
-    if not is_auditor(user):
+    if not may_read_trail(user):
         return AuditRecord.objects.none()
     records = AuditRecord.objects.order_by("-id")
     if created_after is not None:

@@ -1,8 +1,9 @@
 """Who may see which part of the console.
 
-The console shows each person only what their role may use (separation of duties: an auditor sees the audit
-trail and nothing else; members see their own tenants). Views check the same rules the navigation uses, so a
-hidden link is never the only protection: a forbidden page answers 404, like a missing one.
+The console shows each person only what their role may use. It states no role rule of its own: each section
+opens for those the access policy (``portal.policy``, evaluated by ``tenants.policy``) gives its action, so an
+auditor reads what the API lets them read and changes nothing. Views check the same rules the navigation
+uses, so a hidden link is never the only protection: a forbidden page answers 404, like a missing one.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any
 
+from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext_lazy as _
 
-from tenants.models import Membership, MembershipRole, PlatformRole, User
+from portal.policy import Action
+from tenants.models import Tenant, User
+from tenants.policy import may, principals_of, reaches_all, restrict
 
 
 class Section:
@@ -56,65 +60,40 @@ NAV_ITEMS = [
 ]
 
 
-def is_system_admin(user: User) -> bool:
-    return bool(user.is_authenticated and user.platform_role == PlatformRole.SYSTEM_ADMIN)
+#: The policy action that opens each console section: the console asks the same table as the API, so a
+#: section is offered to exactly the roles that may take its action somewhere.
+SECTION_ACTIONS: dict[str, Action] = {
+    Section.OVERVIEW: Action.OVERVIEW_VIEW,
+    Section.NODES: Action.FLEET_VIEW,
+    Section.TENANTS: Action.QUOTA_VIEW,
+    Section.JOBS: Action.JOB_VIEW,
+    Section.REPORTS: Action.USAGE_VIEW,
+    Section.APPROVALS: Action.APPROVAL_DECIDE,
+    Section.AUDIT: Action.AUDIT_VIEW,
+    Section.WHATIF: Action.WHATIF_RUN,
+    Section.USERS: Action.USER_MANAGE,
+    Section.LOCKOUTS: Action.LOCKOUT_VIEW,
+    Section.ACCOUNT: Action.TOKEN_CREATE,
+}
 
 
-def memberships_of(user: User) -> list[Membership]:
-    """The user's own memberships, read once per request."""
-    if not user.is_authenticated:
-        return []
-    cache = getattr(user, "_console_memberships", None)
-    if cache is None:
-        cache = list(Membership.objects.filter(user=user).select_related("tenant"))
-        user._console_memberships = cache
-    return cache
-
-
-def is_tenant_admin(user: User) -> bool:
-    return any(m.role == MembershipRole.TENANT_ADMIN for m in memberships_of(user))
-
-
-def visible_tenant_ids(user: User) -> set[int] | None:
-    """Ids of the tenants whose work ``user`` sees in the console; None = all (the system admin)."""
-    if is_system_admin(user):
+def visible_tenant_ids(user: User, action: Action = Action.JOB_VIEW) -> set[int] | None:
+    """Ids of the tenants where ``user`` may take ``action`` (by default: whose work they see); None = all."""
+    if reaches_all(user, action):
         return None
-    if not memberships_of(user):
-        return set()
-    from scheduler.access import visible_tenant_ids as scheduler_visible_tenant_ids
-
-    return set(scheduler_visible_tenant_ids(user).values_list("pk", flat=True))
+    return set(restrict(Tenant.objects.all(), user, action).values_list("pk", flat=True))
 
 
 def sections_for(user: User) -> set[str]:
-    """The console sections ``user`` may open. Everyone has their own account page (API tokens)."""
+    """The console sections ``user`` may open, read once per request."""
     if not user.is_authenticated:
         return set()
-    return _role_sections(user) | {Section.ACCOUNT}
-
-
-def _role_sections(user: User) -> set[str]:
-    if user.platform_role == PlatformRole.AUDITOR:
-        return {Section.AUDIT}
-    if user.platform_role == PlatformRole.SYSTEM_ADMIN:
-        return {
-            Section.OVERVIEW,
-            Section.NODES,
-            Section.TENANTS,
-            Section.APPROVALS,
-            Section.JOBS,
-            Section.REPORTS,
-            Section.WHATIF,
-        }
-    if user.platform_role == PlatformRole.SECURITY_ADMIN:
-        # Runs users, roles, two-factor and lockouts; sees the pool's health but no tenant's work.
-        return {Section.OVERVIEW, Section.USERS, Section.LOCKOUTS}
-    if not memberships_of(user):
-        return {Section.OVERVIEW}
-    sections = {Section.OVERVIEW, Section.TENANTS, Section.JOBS}
-    if is_tenant_admin(user):
-        sections |= {Section.APPROVALS, Section.REPORTS}
-    return sections
+    cached = getattr(user, "_console_sections", None)
+    if cached is None:
+        held = principals_of(user)
+        cached = {section for section, action in SECTION_ACTIONS.items() if may(user, action, principals=held)}
+        user._console_sections = cached
+    return cached
 
 
 def nav_for(user: User) -> list[NavItem]:
@@ -140,20 +119,28 @@ def section_required(section: str):
                 raise Http404
             return view(request, *args, **kwargs)
 
-        from django.contrib.auth.decorators import login_required
-
         return login_required(wrapped)
 
     return decorator
 
 
-def system_admin_required(view):
-    @wraps(view)
-    def wrapped(request, *args, **kwargs):
-        if not is_system_admin(request.user):
-            raise Http404
-        return view(request, *args, **kwargs)
+def action_required(action: Action):
+    """View decorator for a console page that takes one policy action: log in first; a user whose roles have
+    no rule for ``action`` gets a 404 (the object-level rule is the service's)."""
 
-    from django.contrib.auth.decorators import login_required
+    def decorator(view):
+        @wraps(view)
+        def wrapped(request, *args, **kwargs):
+            if not may(request.user, action):
+                raise Http404
+            return view(request, *args, **kwargs)
 
-    return login_required(wrapped)
+        wrapped.policy_action = action
+        return login_required(wrapped)
+
+    return decorator
+
+
+def policy_action_of(view: Any) -> Action | None:
+    """The policy action a console view answers for (``section_required`` views: their section's)."""
+    return getattr(view, "policy_action", None)

@@ -264,7 +264,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": [
         "rest_framework.permissions.IsAuthenticated",
-        "tenants.permissions.TokenScopePermission",
+        "tenants.permissions.PolicyPermission",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     # Lists refuse unknown parameters, and ordering/search they do not offer, with a 400 (portal/filters.py).

@@ -1,8 +1,8 @@
-"""Who may do what: platform roles (separation of duties), tenant roles, and API token scopes.
+"""Who may do what, as predicates and DRF permission classes over the one access policy.
 
-Plain predicates (``is_auditor(user)``, ``can_admin_tenant(user, tenant)``) serve services, the console and
-other apps alike; the DRF permission classes below wrap them for views. Tenant roles are inherited down the
-tree: a role held on a tenant applies to its whole subtree.
+The rules are the table in ``portal.policy``; ``tenants.policy`` evaluates it (``allows``, ``restrict``). The
+predicates here keep the names services, selectors and views call (``can_admin_tenant(user, tenant)``, ...) and
+each asks the table for one action; none restates a rule. Tenant roles are inherited down the tree.
 """
 
 from __future__ import annotations
@@ -11,23 +11,38 @@ from typing import TYPE_CHECKING, Any
 
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, TokenScope
+from portal.policy import PLATFORM_ROLES, RULES, TOKEN_SCOPE, Action, Principal
+from tenants.models import ApiToken, MembershipRole, PlatformRole, TokenScope
+from tenants.policy import allows, is_active_account, may, platform_role_of, principals_of, tenant_role, token_allows
+from tenants.tree import ancestors_and_self
 
 if TYPE_CHECKING:
     from tenants.models import Tenant
 
-# Higher number = more rights; used to pick the strongest inherited role.
-_ROLE_RANK = {MembershipRole.VIEWER: 1, MembershipRole.MEMBER: 2, MembershipRole.TENANT_ADMIN: 3}
+__all__ = [
+    "PolicyPermission",
+    "ancestors_and_self",
+    "can_admin_strict_ancestor",
+    "can_admin_tenant",
+    "can_decide_approval",
+    "can_manage_job",
+    "can_manage_memberships",
+    "can_submit_work",
+    "can_view_tenant",
+    "has_platform_role",
+    "holds_approval_role",
+    "is_approval_override",
+    "is_auditor",
+    "is_security_admin",
+    "is_system_admin",
+    "platform_role_of",
+    "policy_action_for",
+    "tenant_role",
+    "token_scopes_allowed",
+]
 
 
-def _authenticated(user: Any) -> bool:
-    return bool(user is not None and getattr(user, "is_authenticated", False) and user.is_active)
-
-
-def platform_role_of(user: Any) -> str:
-    return user.platform_role if _authenticated(user) else PlatformRole.NONE
-
-
+# Who an account *is* (its platform role); what it may do is asked of the policy below.
 def is_system_admin(user: Any) -> bool:
     return platform_role_of(user) == PlatformRole.SYSTEM_ADMIN
 
@@ -44,157 +59,130 @@ def has_platform_role(user: Any) -> bool:
     return platform_role_of(user) != PlatformRole.NONE
 
 
-def sees_all_tenants(user: Any) -> bool:
-    """Every platform role reads the whole tenant tree; only the system admin may change it."""
-    return has_platform_role(user)
-
-
-def ancestors_and_self(tenant: Tenant) -> list[Tenant]:
-    """``tenant`` and its ancestors, nearest first (at most MAX_TENANT_DEPTH rows)."""
-    chain = []
-    node: Tenant | None = tenant
-    while node is not None:
-        chain.append(node)
-        node = node.parent
-    return chain
-
-
-def tenant_role(user: Any, tenant: Tenant) -> str | None:
-    """The strongest membership role ``user`` holds on ``tenant`` or any ancestor, or None."""
-    if not _authenticated(user):
-        return None
-    ids = [node.pk for node in ancestors_and_self(tenant)]
-    roles = Membership.objects.filter(user=user, tenant_id__in=ids).values_list("role", flat=True)
-    best = None
-    for role in roles:
-        if best is None or _ROLE_RANK[role] > _ROLE_RANK[best]:
-            best = role
-    return best
-
-
 def can_view_tenant(user: Any, tenant: Tenant) -> bool:
-    return sees_all_tenants(user) or tenant_role(user, tenant) is not None
+    return allows(user, Action.TENANT_VIEW, tenant)
 
 
 def can_admin_tenant(user: Any, tenant: Tenant) -> bool:
     """System admins, and tenant admins of ``tenant`` or an ancestor."""
-    return is_system_admin(user) or tenant_role(user, tenant) == MembershipRole.TENANT_ADMIN
+    return allows(user, Action.TENANT_CHANGE, tenant)
 
 
 def can_admin_strict_ancestor(user: Any, tenant: Tenant) -> bool:
     """Tenant admin of a tenant *above* ``tenant`` (needed to move or delete it), or system admin."""
-    if is_system_admin(user):
-        return True
-    return tenant.parent is not None and tenant_role(user, tenant.parent) == MembershipRole.TENANT_ADMIN
+    return allows(user, Action.TENANT_MOVE, tenant)
 
 
 def can_manage_memberships(user: Any, tenant: Tenant) -> bool:
     """Security admins manage roles everywhere; tenant admins within their subtree."""
-    return is_security_admin(user) or tenant_role(user, tenant) == MembershipRole.TENANT_ADMIN
+    return allows(user, Action.MEMBERSHIP_MANAGE, tenant)
 
 
 def can_submit_work(user: Any, tenant: Tenant) -> bool:
     """Members and tenant admins may submit jobs; viewers and platform roles may not."""
-    return tenant_role(user, tenant) in (MembershipRole.MEMBER, MembershipRole.TENANT_ADMIN)
+    return allows(user, Action.JOB_SUBMIT, tenant)
+
+
+def can_manage_job(user: Any, job: Any) -> bool:
+    """The submitter (a member), a tenant admin above the job, or a system admin may cancel or scale a job."""
+    return allows(user, Action.JOB_MANAGE, job)
 
 
 def token_scopes_allowed(user: Any) -> list[str]:
-    """The scopes ``user`` may give a new token of their own: admin for system and security admins, read only
-    for auditors, read and write for everybody else."""
-    if is_auditor(user):
-        return [TokenScope.READ]
-    if is_system_admin(user) or is_security_admin(user):
-        return [TokenScope.READ, TokenScope.WRITE, TokenScope.ADMIN]
-    return [TokenScope.READ, TokenScope.WRITE]
+    """The scopes ``user`` may give a new token of their own: a scope is offered when the account's roles
+    (beyond its own account and tokens) include an action that needs it. So admin for the platform admins who
+    have admin operations, read only for an auditor (whose every action reads), read and write for the rest."""
+    held = set(principals_of(user)) - {Principal.ANY_USER}
+    needed = {TOKEN_SCOPE[rule.action] for rule in RULES if rule.principal in held}
+    scopes = [TokenScope.READ]
+    if not held & set(PLATFORM_ROLES) or needed - {TokenScope.READ}:
+        scopes.append(TokenScope.WRITE)
+    if TokenScope.ADMIN in needed:
+        scopes.append(TokenScope.ADMIN)
+    return scopes
 
 
-def token_scope_allows(token: ApiToken, *, method: str, required_scope: str | None = None) -> bool:
-    """Every scope reads; ``write`` also changes things except admin operations; ``admin`` does all."""
-    if method in SAFE_METHODS or token.scope == TokenScope.ADMIN:
-        return True
-    if required_scope == TokenScope.ADMIN:
-        return False
-    return token.scope == TokenScope.WRITE
+def policy_action_for(view: Any, request: Any) -> Action | None:
+    """The policy action a view answers for this request: ``view.policy_actions`` maps a viewset's action
+    name (``list``, ``create``, ``cancel``) or, for a plain view, the lower-case HTTP method to an ``Action``.
+    None when the view declares none (the role x endpoint test fails for such an endpoint)."""
+    actions = getattr(view, "policy_actions", None)
+    if not actions:
+        return None
+    key = getattr(view, "action", None) or request.method.lower()
+    if key not in actions and request.method == "HEAD":
+        key = getattr(view, "action", None) or "get"
+    found = actions.get(key)
+    return Action(found) if found is not None else None
 
 
 # --- DRF permission classes -------------------------------------------------------------------------------
 
 
-class TokenScopePermission(BasePermission):
-    """Enforces the scope of a Bearer token (sessions are unaffected). In the default permission classes, so
-    every app's views get it; a view sets ``required_scope = "admin"`` for platform operations."""
+def _bound_to_object(request, view) -> bool:
+    """Whether the request names an object: in its URL (a detail route) or, for the actions a view lists in
+    ``policy_body_object``, in its body (the tenant a membership or a child tenant is for)."""
+    key = getattr(view, "action", None) or request.method.lower()
+    return bool(getattr(view, "kwargs", None)) or key in getattr(view, "policy_body_object", ())
 
-    message = "This API token's scope does not allow this request."
+
+class PolicyPermission(BasePermission):
+    """The API's one permission check (in the default permission classes). The view names the policy action
+    of each request (``policy_actions``); a Bearer token's scope must cover it (403). Then, in the policy's
+    order: an object outside what the caller may read is missing (404: the selectors' ``restrict``); a
+    visible object the caller may not act on is a 403 (``has_object_permission`` here, or the service's
+    ``allows`` for objects a view fetches itself); a request naming no object is a 403 at once when the
+    caller's roles have no rule for the action. Reads naming no object are narrowed, never refused. A view
+    that names no action is read-only."""
+
+    message = "You may not do this."
 
     def has_permission(self, request, view) -> bool:
-        token = request.auth
-        if not isinstance(token, ApiToken):
+        action = policy_action_for(view, request)
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        if action is None:
+            # Fail closed: an endpoint missing from the policy only reads.
+            return request.method in SAFE_METHODS
+        if not self._token_covers(token, action, request):
+            return False
+        if request.method in SAFE_METHODS or _bound_to_object(request, view):
             return True
-        required = getattr(view, "required_scope", None)
-        if token_scope_allows(token, method=request.method, required_scope=required):
-            return True
-        # Say what would fix it: a wider token only helps someone whose role allows the operation.
-        if required == TokenScope.ADMIN and not has_platform_role(request.user):
-            self.message = (
-                "This is a platform operation for system admins; your account has no platform role, so no token "
-                "of yours can do it. Ask a system admin."
-            )
-        else:
-            needed = str(TokenScope.ADMIN.value if required == TokenScope.ADMIN else TokenScope.WRITE.value)
-            self.message = (
-                f"This API token has scope {str(token.scope)!r}; this request needs scope {needed!r}. Create a token "
-                f"with scope {needed!r} (POST /api/v1/tokens/) and use it instead."
-            )
-        return False
-
-
-class IsSystemAdmin(BasePermission):
-    message = "Only a system admin may do this."
-
-    def has_permission(self, request, view) -> bool:
-        return is_system_admin(request.user)
-
-
-class IsSecurityAdmin(BasePermission):
-    message = "Only a security admin may do this."
-
-    def has_permission(self, request, view) -> bool:
-        return is_security_admin(request.user)
-
-
-class IsAuditor(BasePermission):
-    """Auditors only — the audit trail is closed to system and security admins (separation of duties)."""
-
-    message = "Only an auditor may read the audit trail."
-
-    def has_permission(self, request, view) -> bool:
-        return is_auditor(request.user)
-
-
-class ReadOnlyForAuditor(BasePermission):
-    """Auditors read; they change nothing."""
-
-    message = "Auditors have read-only access."
-
-    def has_permission(self, request, view) -> bool:
-        return request.method in SAFE_METHODS or not is_auditor(request.user)
-
-
-class IsTenantAdminOf(BasePermission):
-    """Object permission: the caller administers the object's tenant (``obj.tenant`` or the tenant itself)."""
-
-    message = "Only a tenant admin of this tenant (or a parent tenant) may do this."
+        if not may(request.user, action):
+            self.message = f"Your role does not allow {action.value!r} (see docs/permissions.md)."
+            return False
+        return True
 
     def has_object_permission(self, request, view, obj) -> bool:
-        tenant = getattr(obj, "tenant", obj)
-        return request.method in SAFE_METHODS or can_admin_tenant(request.user, tenant)
+        action = policy_action_for(view, request)
+        if action is None:
+            return request.method in SAFE_METHODS
+        if allows(request.user, action, obj):
+            return True
+        self.message = f"Your role does not allow {action.value!r} on this object (see docs/permissions.md)."
+        return False
+
+    def _token_covers(self, token, action: Action, request) -> bool:
+        if not token_allows(token, action):
+            needed = TOKEN_SCOPE[action].value
+            if needed == TokenScope.ADMIN and not has_platform_role(request.user):
+                self.message = (
+                    "This is a platform operation for system admins; your account has no platform role, so no "
+                    "token of yours can do it. Ask a system admin."
+                )
+            else:
+                self.message = (
+                    f"This API token has scope {str(token.scope)!r}; this request needs scope {needed!r}. Create "
+                    f"a token with scope {needed!r} (POST /api/v1/tokens/) and use it instead."
+                )
+            return False
+        return True
 
 
 def holds_approval_role(user: Any, role: str, tenant: Tenant) -> bool:
     """Whether ``user`` holds approver ``role`` (an ``ApprovalStepRole``) for a request about ``tenant``."""
     from tenants.models import ApprovalStepRole
 
-    if not _authenticated(user):
+    if not is_active_account(user):
         return False
     if role == ApprovalStepRole.SYSTEM_ADMIN:
         return is_system_admin(user)
@@ -210,7 +198,7 @@ def can_decide_approval(user: Any, approval: Any) -> bool:
     and any system admin on any step (an override, which must say why: ``is_approval_override``). Nobody decides
     their own request."""
     role = approval.awaiting_role
-    if role is None or not _authenticated(user) or user.pk == approval.requester_id:
+    if role is None or not allows(user, Action.APPROVAL_DECIDE, approval) or user.pk == approval.requester_id:
         return False
     return is_system_admin(user) or holds_approval_role(user, role, approval.tenant)
 

@@ -12,63 +12,29 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from portal.api import NotFoundError
-from portal.filters import MAX_ID
-from tenants.models import MAX_TENANT_DEPTH, ApiToken, Membership, Tenant, User
-from tenants.permissions import is_security_admin, sees_all_tenants
+from portal.policy import Action
+from tenants.models import ApiToken, Membership, Tenant, User
+from tenants.policy import restrict
+from tenants.tree import parse_id, subtree_q
 
-
-def parse_id(pk: Any) -> int | None:
-    """``pk`` as an id, or None when it cannot be one (not a number, out of range)."""
-    try:
-        value = int(pk)
-    except (TypeError, ValueError):
-        return None
-    return value if 1 <= value <= MAX_ID else None
-
-
-def subtree_q(root_ids: Iterable[int], *, prefix: str = "") -> Q:
-    """A filter matching the tenants in the subtrees of ``root_ids`` (the roots included).
-
-    The tree is at most MAX_TENANT_DEPTH deep, so a fixed chain of parent joins replaces a recursive query.
-    ``prefix`` lets other models filter through their tenant FK (``prefix="tenant__"``).
-    """
-    ids = [value for value in (parse_id(pk) for pk in root_ids) if value is not None]
-    condition = Q(**{f"{prefix}pk__in": ids})
-    path = "parent"
-    for _ in range(MAX_TENANT_DEPTH - 1):
-        condition |= Q(**{f"{prefix}{path}__in": ids})
-        path += "__parent"
-    return condition
-
-
-def member_root_ids(user: Any) -> list[int]:
-    if not getattr(user, "is_authenticated", False):
-        return []
-    return list(Membership.objects.filter(user=user).values_list("tenant_id", flat=True))
+__all__ = ["parse_id", "subtree_q"]  # re-exported: callers import the tree helpers from here too
 
 
 def tenants_visible_to(user: Any) -> QuerySet[Tenant]:
     """Platform roles see every tenant (the auditor read-only); everybody else the subtrees of the tenants
-    they are members of."""
-    queryset = Tenant.objects.select_related("parent")
-    if not getattr(user, "is_authenticated", False) or not user.is_active:
-        return queryset.none()
-    if sees_all_tenants(user):
-        return queryset.all()
-    return queryset.filter(subtree_q(member_root_ids(user))).distinct()
+    they are members of (policy action ``tenant.view``)."""
+    return restrict(Tenant.objects.select_related("parent"), user, Action.TENANT_VIEW)
 
 
 def tenants_administered_by(user: Any) -> QuerySet[Tenant]:
     """The tenants ``user`` may change (``tenants.permissions.can_admin_tenant``): all for a system admin, the
-    subtrees where they are tenant admin for anyone else."""
-    from tenants.models import MembershipRole
-    from tenants.permissions import is_system_admin
+    subtrees where they are tenant admin for anyone else (policy action ``tenant.change``)."""
+    return restrict(Tenant.objects.select_related("parent"), user, Action.TENANT_CHANGE)
 
-    queryset = tenants_visible_to(user)
-    if is_system_admin(user):
-        return queryset
-    roots = Membership.objects.filter(user=user, role=MembershipRole.TENANT_ADMIN).values_list("tenant_id", flat=True)
-    return queryset.filter(subtree_q(list(roots)))
+
+def tenants_usage_visible_to(user: Any) -> QuerySet[Tenant]:
+    """The tenants whose usage (device-hours, cost) ``user`` may read (policy action ``usage.view``)."""
+    return restrict(Tenant.objects.all(), user, Action.USAGE_VIEW)
 
 
 def tenant_ids_visible_to(user: Any) -> QuerySet:
@@ -97,21 +63,12 @@ def tenant_get_visible(*, user: Any, pk: Any) -> Tenant:
 
 
 def memberships_visible_to(user: Any) -> QuerySet[Membership]:
-    queryset = Membership.objects.select_related("user", "tenant")
-    return queryset.filter(tenant__in=tenant_ids_visible_to(user))
+    return restrict(Membership.objects.select_related("user", "tenant"), user, Action.MEMBERSHIP_VIEW)
 
 
 def users_visible_to(user: Any) -> QuerySet[User]:
     """Platform roles see every account; others see themselves and the members of the tenants they see."""
-    if not getattr(user, "is_authenticated", False) or not user.is_active:
-        return User.objects.none()
-    if sees_all_tenants(user):
-        return User.objects.all().order_by("username")
-    return (
-        User.objects.filter(Q(pk=user.pk) | Q(memberships__tenant__in=tenant_ids_visible_to(user)))
-        .distinct()
-        .order_by("username")
-    )
+    return restrict(User.objects.all(), user, Action.USER_VIEW).order_by("username")
 
 
 def user_get_visible(*, user: Any, pk: Any) -> User:
@@ -123,12 +80,7 @@ def user_get_visible(*, user: Any, pk: Any) -> User:
 
 def tokens_visible_to(user: Any) -> QuerySet[ApiToken]:
     """Everyone sees their own tokens; security admins see all (to revoke a leaked one)."""
-    queryset = ApiToken.objects.select_related("user")
-    if not getattr(user, "is_authenticated", False):
-        return queryset.none()
-    if is_security_admin(user):
-        return queryset.all()
-    return queryset.filter(user=user)
+    return restrict(ApiToken.objects.select_related("user"), user, Action.TOKEN_VIEW)
 
 
 def token_get_visible(*, user: Any, pk: Any) -> ApiToken:
@@ -144,7 +96,7 @@ def token_get_visible(*, user: Any, pk: Any) -> ApiToken:
 def quotas_visible_to(user: Any) -> QuerySet:
     from tenants.models import Quota
 
-    return Quota.objects.select_related("tenant", "flavor").filter(tenant__in=tenant_ids_visible_to(user))
+    return restrict(Quota.objects.select_related("tenant", "flavor"), user, Action.QUOTA_VIEW)
 
 
 def _active_millis_by_tenant(flavor_ids: Iterable[int] | None = None) -> dict[tuple[int, int], dict[str, int]]:
@@ -253,16 +205,13 @@ def quota_usage(tenant: Tenant) -> dict[str, dict[str, Any]]:
 
 
 def approvals_visible_to(user: Any) -> QuerySet:
-    """System admins see every request; others those of the tenants they see (their own inbox and requests)."""
+    """Platform roles see every request; others those of the tenants they see (their inbox and requests)."""
     from tenants.models import ApprovalRequest
-    from tenants.permissions import is_auditor, is_system_admin
 
     queryset = ApprovalRequest.objects.select_related("tenant__parent", "flavor", "requester").prefetch_related(
         "steps__actor"
     )
-    if is_system_admin(user) or is_auditor(user):
-        return queryset.all()
-    return queryset.filter(tenant__in=tenant_ids_visible_to(user))
+    return restrict(queryset, user, Action.APPROVAL_VIEW)
 
 
 def approval_get_visible(*, user: Any, pk: Any) -> Any:
@@ -301,11 +250,8 @@ def approvals_overridable(user: Any) -> list:
 def notifications_visible_to(user: Any) -> QuerySet:
     """Delivery records are for the platform's admins (system and security)."""
     from tenants.models import NotificationDelivery
-    from tenants.permissions import is_security_admin, is_system_admin
 
-    if is_system_admin(user) or is_security_admin(user):
-        return NotificationDelivery.objects.all()
-    return NotificationDelivery.objects.none()
+    return restrict(NotificationDelivery.objects.all(), user, Action.NOTIFICATION_VIEW)
 
 
 # --- sign-in lockouts (django-axes) ---------------------------------------------------------------------
@@ -326,9 +272,7 @@ def auth_lockouts_visible_to(user: Any) -> QuerySet:
     from django.conf import settings
     from django.db.models import BooleanField, ExpressionWrapper
 
-    if not is_security_admin(user):
-        return AccessAttempt.objects.none()
-    attempts = AccessAttempt.objects.all()
+    attempts = restrict(AccessAttempt.objects.all(), user, Action.LOCKOUT_VIEW)
     cool_off = auth_lockout_cool_off()
     if cool_off is not None:
         from django.utils import timezone

@@ -13,12 +13,14 @@ from audit.api.serializers import AuditRecordSerializer, ExportQuerySerializer, 
 from audit.exports import build_bundle
 from audit.filtersets import AuditRecordFilterSet
 from audit.models import AuditRecord
-from audit.permissions import IsAuditor
+from audit.permissions import AuditTrailPermission
 from audit.selectors import readable, records_for
 from audit.services import audit_record
 from audit.verification import verify_trail
+from portal.policy import Action
 
-AUDITOR_ONLY = [*APIView.permission_classes, IsAuditor]
+# Signed in first (an anonymous probe is a 401, not an audited refusal), then the audited policy check.
+AUDITOR_ONLY = [APIView.permission_classes[0], AuditTrailPermission, *APIView.permission_classes[1:]]
 
 
 class AuditRecordListView(generics.ListAPIView):
@@ -26,6 +28,7 @@ class AuditRecordListView(generics.ListAPIView):
     action (prefix), outcome, stream, target, request_id. Every search is itself audited."""
 
     permission_classes = AUDITOR_ONLY
+    policy_actions = {"get": Action.AUDIT_VIEW}
     serializer_class = AuditRecordSerializer
     filterset_class = AuditRecordFilterSet
     queryset = AuditRecord.objects.none()
@@ -50,6 +53,7 @@ class AuditRecordListView(generics.ListAPIView):
 
 class AuditRecordDetailView(generics.RetrieveAPIView):
     permission_classes = AUDITOR_ONLY
+    policy_actions = {"get": Action.AUDIT_VIEW}
     serializer_class = AuditRecordSerializer
     queryset = AuditRecord.objects.none()
 
@@ -67,6 +71,7 @@ class AuditVerifyView(APIView):
     records ``audit.tamper_detected`` and raises an alert."""
 
     permission_classes = AUDITOR_ONLY
+    policy_actions = {"get": Action.AUDIT_VERIFY}
 
     @extend_schema(responses=VerificationSerializer)
     def get(self, request: Request) -> Response:
@@ -79,6 +84,7 @@ class AuditExportView(APIView):
     offline with ``python -m audit.verify bundle.zip``. Exports are audited."""
 
     permission_classes = AUDITOR_ONLY
+    policy_actions = {"get": Action.AUDIT_EXPORT}
 
     @extend_schema(parameters=[ExportQuerySerializer], responses={200: OpenApiResponse(description="zip bundle")})
     def get(self, request: Request) -> HttpResponse:

@@ -10,14 +10,16 @@ from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
-from frontend.access import Section, is_system_admin, section_required, system_admin_required
+from frontend.access import Section, action_required, section_required
 from frontend.export import export_response
 from frontend.filtersets import NodeFilterSet
 from frontend.summaries import devices_for_charts, node_utilisation
 from frontend.tables import NodeTable
 from portal.api import DomainError
+from portal.policy import Action
 from scheduler.models import Allocation, Device, Node
 from scheduler.services.nodes import node_cordon, node_drain, node_uncordon
+from tenants.policy import allows
 
 
 def _nodes():
@@ -69,7 +71,7 @@ def node_detail(request, pk: int):
         "node": node,
         "rows": rows,
         "chart_devices": devices_for_charts(devices),
-        "can_operate": is_system_admin(request.user),
+        "can_operate": allows(request.user, Action.NODE_OPERATE, node),
     }
     return render(request, "frontend/nodes/detail.html", context)
 
@@ -82,7 +84,7 @@ NODE_ACTIONS = {
 
 
 @require_POST
-@system_admin_required
+@action_required(Action.NODE_OPERATE)
 def node_action(request, pk: int):
     node = get_object_or_404(Node, pk=pk)
     action = NODE_ACTIONS.get(request.POST.get("action", ""))

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from frontend.access import Section, section_required, visible_tenant_ids
 from frontend.forms import UsageReportForm
+from portal.policy import Action
 from tenants import selectors as tenant_selectors
 from tenants import usage
 
@@ -21,7 +22,7 @@ CHART_COLORS = 6
 
 def _tenant_scope(request, slug: str) -> list[int] | None:
     """Tenant ids to report on: the chosen tenant's subtree, or everything the user may see (None = all)."""
-    allowed = visible_tenant_ids(request.user)
+    allowed = visible_tenant_ids(request.user, Action.USAGE_VIEW)
     if not slug:
         return None if allowed is None else sorted(allowed)
     tenant = tenant_selectors.tenants_visible_to(request.user).filter(slug=slug).first()

@@ -16,15 +16,17 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
-from frontend.access import Section, is_system_admin, section_required
+from frontend.access import Section, section_required
 from frontend.admin_forms import TOP_LEVEL, QuotaSetForm, TenantForm, attach_domain_error, tenant_choices
 from frontend.summaries import guarantee_overcommit
 from frontend.views.tenants import _ancestors, _current_quota, _flavor_names, _quota_form_flavor, quota_rows
 from portal.api import DomainError, NotFoundError
+from portal.policy import Action
 from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
+from tenants.policy import may, reaches_all
 from tenants.services import quotas, tenancy
 
 
@@ -43,7 +45,7 @@ def _parent_choices(user, *, exclude: Tenant | None = None) -> list[tuple[str, s
     if exclude is not None:
         allowed -= set(tenant_selectors.tenant_subtree_ids(exclude))
     choices = [choice for choice in tenant_choices(tenants) if int(choice[0]) in allowed]
-    if is_system_admin(user):
+    if reaches_all(user, Action.TENANT_CREATE):  # a top-level tenant is the system admin's
         choices.insert(0, (TOP_LEVEL, _("— top level —")))
     return choices
 
@@ -145,7 +147,7 @@ def tenant_delete(request, pk: int):
 def quota_edit(request, pk: int):
     """A system admin sets a tenant's quota for one flavor at a time (tabs), starting from the current values.
     The service checks the numbers against the whole tree; its message appears at the field it is about."""
-    if not is_system_admin(request.user):
+    if not may(request.user, Action.QUOTA_SET):
         raise Http404
     tenant = _tenant_or_404(request, pk)
     flavors = _flavor_names()

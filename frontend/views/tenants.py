@@ -18,11 +18,13 @@ from frontend.access import Section, section_required, sections_for
 from frontend.forms import DecisionForm, QuotaChangeForm
 from frontend.summaries import flavor_capacity, guarantee_overcommit
 from portal.api import DomainError, NotFoundError
+from portal.policy import Action
 from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
 from tenants.approval_chain import chain_plan, decided_by_sentence
 from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, ApprovalStepRole, Quota, Tenant
-from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override, is_system_admin
+from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override
+from tenants.policy import allows
 from tenants.services.approvals import (
     approval_approve,
     approval_reject,
@@ -92,7 +94,7 @@ def tenant_detail(request, pk: int):
         "can_request": can_admin_tenant(request.user, tenant),
         # The same predicates the tenant-admin pages check (frontend.views.tenant_admin).
         "can_edit": can_admin_tenant(request.user, tenant),
-        "can_set_quota": is_system_admin(request.user),
+        "can_set_quota": allows(request.user, Action.QUOTA_SET, tenant),
     }
     if context["can_request"]:
         flavors = _flavor_names()

@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.policy import Action
 from scheduler import logs
 
 
@@ -69,6 +70,7 @@ class JobLogView(APIView):
     """A job's output, for whoever may see the job."""
 
     renderer_classes = [JSONRenderer, PlainTextRenderer]
+    policy_actions = {"get": Action.JOB_VIEW}
 
     def finalize_response(self, request: Request, response: Response, *args, **kwargs) -> Response:
         """Errors are the API's JSON ``{"code", "detail"}`` whatever format the text was asked in."""

@@ -15,6 +15,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.policy import Action
 from scheduler import idempotency, selectors
 from scheduler.api import serializers as s
 from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec
@@ -24,7 +25,6 @@ from scheduler.services.arrays import job_array_cancel
 from scheduler.services.jobs import job_cancel
 from scheduler.services.nodes import flavor_create, node_cordon, node_drain, node_uncordon
 from scheduler.services.scaling import inference_load_report, job_scale
-from tenants.permissions import IsSystemAdmin
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 IDEMPOTENT_REPLAYED_HEADER = "Idempotent-Replayed"
@@ -39,6 +39,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     """Jobs of the tenants you can see. ``POST /jobs/`` submits a JSON job spec (see the README)."""
 
     filterset_class = JobFilterSet
+    policy_actions = {
+        "list": Action.JOB_VIEW,
+        "retrieve": Action.JOB_VIEW,
+        "create": Action.JOB_SUBMIT,
+        "array_cancel": Action.JOB_MANAGE,
+        "cancel": Action.JOB_MANAGE,
+        "scale": Action.JOB_MANAGE,
+        "load": Action.JOB_MANAGE,
+    }
+    policy_body_object = ("create",)  # the tenant named in the spec
     ordering_fields = ["id", "submitted_at", "started_at", "finished_at", "priority_class", "state", "name"]
     search_fields = ["name", "submitter__username", "tenant__slug"]
 
@@ -49,7 +59,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return s.JobDetailSerializer if self.action == "retrieve" else s.JobSerializer
 
     def get_object(self):
-        return selectors.job_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+        job = selectors.job_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+        self.check_object_permissions(self.request, job)
+        return job
 
     @extend_schema(
         summary="Submit a job, or an array of N independent jobs",
@@ -200,15 +212,13 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 
     serializer_class = s.NodeSerializer
     filterset_class = NodeFilterSet
-    admin_actions = ("cordon", "drain", "uncordon")
-
-    @property
-    def required_scope(self) -> str | None:
-        return "admin" if self.action in self.admin_actions else None
-
-    def get_permissions(self):
-        extra = [IsSystemAdmin()] if self.action in self.admin_actions else []
-        return [*super().get_permissions(), *extra]
+    policy_actions = {
+        "list": Action.NODE_VIEW,
+        "retrieve": Action.NODE_VIEW,
+        "cordon": Action.NODE_OPERATE,
+        "drain": Action.NODE_OPERATE,
+        "uncordon": Action.NODE_OPERATE,
+    }
 
     def get_queryset(self):
         return selectors.nodes_visible_to(self.request.user)
@@ -238,6 +248,7 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = s.DeviceSerializer
     filterset_class = DeviceFilterSet
+    policy_actions = {"list": Action.NODE_VIEW, "retrieve": Action.NODE_VIEW}
 
     def get_queryset(self):
         return selectors.devices_visible_to(self.request.user)
@@ -259,15 +270,7 @@ class FlavorViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     """Resource flavors. System admins create them."""
 
     serializer_class = s.FlavorSerializer
-
-    @property
-    def required_scope(self) -> str | None:
-        return "admin" if self.action == "create" else None
-
-    def get_permissions(self):
-        # The defaults (signed in, token scope) always apply; creating a flavor also needs a system admin.
-        extra = [IsSystemAdmin()] if self.action == "create" else []
-        return [*super().get_permissions(), *extra]
+    policy_actions = {"list": Action.FLAVOR_VIEW, "retrieve": Action.FLAVOR_VIEW, "create": Action.FLAVOR_CREATE}
 
     def get_queryset(self):
         return selectors.flavors_visible_to(self.request.user)

@@ -12,10 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from portal.policy import Action
 from scheduler.sim.traceformat import FORMATS
 from scheduler.trace_export import MAX_WINDOW_DAYS, trace_export, window_bounds
 from scheduler.whatif import WEB_MAX_JOBS, whatif_run
-from tenants.permissions import IsSystemAdmin
 
 
 class WhatIfRequestSerializer(serializers.Serializer):
@@ -39,7 +39,7 @@ class TraceExportQuerySerializer(serializers.Serializer):
 class WhatIfView(APIView):
     """The last `days` replayed under the policy in force and with `set` changed, side by side."""
 
-    permission_classes = [*APIView.permission_classes, IsSystemAdmin]
+    policy_actions = {"post": Action.WHATIF_RUN}
 
     @extend_schema(
         summary="What-if: replay recent history under a proposed scheduler policy",
@@ -68,7 +68,7 @@ class WhatIfView(APIView):
 class TraceExportView(APIView):
     """The jobs submitted in a window, the inventory and the quota tree, as a zip of the trace files."""
 
-    permission_classes = [*APIView.permission_classes, IsSystemAdmin]
+    policy_actions = {"get": Action.TRACE_EXPORT}
 
     @extend_schema(
         summary="Export the job history in gpupool's trace format (zip)",

@@ -13,6 +13,7 @@ from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Mi
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from portal.policy import Action
 from scheduler.fleet.models import NodeCredential, TelemetryMinute
 from scheduler.fleet.telemetry import latest_store, minute_of
 from scheduler.models import (
@@ -26,6 +27,8 @@ from scheduler.models import (
     Node,
     NodeStatus,
 )
+from tenants.models import Tenant
+from tenants.policy import reaches_all, restrict
 
 #: /metrics' queue wait: the jobs admitted in this many seconds before the scrape, ...
 QUEUE_WAIT_WINDOW_S = 15 * 60
@@ -39,25 +42,19 @@ def _active_allocations() -> QuerySet:
 
 
 def is_telemetry_admin(user: Any) -> bool:
-    """Platform system admins watch any node; the other platform roles (security admin, auditor) watch none:
-    separation of duties keeps them out of operations."""
-    from tenants.models import PlatformRole
-
-    return bool(getattr(user, "is_authenticated", False) and user.platform_role == PlatformRole.SYSTEM_ADMIN)
+    """Whether ``user`` watches every node (the policy's ``telemetry.view`` in scope ``all``: the system admin;
+    the other platform roles watch none, separation of duties keeps them out of operations)."""
+    return reaches_all(user, Action.TELEMETRY_VIEW)
 
 
 def telemetry_tenant_ids_for(user: Any) -> list[int]:
     """Tenants whose allocated devices ``user`` may watch: the subtrees of the user's memberships.
 
-    Platform roles get none here (a system admin watches nodes instead).
+    Empty for whoever watches every node (``is_telemetry_admin``) and for those with no such rule.
     """
-    from tenants.models import PlatformRole
-
-    if not getattr(user, "is_authenticated", False) or not user.is_active or user.platform_role != PlatformRole.NONE:
+    if reaches_all(user, Action.TELEMETRY_VIEW):
         return []
-    from tenants.selectors import tenants_visible_to
-
-    return list(tenants_visible_to(user).values_list("pk", flat=True))
+    return list(restrict(Tenant.objects.all(), user, Action.TELEMETRY_VIEW).values_list("pk", flat=True))
 
 
 def device_tenants_of_node(*, node_id: int) -> dict[str, set[int]]:

@@ -8,6 +8,7 @@ from django_otp import user_has_device
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.filters import MAX_ID
 from portal.serializers import JsonTypedSerializer
 from tenants.approval_chain import chain_plan
 from tenants.models import (
@@ -27,7 +28,6 @@ from tenants.models import (
     TokenScope,
     User,
 )
-from tenants.selectors import MAX_ID
 
 
 class StrictInputSerializer(JsonTypedSerializer):

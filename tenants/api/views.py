@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api import NotFoundError, PermissionDeniedError
+from portal.policy import Action
 from tenants import selectors
 from tenants.api import serializers as s
 from tenants.filtersets import (
@@ -28,8 +29,8 @@ from tenants.filtersets import (
     TenantFilterSet,
     UserFilterSet,
 )
-from tenants.models import ApiToken, FlavorPrice, Membership, Quota, TokenScope, User
-from tenants.permissions import ReadOnlyForAuditor, can_manage_memberships, is_security_admin
+from tenants.models import ApiToken, FlavorPrice, Membership, Quota, User
+from tenants.permissions import can_manage_memberships
 from tenants.services import admissions, approvals, identity, memberships, notifications, quotas, tenancy, tokens
 
 ERROR = OpenApiResponse(description='Error: {"code": "...", "detail": "..."}')
@@ -42,16 +43,31 @@ def _validated(serializer_class: type, request: Request, **kwargs: Any) -> dict:
     return serializer.validated_data
 
 
-class TenantScopedViewSet(viewsets.GenericViewSet):
-    permission_classes = [*viewsets.GenericViewSet.permission_classes, ReadOnlyForAuditor]
+class PolicyViewSet(viewsets.GenericViewSet):
+    """A viewset whose objects, fetched through a selector (404 outside what the caller may read), are then
+    held to the policy's rule for the request's action (403)."""
+
+    def _checked(self, obj: Any) -> Any:
+        self.check_object_permissions(self.request, obj)
+        return obj
 
 
 @extend_schema_view(
     list=extend_schema(summary="Tenants visible to you", responses={200: s.TenantSerializer(many=True)}),
     retrieve=extend_schema(summary="One tenant", responses={200: s.TenantSerializer, **ERRORS}),
 )
-class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
     serializer_class = s.TenantSerializer
+    policy_actions = {
+        "list": Action.TENANT_VIEW,
+        "retrieve": Action.TENANT_VIEW,
+        "subtree": Action.TENANT_VIEW,
+        "create": Action.TENANT_CREATE,
+        # A move is decided in the service, one level up (tenant.move); renaming needs tenant.change.
+        "partial_update": Action.TENANT_CHANGE,
+        "destroy": Action.TENANT_DELETE,
+    }
+    policy_body_object = ("create",)  # the parent
     filterset_class = TenantFilterSet
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
@@ -59,7 +75,7 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         return selectors.tenants_visible_to(self.request.user).order_by("depth", "slug")
 
     def get_object(self):
-        return selectors.tenant_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+        return self._checked(selectors.tenant_get_visible(user=self.request.user, pk=self.kwargs["pk"]))
 
     @extend_schema(
         summary="Create a tenant (top level: system admin; child: tenant admin of the parent)",
@@ -79,11 +95,14 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         responses={200: s.TenantSerializer, **ERRORS},
     )
     def partial_update(self, request: Request, pk: str) -> Response:
-        tenant = self.get_object()
+        # Every tenant the request names is looked up before any rule is applied: an unseen new parent is a
+        # 404 whatever the caller's role, like the tenant itself.
+        tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
         data = _validated(s.TenantUpdateSerializer, request)
         if "parent" in data:
             parent_id = data.pop("parent")
             data["parent"] = selectors.tenant_get_visible(user=request.user, pk=parent_id) if parent_id else None
+        self._checked(tenant)
         tenant = tenancy.tenant_update(actor=request.user, tenant=tenant, request=request, **data)
         return Response(s.TenantSerializer(tenant).data)
 
@@ -107,8 +126,16 @@ class TenantViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     ),
     retrieve=extend_schema(summary="One membership", responses={200: s.MembershipSerializer, **ERRORS}),
 )
-class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
     serializer_class = s.MembershipSerializer
+    policy_actions = {
+        "list": Action.MEMBERSHIP_VIEW,
+        "retrieve": Action.MEMBERSHIP_VIEW,
+        "create": Action.MEMBERSHIP_MANAGE,
+        "partial_update": Action.MEMBERSHIP_MANAGE,
+        "destroy": Action.MEMBERSHIP_MANAGE,
+    }
+    policy_body_object = ("create",)  # the tenant
     filterset_class = MembershipFilterSet
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
@@ -117,7 +144,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
 
     def get_object(self) -> Membership:
         try:
-            return self.get_queryset().get(pk=selectors.parse_id(self.kwargs["pk"]))
+            return self._checked(self.get_queryset().get(pk=selectors.parse_id(self.kwargs["pk"])))
         except Membership.DoesNotExist:
             raise NotFoundError(f"No membership with id {self.kwargs['pk']} is visible to you.") from None
 
@@ -165,19 +192,26 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     list=extend_schema(summary="Accounts visible to you", responses={200: s.UserSerializer(many=True)}),
     retrieve=extend_schema(summary="One account", responses={200: s.UserSerializer, **ERRORS}),
 )
-class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
     """Accounts and platform roles; changes are the security admin's (with an admin-scoped token)."""
 
     serializer_class = s.UserSerializer
     filterset_class = UserFilterSet
     http_method_names = ["get", "post", "patch", "head", "options"]
-    required_scope = TokenScope.ADMIN
+    policy_actions = {
+        "list": Action.USER_VIEW,
+        "retrieve": Action.USER_VIEW,
+        "create": Action.USER_MANAGE,
+        "partial_update": Action.USER_MANAGE,  # and user.platform_role for a role change (the service)
+        "set_password": Action.USER_SET_PASSWORD,
+        "mfa_reset": Action.USER_MANAGE,
+    }
 
     def get_queryset(self):
         return selectors.users_visible_to(self.request.user)
 
     def get_object(self) -> User:
-        return selectors.user_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+        return self._checked(selectors.user_get_visible(user=self.request.user, pk=self.kwargs["pk"]))
 
     @extend_schema(
         summary="Create an account (security admin)",
@@ -234,16 +268,22 @@ class UserViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScoped
     ),
     retrieve=extend_schema(summary="One API token", responses={200: s.ApiTokenSerializer, **ERRORS}),
 )
-class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
     serializer_class = s.ApiTokenSerializer
     filterset_class = ApiTokenFilterSet
     http_method_names = ["get", "post", "delete", "head", "options"]
+    policy_actions = {
+        "list": Action.TOKEN_VIEW,
+        "retrieve": Action.TOKEN_VIEW,
+        "create": Action.TOKEN_CREATE,
+        "destroy": Action.TOKEN_REVOKE,
+    }
 
     def get_queryset(self):
         return selectors.tokens_visible_to(self.request.user)
 
     def get_object(self):
-        return selectors.token_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+        return self._checked(selectors.token_get_visible(user=self.request.user, pk=self.kwargs["pk"]))
 
     @extend_schema(
         summary="Create a token for yourself; the response holds its secret, shown only this once",
@@ -260,13 +300,13 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     @extend_schema(summary="Revoke a token (its owner or a security admin)", responses={204: None, **ERRORS})
     def destroy(self, request: Request, pk: str) -> Response:
         token = self.get_object()
-        if not (token.user_id == request.user.pk or is_security_admin(request.user)):
-            raise NotFoundError(f"No API token with id {pk} is visible to you.")
         tokens.api_token_revoke(actor=request.user, token=token, request=request)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class MeView(APIView):
+    policy_actions = {"get": Action.ME_VIEW}
+
     @extend_schema(summary="Who you are: account, platform role, memberships", responses={200: s.MeSerializer})
     def get(self, request: Request) -> Response:
         user = User.objects.prefetch_related("memberships__tenant").get(pk=request.user.pk)
@@ -289,11 +329,12 @@ def _flavor(name: str):
     list=extend_schema(summary="Quotas of the tenants visible to you", responses={200: s.QuotaSerializer(many=True)}),
     retrieve=extend_schema(summary="One quota", responses={200: s.QuotaSerializer, **ERRORS}),
 )
-class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
     serializer_class = s.QuotaSerializer
     filterset_class = QuotaFilterSet
     http_method_names = ["get", "post", "head", "options"]
-    required_scope = TokenScope.ADMIN  # for the direct change; reads need any scope
+    policy_actions = {"list": Action.QUOTA_VIEW, "retrieve": Action.QUOTA_VIEW, "create": Action.QUOTA_SET}
+    policy_body_object = ("create",)  # the tenant
 
     def get_queryset(self):
         return selectors.quotas_visible_to(self.request.user)
@@ -302,7 +343,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
         found = self.get_queryset().filter(pk=selectors.parse_id(self.kwargs["pk"])).first()
         if found is None:
             raise NotFoundError(f"No quota with id {self.kwargs['pk']} is visible to you.")
-        return found
+        return self._checked(found)
 
     @extend_schema(
         summary="Set a quota directly (system admin; tenant admins use /approvals/quota-change/)",
@@ -320,6 +361,8 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScope
 
 
 class TenantQuotaUsageView(APIView):
+    policy_actions = {"get": Action.QUOTA_VIEW}
+
     @extend_schema(
         summary="Quota and current use of a tenant, per flavor (millis; 1000 = one card)",
         responses={200: s.QuotaUsageSerializer(many=True), **ERRORS},
@@ -331,7 +374,7 @@ class TenantQuotaUsageView(APIView):
 
 
 class TenantApprovalThresholdView(APIView):
-    permission_classes = [*APIView.permission_classes, ReadOnlyForAuditor]
+    policy_actions = {"post": Action.TENANT_THRESHOLD}
 
     @extend_schema(
         summary="Set the size above which a tenant's jobs wait for approval (system admin)",
@@ -358,16 +401,27 @@ class TenantApprovalThresholdView(APIView):
         summary="One approval request with its history", responses={200: s.ApprovalSerializer, **ERRORS}
     ),
 )
-class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
     serializer_class = s.ApprovalSerializer
     filterset_class = ApprovalFilterSet
     http_method_names = ["get", "post", "head", "options"]
+    policy_actions = {
+        "list": Action.APPROVAL_VIEW,
+        "retrieve": Action.APPROVAL_VIEW,
+        "quota_change": Action.QUOTA_REQUEST,
+        "approve": Action.APPROVAL_DECIDE,
+        "reject": Action.APPROVAL_DECIDE,
+        "request_changes": Action.APPROVAL_DECIDE,
+        "cancel": Action.APPROVAL_WITHDRAW,
+        "resubmit": Action.APPROVAL_WITHDRAW,
+    }
+    policy_body_object = ("quota_change",)  # the tenant
 
     def get_queryset(self):
         return selectors.approvals_visible_to(self.request.user)
 
     def get_object(self):
-        return selectors.approval_get_visible(user=self.request.user, pk=self.kwargs["pk"])
+        return self._checked(selectors.approval_get_visible(user=self.request.user, pk=self.kwargs["pk"]))
 
     @extend_schema(
         summary="Request a quota change for a tenant you administer",
@@ -456,10 +510,15 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantSc
     ),
     retrieve=extend_schema(summary="One delivery", responses={200: s.NotificationDeliverySerializer, **ERRORS}),
 )
-class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
     serializer_class = s.NotificationDeliverySerializer
     filterset_class = NotificationFilterSet
     http_method_names = ["get", "post", "head", "options"]
+    policy_actions = {
+        "list": Action.NOTIFICATION_VIEW,
+        "retrieve": Action.NOTIFICATION_VIEW,
+        "retry": Action.NOTIFICATION_RETRY,
+    }
 
     def get_queryset(self):
         return selectors.notifications_visible_to(self.request.user)
@@ -468,7 +527,7 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
         found = self.get_queryset().filter(pk=selectors.parse_id(self.kwargs["pk"])).first()
         if found is None:
             raise NotFoundError(f"No notification with id {self.kwargs['pk']} is visible to you.")
-        return found
+        return self._checked(found)
 
     @extend_schema(
         summary="Send a failed notification again",
@@ -484,10 +543,10 @@ class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
 @extend_schema_view(
     list=extend_schema(summary="Prices per card-hour", responses={200: s.FlavorPriceSerializer(many=True)})
 )
-class FlavorPriceViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+class FlavorPriceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = s.FlavorPriceSerializer
     http_method_names = ["get", "post", "head", "options"]
-    required_scope = TokenScope.ADMIN
+    policy_actions = {"list": Action.PRICE_VIEW, "create": Action.PRICE_SET}
     queryset = FlavorPrice.objects.select_related("flavor").order_by("flavor__name")
 
     @extend_schema(
@@ -510,6 +569,8 @@ class FlavorPriceViewSet(mixins.ListModelMixin, TenantScopedViewSet):
 class UsageReportView(APIView):
     """Showback: device-hours per tenant (rolled up the tree), flavor, user and job, for the tenants you see."""
 
+    policy_actions = {"get": Action.USAGE_VIEW}
+
     @extend_schema(
         summary="Usage report (device-hours, cost) as JSON, CSV or XLSX",
         parameters=[s.UsageQuerySerializer],
@@ -521,7 +582,7 @@ class UsageReportView(APIView):
         query = s.UsageQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         params = query.validated_data
-        visible = list(selectors.tenants_visible_to(request.user).values_list("pk", flat=True))
+        visible = list(selectors.tenants_usage_visible_to(request.user).values_list("pk", flat=True))
         tenant_ids = visible
         if params.get("tenant"):
             root = selectors.tenant_get_visible(user=request.user, pk=params["tenant"])
