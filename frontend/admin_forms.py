@@ -13,6 +13,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from frontend.forms import QuotaChangeForm
+from frontend.service_text import localize
 from portal.api import DomainError
 from tenants.models import MembershipRole, PlatformRole, TenantKind, TokenScope, User
 from tenants.services.tokens import TOKEN_DEFAULT_LIFETIME_DAYS, TOKEN_MAX_LIFETIME_DAYS
@@ -22,7 +23,7 @@ def attach_domain_error(form: forms.Form, exc: DomainError, aliases: dict[str, s
     """Show a service's message next to the field it names (``aliases`` maps service fields to form fields),
     or above the form when the form has no such field."""
     field = (aliases or {}).get(exc.field or "", exc.field or "")
-    form.add_error(field if field in form.fields else None, exc.message)
+    form.add_error(field if field in form.fields else None, localize(exc.message))
 
 
 class TokenCreateForm(forms.Form):

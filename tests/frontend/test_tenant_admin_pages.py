@@ -167,6 +167,29 @@ def test_a_bad_quota_shows_the_services_message_at_the_field(sysadmin, tree):
     assert not Quota.objects.filter(tenant=tree["research"]).exists()
 
 
+def test_the_services_quota_messages_read_in_chinese(sysadmin, tree):
+    flavor = make_flavor()
+    make_node(devices=8, flavor=flavor)
+    zh = {"HTTP_ACCEPT_LANGUAGE": "zh-hans"}
+    below = sysadmin.post(
+        f"/console/tenants/{tree['acme'].pk}/quotas/",
+        {"q-flavor": flavor.name, "q-guaranteed_cards": "4", "q-limit_cards": "2", "q-guaranteed_memory_gib": "0"},
+        **zh,
+    )
+    [message] = below.context["form"].errors["limit_cards"]
+    assert message == f"配额 acme/{flavor.name}：上限 2000 毫卡低于保障 4000 毫卡；上限不得低于保障。"  # noqa: RUF001
+
+    quota_set(actor=None, tenant=tree["acme"], flavor=flavor, values={"guaranteed_millis": 2000})
+    over_parent = sysadmin.post(
+        f"/console/tenants/{tree['research'].pk}/quotas/",
+        {"q-flavor": flavor.name, "q-guaranteed_cards": "3", "q-guaranteed_memory_gib": "0"},
+        **zh,
+    )
+    [message] = over_parent.context["form"].errors["guaranteed_cards"]
+    assert message.startswith(f"{flavor.name} 的配额：acme 下各租户的保障合计 3000 毫卡（")  # noqa: RUF001
+    assert "guarantee" not in message
+
+
 def test_system_admin_is_told_why_they_cannot_submit_as_the_api_says(sysadmin, tree):
     flavor = make_flavor()
     page = sysadmin.get("/console/jobs/submit/")
