@@ -103,7 +103,7 @@ def prepare(*, clients: int, subscribers: int, agents: int) -> Plan:
     registered nodes, all through the services (audited), as in production."""
     from django.test import Client
 
-    from scheduler.fleet import services as fleet
+    from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create
     from scheduler.models import ResourceFlavor, Vendor
     from tenants.models import MembershipRole, PlatformRole, TokenScope
     from tenants.services.identity import user_create
@@ -132,8 +132,8 @@ def prepare(*, clients: int, subscribers: int, agents: int) -> Plan:
         sessions.append(client.cookies["sessionid"].value)
     fleet_plan = []
     for index in range(agents):
-        _row, bootstrap = fleet.bootstrap_token_create(actor=None, ttl_s=600)
-        node, credential = fleet.agent_register(token=bootstrap, node_name=f"load-{run}-n{index:03d}")
+        _row, bootstrap = bootstrap_token_create(actor=None, ttl_s=600)
+        node, credential = agent_register(token=bootstrap, node_name=f"load-{run}-n{index:03d}")
         fleet_plan.append((node.pk, node.name, credential))
     return Plan(run=run, tenant=tenant.slug, tokens=tokens, sessions=sessions, agents=fleet_plan)
 

@@ -70,7 +70,7 @@ def create_fleet(count: int) -> tuple[list[tuple[int, str, str]], str]:
     from django.test import Client
 
     from scheduler.fleet.models import NodeCredential
-    from scheduler.fleet.services import CREDENTIAL_PREFIX, _hash
+    from scheduler.fleet.services.enrolment import CREDENTIAL_PREFIX, _hash
     from scheduler.models import Node
     from tenants.models import PlatformRole, User
 

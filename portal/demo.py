@@ -126,7 +126,8 @@ def register_demo_nodes(*, count: int) -> list[DemoNodeRow]:
     """Register demo nodes ``sim-00`` … and apply the hello their agents will send, so the nodes and their cards
     exist (ready) before the agent processes start. Each agent registers again with its own token when it
     starts, which replaces the credential made here."""
-    from scheduler.fleet.services import agent_register, bootstrap_token_create, node_hello
+    from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create
+    from scheduler.fleet.services.inventory import node_hello
 
     nodes = []
     for index in range(count):
@@ -151,7 +152,7 @@ def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
         return processes
     from django.conf import settings
 
-    from scheduler.fleet.services import bootstrap_token_create
+    from scheduler.fleet.services.enrolment import bootstrap_token_create
 
     for index in range(count):
         paths = agent_demo.demo_agent_paths(index=index, data_dir=settings.DATA_DIR)

@@ -135,7 +135,7 @@ def _node_flavors(nodes: list[DemoNodeRow]) -> set[str]:
 
 def _play_jobs(jobs: list[PastJob], *, now: datetime) -> None:
     """Submit, place, run and finish ``jobs`` in the order of their starts and ends, then date them."""
-    from scheduler.fleet.services import command_ack, commands_pending
+    from scheduler.fleet.services.agent_commands import command_ack, commands_pending
     from scheduler.logs import job_log_append
     from scheduler.models import Allocation
     from scheduler.services.cycle import run_cycle
@@ -248,7 +248,7 @@ def _write_telemetry(nodes: list[DemoNodeRow], *, now: datetime) -> None:
     """Per-minute rollups of every demo card over the hour: what its simulated backend measures under the
     history's allocations, sampled ``SAMPLES_PER_MINUTE`` times a minute."""
     from nodeagent.backends.base import WorkloadLoad
-    from scheduler.fleet.services import telemetry_hours_rollup, telemetry_minutes_write
+    from scheduler.fleet.services.rollups import telemetry_hours_rollup, telemetry_minutes_write
     from scheduler.fleet.telemetry import MinuteAggregator, minute_of
     from scheduler.models import Allocation
 

@@ -21,10 +21,23 @@ from django.conf import settings
 from django.utils import timezone
 
 from nodeagent import protocol
+from portal.api import DomainError
 from scheduler import logs
-from scheduler.fleet import selectors, services
+from scheduler.fleet import selectors
 from scheduler.fleet.fencing import lease_timing
 from scheduler.fleet.runtime import db, fleet_process
+from scheduler.fleet.services._common import agent_group
+from scheduler.fleet.services.agent_commands import (
+    RETRYABLE_REPORT_ERRORS,
+    ReportOutcome,
+    command_ack,
+    commands_pending,
+    workload_report_apply,
+    workload_status_forward,
+)
+from scheduler.fleet.services.enrolment import CLOSE_REPLACED, CLOSE_UNAUTHORIZED, credential_authenticate
+from scheduler.fleet.services.inventory import node_hello, node_workloads_reconcile
+from scheduler.fleet.services.lease import node_disconnected
 from scheduler.fleet.telemetry import (
     LATEST_FIELDS,
     ROLLUP_SPREAD_S,
@@ -111,23 +124,21 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         self.replaced = False
         self.device_ids: dict[str, int] = {}
         self.aggregator = MinuteAggregator()
-        credential = await db(services.credential_authenticate)(
-            credential=bearer_token(self.scope), peer=_peer(self.scope)
-        )
+        credential = await db(credential_authenticate)(credential=bearer_token(self.scope), peer=_peer(self.scope))
         # Accept before closing so the agent sees the 4401 code (a refused handshake is only an HTTP 403).
         await self.accept()
         if credential is None:
-            await self.close(code=services.CLOSE_UNAUTHORIZED)
+            await self.close(code=CLOSE_UNAUTHORIZED)
             return
         node_id = credential.node_id
         await self.channel_layer.group_send(
-            services.agent_group(node_id), {"type": "agent.replaced", "channel": self.channel_name}
+            agent_group(node_id), {"type": "agent.replaced", "channel": self.channel_name}
         )
-        await self.channel_layer.group_add(services.agent_group(node_id), self.channel_name)
+        await self.channel_layer.group_add(agent_group(node_id), self.channel_name)
         # A revocation between the check above and joining the group would have been missed: look again.
         if not await db(selectors.credential_is_active)(credential_id=credential.pk):
-            await self.channel_layer.group_discard(services.agent_group(node_id), self.channel_name)
-            await self.close(code=services.CLOSE_UNAUTHORIZED)
+            await self.channel_layer.group_discard(agent_group(node_id), self.channel_name)
+            await self.close(code=CLOSE_UNAUTHORIZED)
             return
         self.node_id = node_id
         self.node_name = credential.node.name
@@ -148,12 +159,12 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.node_id is None:
             return
-        await self.channel_layer.group_discard(services.agent_group(self.node_id), self.channel_name)
+        await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
         if self.hello_done:
             fleet_process().node_disconnected(self.node_id)
         await self.flush_rollups(None, wait=True)
         if not self.replaced:
-            await db(services.node_disconnected)(node_id=self.node_id, now=self.clock())
+            await db(node_disconnected)(node_id=self.node_id, now=self.clock())
 
     async def send_message(self, message: protocol.Message) -> None:
         await self.send(text_data=protocol.encode(message))
@@ -182,7 +193,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         handler = getattr(self, "on_" + message.type.replace(".", "_"))
         try:
             await handler(message)
-        except services.DomainError as exc:
+        except DomainError as exc:
             logger.warning("node %s: %s refused: %s", self.node_name, message.type, exc.message)
             await self.send_error(exc.code, exc.message, message.id)
         except Exception:
@@ -200,7 +211,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 message.id,
             )
             return
-        self.device_ids = await db(services.node_hello)(
+        self.device_ids = await db(node_hello)(
             node_id=self.node_id, hello=dataclasses.asdict(message), now=self.clock()
         )
         await self.reconcile_workloads(message)
@@ -246,7 +257,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         """
         workloads = [dataclasses.asdict(workload) for workload in message.workloads]
         try:
-            result = await db(services.node_workloads_reconcile)(
+            result = await db(node_workloads_reconcile)(
                 node_id=self.node_id, workloads=workloads, complete=message.workloads_complete
             )
         except Exception:
@@ -263,11 +274,11 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
     async def on_workload_status(self, message: protocol.WorkloadStatus) -> None:
         status = dataclasses.asdict(message)
         if message.report_id is None:  # an agent from before the outbox: it expects no ack
-            await db(services.workload_status_forward)(node_id=self.node_id, status=status)
+            await db(workload_status_forward)(node_id=self.node_id, status=status)
             return
         try:
-            outcome = await db(services.workload_report_apply)(node_id=self.node_id, status=status)
-        except services.RETRYABLE_REPORT_ERRORS as exc:
+            outcome = await db(workload_report_apply)(node_id=self.node_id, status=status)
+        except RETRYABLE_REPORT_ERRORS as exc:
             # Not acked: the agent keeps the report and sends it again (a deadlock or a database restart must
             # not leave a job running for ever, as an unresent "succeeded" once did).
             logger.warning(
@@ -282,7 +293,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 "retry_later", f"report {message.report_id} could not be applied now; send it again", message.id
             )
             return
-        except services.DomainError as exc:
+        except DomainError as exc:
             logger.error(
                 "node %s: report %s (job %s %s) refused: %s",
                 self.node_name,
@@ -291,7 +302,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 message.state,
                 exc.message,
             )
-            outcome = services.ReportOutcome(ok=False, code=exc.code, detail=exc.message)
+            outcome = ReportOutcome(ok=False, code=exc.code, detail=exc.message)
         except Exception as exc:
             # Resending would fail the same way for ever: acknowledge it as refused, and keep the trace.
             logger.exception(
@@ -301,7 +312,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 message.job_id,
                 message.state,
             )
-            outcome = services.ReportOutcome(
+            outcome = ReportOutcome(
                 ok=False, code="internal_error", detail=f"the portal could not apply this report ({type(exc).__name__})"
             )
         await self.send_message(
@@ -319,7 +330,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         )
         try:
             outcome = await fleet_process().store_log_piece(piece)
-        except services.RETRYABLE_REPORT_ERRORS as exc:
+        except RETRYABLE_REPORT_ERRORS as exc:
             logger.warning(
                 "node %s: log of job %s not stored, the agent will resend it: %s", self.node_name, message.job_id, exc
             )
@@ -350,7 +361,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         )
 
     async def on_ack(self, message: protocol.Ack) -> None:
-        known = await db(services.command_ack)(
+        known = await db(command_ack)(
             node_id=self.node_id, command_id=message.command_id, ok=message.ok, error=message.error
         )
         if not known:
@@ -394,7 +405,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             fleet_process().write_minutes_soon(finished, self.device_ids)
 
     async def send_pending_commands(self, command_id: int | None = None) -> None:
-        commands = await db(services.commands_pending)(node_id=self.node_id, command_id=command_id)
+        commands = await db(commands_pending)(node_id=self.node_id, command_id=command_id)
         for _pk, payload in commands:
             await self.send(text_data=json.dumps(payload, separators=(",", ":")))
 
@@ -406,12 +417,12 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             await self.send_pending_commands(command_id=event.get("command_id"))
 
     async def agent_disconnect(self, event: dict) -> None:
-        await self.close(code=event.get("code", services.CLOSE_UNAUTHORIZED))
+        await self.close(code=event.get("code", CLOSE_UNAUTHORIZED))
 
     async def agent_replaced(self, event: dict) -> None:
         if event.get("channel") != self.channel_name:
             self.replaced = True
-            await self.close(code=services.CLOSE_REPLACED)
+            await self.close(code=CLOSE_REPLACED)
 
 
 class TelemetryConsumer(WithoutConnectionSweep, AsyncJsonWebsocketConsumer):
@@ -436,7 +447,7 @@ class TelemetryConsumer(WithoutConnectionSweep, AsyncJsonWebsocketConsumer):
         user = self.scope.get("user")
         await self.accept()
         if user is None or not user.is_authenticated:
-            await self.close(code=services.CLOSE_UNAUTHORIZED)
+            await self.close(code=CLOSE_UNAUTHORIZED)
             return
         self.is_admin = selectors.is_telemetry_admin(user)
         self.tenant_ids: list[int] = []

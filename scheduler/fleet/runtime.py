@@ -131,11 +131,11 @@ class FleetProcess:
 
     async def flush(self) -> None:
         """Write the pending heartbeats now (the loop does this every second; tests call it)."""
-        from scheduler.fleet import services
+        from scheduler.fleet.services.lease import node_heartbeats_record
 
         beats, self.beats = self.beats, {}
         if beats:
-            await db(services.node_heartbeats_record)(beats=beats)
+            await db(node_heartbeats_record)(beats=beats)
 
     def in_background(self, write: Awaitable[object], *, what: str) -> None:
         """Run ``write`` without holding up the socket that asked for it.
@@ -169,13 +169,13 @@ class FleetProcess:
 
     @staticmethod
     async def _write_minutes(batches: list[tuple[list, dict[str, int]]]) -> None:
-        from scheduler.fleet import services
+        from scheduler.fleet.services.rollups import telemetry_minutes_write
 
         aggregates, device_ids = [], {}
         for batch_aggregates, batch_device_ids in batches:
             aggregates.extend(batch_aggregates)
             device_ids.update(batch_device_ids)
-        await db(services.telemetry_minutes_write)(aggregates=aggregates, device_ids=device_ids)
+        await db(telemetry_minutes_write)(aggregates=aggregates, device_ids=device_ids)
 
     async def store_log_piece(self, piece: Any) -> Any:
         """Store an agent's log piece (``scheduler.logs.LogPiece``) together with those the other sockets of the

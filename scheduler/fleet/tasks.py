@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from scheduler.fleet import services
+from scheduler.fleet.services import lease, rollups
 
 
 @shared_task(name="fleet.lease_check", acks_late=True, ignore_result=True)
 def lease_check() -> dict:
-    return services.lease_check()
+    return lease.lease_check()
 
 
 @shared_task(name="fleet.telemetry_rollup_hours", acks_late=True, ignore_result=True)
 def telemetry_rollup_hours() -> int:
-    return services.telemetry_hours_rollup()
+    return rollups.telemetry_hours_rollup()
 
 
 @shared_task(name="fleet.telemetry_purge", acks_late=True, ignore_result=True)
 def telemetry_purge() -> dict:
-    return services.telemetry_purge()
+    return rollups.telemetry_purge()

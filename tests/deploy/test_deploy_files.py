@@ -578,17 +578,19 @@ def exported(db, settings, monkeypatch) -> dict[str, set[str]]:
     from django.test import Client
     from django.utils import timezone
 
-    from scheduler.fleet import metrics, selectors, services
+    from scheduler.fleet import metrics, selectors
+    from scheduler.fleet.services.inventory import node_hello
     from scheduler.fleet.telemetry import latest_store
     from scheduler.models import Allocation, Device, Job, JobState
     from tenants.services.quotas import quota_set
     from tests.factories import TenantFactory
     from tests.fleet.conftest import hello, register_node
+    from tests.patching import patch_imported
 
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-deploy-{uuid.uuid4().hex[:10]}"
-    monkeypatch.setattr(services, "_request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
     node, _credential = register_node("gpu-01")
-    services.node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("gpu-01", devices=2)))
+    node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("gpu-01", devices=2)))
     device = Device.objects.get(uuid="GPU-gpu-01-0")
     tenant = TenantFactory(slug="vision")
     quota_set(actor=None, tenant=tenant, flavor=device.flavor, values={"guaranteed_millis": 1000, "limit_millis": 2000})

@@ -11,8 +11,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from nodeagent import protocol
-from scheduler.fleet import services
 from scheduler.fleet.runtime import fleet_process
+from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create
+from tests.patching import patch_imported
 
 
 @pytest.fixture(autouse=True)
@@ -23,14 +24,14 @@ def fleet_isolation(settings, monkeypatch) -> list[int]:
     """
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-fleet-{uuid.uuid4().hex[:10]}"
     requests: list[int] = []
-    monkeypatch.setattr(services, "_request_cycle", lambda: requests.append(1))
+    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: requests.append(1))
     return requests
 
 
 def register_node(name: str | None = None):
     """A node registered through the services: (node, credential string)."""
-    _token, secret = services.bootstrap_token_create(actor=None, ttl_s=600)
-    return services.agent_register(
+    _token, secret = bootstrap_token_create(actor=None, ttl_s=600)
+    return agent_register(
         token=secret, node_name=name or f"node-{uuid.uuid4().hex[:8]}", hostname="host", agent_version="1.0"
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
-from scheduler.fleet import services
+from scheduler.fleet.services.rollups import telemetry_minutes_write
 from scheduler.fleet.telemetry import MinuteAggregate, minute_of
 from scheduler.models import Device
 
@@ -38,4 +38,4 @@ def write_minutes(
                     temperature_max=55.0,
                 )
             )
-    return services.telemetry_minutes_write(aggregates=aggregates, device_ids={d.uuid: d.pk for d in devices})
+    return telemetry_minutes_write(aggregates=aggregates, device_ids={d.uuid: d.pk for d in devices})

@@ -10,10 +10,11 @@ from channels.db import database_sync_to_async
 
 from audit.models import AuditRecord
 from nodeagent import protocol
-from scheduler.fleet import services
 from scheduler.fleet.consumers import AgentConsumer
 from scheduler.fleet.models import NodeCredential
 from scheduler.fleet.runtime import fleet_process
+from scheduler.fleet.services._common import agent_group
+from scheduler.fleet.services.enrolment import CLOSE_REPLACED, CLOSE_UNAUTHORIZED, node_credentials_revoke
 from scheduler.models import AgentCommand, Device, DeviceHealth, Node, NodeStatus, ResourceFlavor
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node, settle, telemetry
 
@@ -41,7 +42,7 @@ async def test_missing_or_unknown_credentials_are_closed_with_4401_and_audited(c
     socket = agent_socket(credential)
     connected, _ = await socket.connect()
     assert connected  # accepted, so the agent can read the close code
-    await expect_close(socket, services.CLOSE_UNAUTHORIZED)
+    await expect_close(socket, CLOSE_UNAUTHORIZED)
     assert await db(AuditRecord.objects.filter(action="node.auth_failed", outcome="failure").exists)()
 
 
@@ -50,24 +51,24 @@ async def test_a_forged_secret_for_a_real_key_is_refused():
     forged = credential[: credential.rindex("_") + 1] + "x" * 43
     socket = agent_socket(forged)
     await socket.connect()
-    await expect_close(socket, services.CLOSE_UNAUTHORIZED)
+    await expect_close(socket, CLOSE_UNAUTHORIZED)
 
 
 async def test_revoking_disconnects_the_live_socket_and_refuses_reconnects():
     node, credential = await db(register_node)("gpu-a")
     socket = await connect_agent(credential, "gpu-a")
-    await db(services.node_credentials_revoke)(actor=None, node=node)
-    await expect_close(socket, services.CLOSE_UNAUTHORIZED)
+    await db(node_credentials_revoke)(actor=None, node=node)
+    await expect_close(socket, CLOSE_UNAUTHORIZED)
     again = agent_socket(credential)
     await again.connect()
-    await expect_close(again, services.CLOSE_UNAUTHORIZED)
+    await expect_close(again, CLOSE_UNAUTHORIZED)
 
 
 async def test_a_second_connection_with_the_same_node_replaces_the_first():
     _node, credential = await db(register_node)("gpu-a")
     first = await connect_agent(credential, "gpu-a")
     second = await connect_agent(credential)
-    await expect_close(first, services.CLOSE_REPLACED)
+    await expect_close(first, CLOSE_REPLACED)
     await second.disconnect()
 
 
@@ -160,9 +161,7 @@ async def test_unacked_commands_are_sent_after_hello_and_acks_are_recorded():
     await socket.send_to(text_data=protocol.encode(protocol.Ack(command_id=first.pk)))
     from channels.layers import get_channel_layer
 
-    await get_channel_layer().group_send(
-        services.agent_group(node.pk), {"type": "agent.command", "command_id": second.pk}
-    )
+    await get_channel_layer().group_send(agent_group(node.pk), {"type": "agent.command", "command_id": second.pk})
     frame = json.loads(await socket.receive_from())
     assert frame["command_id"] == second.pk
     await socket.send_to(text_data=protocol.encode(protocol.Ack(command_id=second.pk, ok=False, error="no such job")))

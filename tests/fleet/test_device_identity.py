@@ -18,8 +18,9 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from nodeagent import protocol
-from scheduler.fleet import services
+from portal.api import DomainError
 from scheduler.fleet.models import NodeAgent
+from scheduler.fleet.services.inventory import device_rehome
 from scheduler.models import Allocation, Device, DeviceHealth, Node, NodeStatus
 from tests.factories import MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import connect_agent, hello, register_node, settle
@@ -141,8 +142,8 @@ async def test_a_busy_card_is_not_rehomed():
             started_at=timezone.now(),
         )
         target = Node.objects.create(name="elsewhere")
-        with pytest.raises(services.DomainError) as refused:
-            services.device_rehome(actor=SystemAdminFactory(), device=card, node=target)
+        with pytest.raises(DomainError) as refused:
+            device_rehome(actor=SystemAdminFactory(), device=card, node=target)
         return refused.value.code
 
     assert await db(attempt)() == "device_busy"

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from scheduler.fleet import services
+from scheduler.fleet.services.inventory import node_hello
 from scheduler.models import Device, ResourceFlavor
 from tests.fleet.conftest import hello, register_node
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db
 
 
 def say_hello(node, frame) -> dict[str, int]:
-    return services.node_hello(node_id=node.pk, hello=dataclasses.asdict(frame))
+    return node_hello(node_id=node.pk, hello=dataclasses.asdict(frame))
 
 
 def test_cards_that_swap_indexes_are_updated_without_a_uniqueness_clash():

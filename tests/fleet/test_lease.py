@@ -11,8 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditRecord
-from scheduler.fleet import services, tasks
+from scheduler.fleet import tasks
 from scheduler.fleet.models import NodeAgent
+from scheduler.fleet.services.inventory import node_hello
+from scheduler.fleet.services.lease import lease_check, node_heartbeat, node_heartbeats_record
 from scheduler.models import Node, NodeStatus
 from tests.fleet.conftest import hello, register_node
 
@@ -42,7 +44,7 @@ def requeues(monkeypatch) -> list:
 
 def ready_node() -> Node:
     node, _credential = register_node("gpu-lease")
-    services.node_hello(node_id=node.pk, hello=_hello_dict(), now=T0)
+    node_hello(node_id=node.pk, hello=_hello_dict(), now=T0)
     return Node.objects.get(pk=node.pk)
 
 
@@ -52,14 +54,14 @@ def _hello_dict() -> dict:
 
 def test_a_node_stays_ready_while_fewer_than_three_heartbeats_are_missed(lease_settings, requeues):
     node = ready_node()
-    assert services.lease_check(now=T0 + timedelta(seconds=14)) == {"lost": [], "requeued": []}
+    assert lease_check(now=T0 + timedelta(seconds=14)) == {"lost": [], "requeued": []}
     assert Node.objects.get(pk=node.pk).status == NodeStatus.READY
 
 
 def test_three_missed_heartbeats_make_the_node_not_ready_and_ask_for_a_cycle(lease_settings, requeues, fleet_isolation):
     node = ready_node()
     fleet_isolation.clear()
-    result = services.lease_check(now=T0 + timedelta(seconds=16))
+    result = lease_check(now=T0 + timedelta(seconds=16))
     assert result["lost"] == [node.pk]
     assert Node.objects.get(pk=node.pk).status == NodeStatus.NOT_READY
     assert fleet_isolation, "the scheduler is told so it stops placing on the node"
@@ -69,45 +71,45 @@ def test_three_missed_heartbeats_make_the_node_not_ready_and_ask_for_a_cycle(lea
 
 def test_jobs_are_requeued_once_after_the_grace_period(lease_settings, requeues):
     node = ready_node()
-    services.lease_check(now=T0 + timedelta(seconds=16))
-    assert services.lease_check(now=T0 + timedelta(seconds=70))["requeued"] == []
-    assert services.lease_check(now=T0 + timedelta(seconds=77))["requeued"] == [node.pk]
+    lease_check(now=T0 + timedelta(seconds=16))
+    assert lease_check(now=T0 + timedelta(seconds=70))["requeued"] == []
+    assert lease_check(now=T0 + timedelta(seconds=77))["requeued"] == [node.pk]
     assert requeues == [(node.pk, "node_lost")]
-    assert services.lease_check(now=T0 + timedelta(seconds=200)) == {"lost": [], "requeued": []}
+    assert lease_check(now=T0 + timedelta(seconds=200)) == {"lost": [], "requeued": []}
     assert requeues == [(node.pk, "node_lost")]
     assert AuditRecord.objects.filter(action="node.jobs_requeued").count() == 1
 
 
 def test_a_heartbeat_after_the_lease_expired_makes_the_node_ready_again(lease_settings, requeues):
     node = ready_node()
-    services.lease_check(now=T0 + timedelta(seconds=16))
-    assert services.node_heartbeat(node_id=node.pk, now=T0 + timedelta(seconds=20)) is True
+    lease_check(now=T0 + timedelta(seconds=16))
+    assert node_heartbeat(node_id=node.pk, now=T0 + timedelta(seconds=20)) is True
     node.refresh_from_db()
     assert node.status == NodeStatus.READY and node.last_heartbeat_at == T0 + timedelta(seconds=20)
     assert NodeAgent.objects.get(node=node).lost_at is None
     # Its lease runs from the new heartbeat: not lost again 14 s later.
-    assert services.lease_check(now=T0 + timedelta(seconds=34)) == {"lost": [], "requeued": []}
+    assert lease_check(now=T0 + timedelta(seconds=34)) == {"lost": [], "requeued": []}
 
 
 def test_a_reconnecting_agents_hello_makes_a_lost_node_ready(lease_settings, requeues):
     node = ready_node()
-    services.lease_check(now=T0 + timedelta(seconds=16))
-    services.node_hello(node_id=node.pk, hello=_hello_dict(), now=T0 + timedelta(seconds=30))
+    lease_check(now=T0 + timedelta(seconds=16))
+    node_hello(node_id=node.pk, hello=_hello_dict(), now=T0 + timedelta(seconds=30))
     assert Node.objects.get(pk=node.pk).status == NodeStatus.READY
 
 
 def test_a_cordoned_node_keeps_its_status_but_its_jobs_are_still_requeued(lease_settings, requeues):
     node = ready_node()
     Node.objects.filter(pk=node.pk).update(status=NodeStatus.CORDONED)
-    services.lease_check(now=T0 + timedelta(seconds=16))
-    services.lease_check(now=T0 + timedelta(seconds=80))
+    lease_check(now=T0 + timedelta(seconds=16))
+    lease_check(now=T0 + timedelta(seconds=80))
     assert Node.objects.get(pk=node.pk).status == NodeStatus.CORDONED
     assert requeues == [(node.pk, "node_lost")]
 
 
 def test_a_node_that_never_said_hello_is_left_alone(lease_settings, requeues):
     register_node("gpu-new")
-    assert services.lease_check(now=T0 + timedelta(days=1)) == {"lost": [], "requeued": []}
+    assert lease_check(now=T0 + timedelta(days=1)) == {"lost": [], "requeued": []}
 
 
 def test_the_beat_task_runs_the_lease_check(lease_settings, requeues):
@@ -119,11 +121,11 @@ def test_the_beat_task_runs_the_lease_check(lease_settings, requeues):
 def test_batched_heartbeats_renew_every_lease_and_revive_lost_nodes(lease_settings, requeues):
     lost = ready_node()
     other, _credential = register_node("gpu-other")
-    services.node_hello(node_id=other.pk, hello=dataclasses.asdict(hello("gpu-other")), now=T0 + timedelta(seconds=10))
-    services.lease_check(now=T0 + timedelta(seconds=16))
+    node_hello(node_id=other.pk, hello=dataclasses.asdict(hello("gpu-other")), now=T0 + timedelta(seconds=10))
+    lease_check(now=T0 + timedelta(seconds=16))
     assert Node.objects.get(pk=lost.pk).status == NodeStatus.NOT_READY
     later = T0 + timedelta(seconds=20)
-    revived = services.node_heartbeats_record(beats={lost.pk: later, other.pk: later})
+    revived = node_heartbeats_record(beats={lost.pk: later, other.pk: later})
     assert sorted(revived) == [lost.pk]
     assert {node.last_heartbeat_at for node in Node.objects.filter(pk__in=[lost.pk, other.pk])} == {later}
     assert set(Node.objects.filter(pk__in=[lost.pk, other.pk]).values_list("status", flat=True)) == {"ready"}
@@ -133,7 +135,7 @@ def test_a_seconds_heartbeats_from_many_nodes_are_one_update_never_fresher_than_
     nodes = [register_node(f"gpu-beat-{index}")[0] for index in range(20)]
     beats = {node.pk: T0 + timedelta(microseconds=1 + 37_000 * index) for index, node in enumerate(nodes)}
     with CaptureQueriesContext(connection) as queries:
-        services.node_heartbeats_record(beats=beats)
+        node_heartbeats_record(beats=beats)
     updates = [query for query in queries.captured_queries if query["sql"].lstrip().upper().startswith("UPDATE")]
     assert len(updates) == 1
     assert set(Node.objects.filter(pk__in=beats).values_list("last_heartbeat_at", flat=True)) == {T0}

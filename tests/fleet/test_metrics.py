@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from scheduler.fleet import services
+from scheduler.fleet.services.inventory import node_hello
 from scheduler.fleet.telemetry import latest_store
 from scheduler.models import Allocation, Device, Job, JobState
 from tests.factories import SystemAdminFactory, TenantFactory, UserFactory
@@ -25,7 +25,7 @@ SAMPLE_LINE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="
 @pytest.fixture
 def fleet():
     node, _credential = register_node("gpu-01")
-    services.node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("gpu-01", devices=2)))
+    node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("gpu-01", devices=2)))
     device = Device.objects.get(uuid="GPU-gpu-01-0")
     tenant = TenantFactory(slug="vision")
     job = Job.objects.create(

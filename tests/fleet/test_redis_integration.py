@@ -15,8 +15,8 @@ from channels_redis.pubsub import RedisPubSubChannelLayer
 from django.conf import settings
 
 from nodeagent import protocol
-from scheduler.fleet import services
 from scheduler.fleet.consumers import TELEMETRY_LAYER
+from scheduler.fleet.services.enrolment import CLOSE_UNAUTHORIZED, node_credentials_revoke
 from scheduler.fleet.telemetry import RedisLatestStore, latest_store
 from tests.factories import SystemAdminFactory
 from tests.fleet.conftest import browser_socket, connect_agent, register_node, settle, telemetry
@@ -53,8 +53,8 @@ async def test_agent_telemetry_reaches_a_browser_through_redis_and_is_kept_in_a_
 async def test_revoking_in_a_service_closes_the_socket_through_redis(redis_url):
     node, credential = await db(register_node)("redis-node")
     agent = await connect_agent(credential, "redis-node")
-    await db(services.node_credentials_revoke)(actor=None, node=node)
-    assert await agent.receive_output(timeout=5) == {"type": "websocket.close", "code": services.CLOSE_UNAUTHORIZED}
+    await db(node_credentials_revoke)(actor=None, node=node)
+    assert await agent.receive_output(timeout=5) == {"type": "websocket.close", "code": CLOSE_UNAUTHORIZED}
 
 
 async def test_latest_values_written_at_once_go_out_together_and_all_land(redis_url):

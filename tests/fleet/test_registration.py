@@ -12,8 +12,8 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from audit.services import record_details
-from scheduler.fleet import services
 from scheduler.fleet.models import BootstrapToken, NodeCredential
+from scheduler.fleet.services.enrolment import _hash, bootstrap_token_create, credential_authenticate
 from scheduler.models import Node, NodeStatus
 from tests.factories import AuditorFactory, SystemAdminFactory, UserFactory
 
@@ -24,7 +24,7 @@ TOKENS = "/api/v1/agents/bootstrap-tokens/"
 
 
 def make_token(ttl_s: int = 600) -> str:
-    _row, secret = services.bootstrap_token_create(actor=None, ttl_s=ttl_s)
+    _row, secret = bootstrap_token_create(actor=None, ttl_s=ttl_s)
     return secret
 
 
@@ -45,7 +45,7 @@ def test_system_admin_creates_a_token_that_is_shown_once_and_stored_hashed():
     secret = response.json()["token"]
     row = BootstrapToken.objects.get()
     assert secret.startswith("gpb_")
-    assert secret not in row.token_hash and row.token_hash == services._hash(secret)
+    assert secret not in row.token_hash and row.token_hash == _hash(secret)
     assert row.expires_at - timezone.now() == pytest.approx(timedelta(seconds=900), abs=timedelta(seconds=5))
     assert AuditRecord.objects.filter(action="agent.bootstrap_token.create", actor_id=admin.pk).exists()
 
@@ -86,7 +86,7 @@ def test_register_trades_the_token_for_a_node_credential():
     assert node.agent_version == "1.2" and node.agent.hostname == "gpu-01.lab"
     credential = NodeCredential.objects.get(node=node)
     assert body["credential"].split("_")[-1] not in credential.secret_hash
-    assert services.credential_authenticate(credential=body["credential"]).pk == credential.pk
+    assert credential_authenticate(credential=body["credential"]).pk == credential.pk
     assert AuditRecord.objects.filter(action="agent.register", outcome="success", target=f"node:{node.pk}").exists()
 
 
@@ -129,8 +129,8 @@ def test_missing_fields_and_bad_node_names_are_400():
 def test_registering_a_node_again_revokes_its_old_credential():
     first = register(make_token()).json()["credential"]
     second = register(make_token()).json()["credential"]
-    assert services.credential_authenticate(credential=first) is None
-    assert services.credential_authenticate(credential=second) is not None
+    assert credential_authenticate(credential=first) is None
+    assert credential_authenticate(credential=second) is not None
     assert Node.objects.count() == 1
 
 
@@ -143,7 +143,7 @@ def test_revoke_endpoint_is_for_system_admins_and_audited():
     client.force_authenticate(admin)
     response = client.post(f"/api/v1/agents/nodes/{body['node_id']}/revoke/")
     assert response.status_code == 200 and response.json()["revoked"] == 1
-    assert services.credential_authenticate(credential=body["credential"]) is None
+    assert credential_authenticate(credential=body["credential"]) is None
     assert AuditRecord.objects.filter(action="agent.credential.revoke", actor_id=admin.pk).exists()
     assert client.post("/api/v1/agents/nodes/999999/revoke/").status_code == 404
 
@@ -152,7 +152,7 @@ def test_forged_credentials_are_refused_and_audited():
     body = register(make_token()).json()
     key_id = body["credential"].split("_")[1]
     for forged in [f"gpn_{key_id}_wrongsecret", "gpn_0000000000000000_x", "garbage", ""]:
-        assert services.credential_authenticate(credential=forged) is None
+        assert credential_authenticate(credential=forged) is None
     reasons = {record_details(record)["reason"] for record in AuditRecord.objects.filter(action="node.auth_failed")}
     assert {"wrong_secret", "unknown_credential", "malformed", "missing"} <= reasons
 

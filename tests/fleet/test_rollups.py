@@ -10,9 +10,11 @@ import pytest
 from channels.db import database_sync_to_async
 
 from nodeagent import protocol
-from scheduler.fleet import services, tasks
+from scheduler.fleet import tasks
 from scheduler.fleet.consumers import AgentConsumer
 from scheduler.fleet.models import TelemetryHour, TelemetryMinute
+from scheduler.fleet.services.inventory import node_hello
+from scheduler.fleet.services.rollups import telemetry_hours_rollup, telemetry_minutes_write, telemetry_purge
 from scheduler.fleet.telemetry import ROLLUP_SPREAD_S, MinuteAggregator
 from scheduler.models import Device
 from tests.fleet.conftest import connect_agent, register_node, settle, telemetry
@@ -48,13 +50,13 @@ def test_a_second_partial_row_for_the_same_minute_is_merged_by_sample_weight():
 
     from tests.fleet.conftest import hello
 
-    ids = services.node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("n1", devices=1)))
+    ids = node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("n1", devices=1)))
     first, second = MinuteAggregator(), MinuteAggregator()
     for utilization in (10, 20, 30):
         first.add(uuid="GPU-n1-0", sample=sample(utilization, 100), at=M0)
     second.add(uuid="GPU-n1-0", sample=sample(90, 500, temperature=80), at=M0 + timedelta(seconds=30))
-    assert services.telemetry_minutes_write(aggregates=first.drain(None), device_ids=ids) == 1
-    assert services.telemetry_minutes_write(aggregates=second.drain(None), device_ids=ids) == 1
+    assert telemetry_minutes_write(aggregates=first.drain(None), device_ids=ids) == 1
+    assert telemetry_minutes_write(aggregates=second.drain(None), device_ids=ids) == 1
     row = TelemetryMinute.objects.get()
     assert row.samples == 4
     assert row.utilization_avg_pct == pytest.approx(37.5) and row.utilization_max_pct == 90
@@ -70,12 +72,12 @@ def test_two_connections_minutes_written_together_are_merged_not_overwritten():
 
     from tests.fleet.conftest import hello
 
-    ids = services.node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("n1", devices=1)))
+    ids = node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("n1", devices=1)))
     first, second = MinuteAggregator(), MinuteAggregator()
     for utilization in (10, 20, 30):
         first.add(uuid="GPU-n1-0", sample=sample(utilization, 100), at=M0)
     second.add(uuid="GPU-n1-0", sample=sample(90, 500, power=None, temperature=80), at=M0 + timedelta(seconds=30))
-    assert services.telemetry_minutes_write(aggregates=first.drain(None) + second.drain(None), device_ids=ids) == 1
+    assert telemetry_minutes_write(aggregates=first.drain(None) + second.drain(None), device_ids=ids) == 1
     row = TelemetryMinute.objects.get()
     assert row.samples == 4
     assert row.utilization_avg_pct == pytest.approx(37.5) and row.utilization_max_pct == 90
@@ -117,13 +119,13 @@ async def test_telemetry_does_not_wait_for_the_minute_write(monkeypatch):
     clock = {"now": M0}
     monkeypatch.setattr(AgentConsumer, "clock", staticmethod(lambda: clock["now"]))
     release = threading.Event()
-    write = services.telemetry_minutes_write
+    write = telemetry_minutes_write
 
     def slow_write(**kwargs):
         release.wait(timeout=10)
         return write(**kwargs)
 
-    monkeypatch.setattr(services, "telemetry_minutes_write", slow_write)
+    monkeypatch.setattr("scheduler.fleet.services.rollups.telemetry_minutes_write", slow_write)
     _node, credential = await db(register_node)("n1")
     socket = await connect_agent(credential, "n1", devices=1)
     uuids = ["GPU-n1-0"]
@@ -181,9 +183,9 @@ def test_hourly_rows_are_built_from_minutes_and_rebuilding_is_idempotent():
             temperature_max_c=60 + minute,
         )
     # The current hour is not rolled up yet.
-    assert services.telemetry_hours_rollup(now=hour + timedelta(minutes=30)) == 0
-    assert services.telemetry_hours_rollup(now=hour + timedelta(hours=1, minutes=5)) == 1
-    assert services.telemetry_hours_rollup(now=hour + timedelta(hours=1, minutes=10)) == 1
+    assert telemetry_hours_rollup(now=hour + timedelta(minutes=30)) == 0
+    assert telemetry_hours_rollup(now=hour + timedelta(hours=1, minutes=5)) == 1
+    assert telemetry_hours_rollup(now=hour + timedelta(hours=1, minutes=10)) == 1
     row = TelemetryHour.objects.get()
     assert row.hour == hour and row.samples == 150
     assert row.utilization_avg_pct == pytest.approx((10 * 60 + 50 * 60 + 30 * 30) / 150)
@@ -206,7 +208,7 @@ def test_minutes_are_kept_30_days_and_hours_a_year():
     TelemetryMinute.objects.create(device=device, minute=now - timedelta(days=29), **values)
     TelemetryHour.objects.create(device=device, hour=now - timedelta(days=366), **values)
     TelemetryHour.objects.create(device=device, hour=now - timedelta(days=364), **values)
-    assert services.telemetry_purge(now=now) == {"minutes": 1, "hours": 1, "agent_reports": 0}
+    assert telemetry_purge(now=now) == {"minutes": 1, "hours": 1, "agent_reports": 0}
     assert TelemetryMinute.objects.count() == 1 and TelemetryHour.objects.count() == 1
     assert tasks.telemetry_purge.apply().get() == {
         "minutes": 1,

@@ -177,7 +177,7 @@ async def _agent_socket(port: int, credential: str) -> tuple[dict, int | None]:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_serve_with_two_workers_answers_from_two_processes_and_stops_cleanly(served):
-    from scheduler.fleet.services import agent_register, bootstrap_token_create
+    from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create
 
     process, port, log_path = served
     workers = _children(process.pid)

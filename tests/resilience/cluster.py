@@ -328,7 +328,7 @@ class Cluster:
 
     def add_agent(self, name: str, *, cards: int = 2, via_proxy: bool = False, seed: int = 0) -> Agent:
         """Register node ``name`` with a fresh bootstrap token and run its agent (through a cuttable proxy)."""
-        from scheduler.fleet.services import bootstrap_token_create
+        from scheduler.fleet.services.enrolment import bootstrap_token_create
 
         _row, secret = bootstrap_token_create(actor=None, ttl_s=600, description=f"resilience {name}")
         folder = self.root / "agents" / name

@@ -6,7 +6,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nodeagent import protocol
-from scheduler.fleet.services import command_ack, commands_pending
+from scheduler.fleet.services.agent_commands import command_ack, commands_pending
 from scheduler.models import AgentCommand, Allocation, Job, JobState, Node, NodeStatus
 from scheduler.outbox import START_WITHDRAWN
 from scheduler.services.cycle import request_cycle, run_cycle

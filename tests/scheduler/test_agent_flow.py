@@ -13,7 +13,7 @@ from scheduler.models import AgentCommand, Allocation, Job, JobState, ResourceFl
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import connect_agent, register_node, settle
-from tests.patching import patch_request_cycle
+from tests.patching import patch_imported, patch_request_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,7 +28,7 @@ def member_of_team_a():
 
 async def test_a_placed_job_reaches_the_agent_and_its_reports_finish_it(monkeypatch):
     patch_request_cycle(monkeypatch, lambda: None)
-    monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
     await db(ResourceFlavor.objects.create)(
         name="nvidia-h100-80g", vendor="nvidia", model="NVIDIA H100 80GB HBM3", memory_mib=81559
     )

@@ -27,7 +27,7 @@ from scheduler.services.reports import node_jobs_requeue, workload_status_report
 from scheduler.tasks import job_logs_purge
 from tests.fleet.conftest import connect_agent, register_node, settle
 from tests.fleet.test_agent_reports import Link, drive, job_state, real_agent, stop_agent, submit_and_place
-from tests.patching import patch_request_cycle
+from tests.patching import patch_imported, patch_request_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory, node_with_devices
 
 db = database_sync_to_async
@@ -305,7 +305,7 @@ async def log_socket(user, job_id: int, query: str = "") -> WebsocketCommunicato
 @pytest.mark.django_db(transaction=True)
 async def test_a_follower_gets_output_as_the_agent_sends_it_and_the_end(monkeypatch) -> None:
     patch_request_cycle(monkeypatch, lambda: None)
-    monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
     await db(ResourceFlavor.objects.create)(
         name="nvidia-h100-80g", vendor="nvidia", model="NVIDIA H100 80GB HBM3", memory_mib=81559
     )
@@ -379,7 +379,7 @@ async def test_a_follower_who_may_not_see_the_job_is_refused(monkeypatch) -> Non
 async def test_the_api_shows_a_running_jobs_output_from_a_real_agent(tmp_path: Path, settings, monkeypatch) -> None:
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
     patch_request_cycle(monkeypatch, lambda: False)
-    monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
     _node, credential = await db(register_node)("gpu-live")
     link = Link(credential)
     agent = real_agent(tmp_path, "gpu-live", link)

@@ -8,7 +8,7 @@ import uuid
 import pytest
 from django.apps import apps
 
-from tests.patching import patch_request_cycle
+from tests.patching import patch_imported, patch_request_cycle
 
 #: Apps whose tables hold product state (tenants, jobs, nodes, credentials, audit trail).
 STATE_APPS = ("tenants", "scheduler", "fleet", "audit")
@@ -35,10 +35,8 @@ def assert_unchanged(before: dict[str, list[tuple]], after: dict[str, list[tuple
 @pytest.fixture(autouse=True)
 def private_telemetry_prefix(settings, monkeypatch) -> None:
     """Latest telemetry under a key prefix of our own; scheduling cycles not queued to Celery."""
-    from scheduler.fleet import services
-
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-security-{uuid.uuid4().hex[:10]}"
-    monkeypatch.setattr(services, "_request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
     patch_request_cycle(monkeypatch, lambda: None)
 
 

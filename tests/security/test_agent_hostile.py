@@ -22,7 +22,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from nodeagent import protocol
-from scheduler.fleet import services
+from scheduler.fleet.services.enrolment import CLOSE_UNAUTHORIZED, agent_register, bootstrap_token_create
 from scheduler.fleet.telemetry import latest_store
 from scheduler.models import AgentCommand, Allocation, Job, JobState, ResourceFlavor
 from scheduler.services.cycle import run_cycle
@@ -175,11 +175,11 @@ async def test_a_hello_for_another_node_is_refused_and_changes_nothing():
 
 
 def _wrong_credentials() -> dict[str, str]:
-    _unused, unused_bootstrap = services.bootstrap_token_create(actor=None, ttl_s=600)
-    _used, used_bootstrap = services.bootstrap_token_create(actor=None, ttl_s=600)
-    _node, old = services.agent_register(token=used_bootstrap, node_name="gpu-a")
-    _token, again = services.bootstrap_token_create(actor=None, ttl_s=600)
-    services.agent_register(token=again, node_name="gpu-a")  # re-registered: the old credential is replaced
+    _unused, unused_bootstrap = bootstrap_token_create(actor=None, ttl_s=600)
+    _used, used_bootstrap = bootstrap_token_create(actor=None, ttl_s=600)
+    _node, old = agent_register(token=used_bootstrap, node_name="gpu-a")
+    _token, again = bootstrap_token_create(actor=None, ttl_s=600)
+    agent_register(token=again, node_name="gpu-a")  # re-registered: the old credential is replaced
     api_token = ApiTokenFactory(user=UserFactory(username="someone"), scope="admin")
     return {
         "unused bootstrap token": unused_bootstrap,
@@ -197,7 +197,7 @@ async def test_credentials_of_the_wrong_kind_or_from_the_past_are_refused_and_au
         socket = agent_socket(credential)
         connected, _ = await socket.connect()
         assert connected, what
-        await expect_close(socket, services.CLOSE_UNAUTHORIZED)
+        await expect_close(socket, CLOSE_UNAUTHORIZED)
     after = await db(state_fingerprint)()
     # Nothing changed but the audit trail, which recorded one failure per attempt.
     assert_unchanged(without_audit(before), without_audit(after), "refused agent credentials")
@@ -214,7 +214,7 @@ async def test_credentials_of_the_wrong_kind_or_from_the_past_are_refused_and_au
 
 
 def test_a_bootstrap_token_is_good_for_one_registration_only():
-    _row, token = services.bootstrap_token_create(actor=None, ttl_s=600)
+    _row, token = bootstrap_token_create(actor=None, ttl_s=600)
     client = APIClient()
     body = {"token": token, "node_name": "gpu-first", "hostname": "h", "agent_version": "1"}
     assert client.post("/api/v1/agents/register/", body, format="json").status_code == 201
@@ -228,7 +228,7 @@ def test_a_bootstrap_token_is_good_for_one_registration_only():
 
 def test_a_node_credential_is_not_an_api_token():
     _node, credential = register_node("gpu-a")
-    _row, bootstrap = services.bootstrap_token_create(actor=None, ttl_s=600)
+    _row, bootstrap = bootstrap_token_create(actor=None, ttl_s=600)
     before = state_fingerprint()
     client = APIClient()
     for secret in (credential, bootstrap):

@@ -25,7 +25,7 @@ from tests.factories import MembershipFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import register_node
 from tests.fleet.test_agent_reports import Link, drive, job_state
 from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE
-from tests.patching import patch_request_cycle
+from tests.patching import patch_imported, patch_request_cycle
 from tests.scheduler.factories import FlavorFactory
 from tests.security.conftest import assert_unchanged, state_fingerprint
 
@@ -129,7 +129,7 @@ def test_an_image_job_is_only_for_nodes_with_a_container_runtime(member) -> None
 async def test_a_job_cannot_steal_the_node_credential_end_to_end(tmp_path: Path, settings, monkeypatch) -> None:
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
     patch_request_cycle(monkeypatch, lambda: False)
-    monkeypatch.setattr("scheduler.fleet.services._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
     _node, credential = await db(register_node)("gpu-theft")
     credential_file = tmp_path / "etc" / "agent.json"
     credential_file.parent.mkdir()

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api import PermissionDeniedError
-from scheduler.fleet import selectors, services
+from scheduler.fleet import selectors
 from scheduler.fleet.api.serializers import (
     BootstrapTokenCreateInput,
     BootstrapTokenOutput,
@@ -26,6 +26,8 @@ from scheduler.fleet.api.serializers import (
     TelemetryHistoryOutput,
     TelemetryHistoryQuery,
 )
+from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create, node_credentials_revoke
+from scheduler.fleet.services.inventory import device_rehome
 from scheduler.models import Device, Node
 
 
@@ -43,7 +45,7 @@ class BootstrapTokenCreateView(APIView):
     def post(self, request: Request) -> Response:
         data = BootstrapTokenCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
-        token, secret = services.bootstrap_token_create(
+        token, secret = bootstrap_token_create(
             actor=request.user,
             ttl_s=data.validated_data.get("ttl_s"),
             description=data.validated_data["description"],
@@ -63,7 +65,7 @@ class RegisterView(APIView):
     def post(self, request: Request) -> Response:
         data = RegisterInput(data=request.data)
         data.is_valid(raise_exception=True)
-        node, credential = services.agent_register(**data.validated_data, request=request)
+        node, credential = agent_register(**data.validated_data, request=request)
         body = {"node_id": node.pk, "node_name": node.name, "credential": credential, "ws_url": "/ws/agent/"}
         return Response(RegisterOutput(body).data, status=status.HTTP_201_CREATED)
 
@@ -74,7 +76,7 @@ class NodeRevokeView(APIView):
     @extend_schema(request=None, responses={200: dict})
     def post(self, request: Request, pk: int) -> Response:
         node = get_object_or_404(Node, pk=pk)
-        revoked = services.node_credentials_revoke(actor=request.user, node=node, request=request)
+        revoked = node_credentials_revoke(actor=request.user, node=node, request=request)
         return Response({"node_id": node.pk, "revoked": revoked})
 
 
@@ -90,7 +92,7 @@ class DeviceRehomeView(APIView):
         data.is_valid(raise_exception=True)
         device = get_object_or_404(Device.objects.select_related("node"), pk=pk)
         node = get_object_or_404(Node, name=data.validated_data["node"])
-        device = services.device_rehome(actor=request.user, device=device, node=node, request=request)
+        device = device_rehome(actor=request.user, device=device, node=node, request=request)
         body = {"id": device.pk, "uuid": device.uuid, "node": node.name, "index": device.index}
         return Response(DeviceRehomeOutput(body).data)
 

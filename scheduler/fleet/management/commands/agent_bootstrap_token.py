@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from portal.api import DomainError
-from scheduler.fleet.services import bootstrap_token_create
+from scheduler.fleet.services.enrolment import bootstrap_token_create
 
 
 class Command(BaseCommand):
