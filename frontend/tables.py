@@ -21,9 +21,12 @@ class BadgeColumn(tables.Column):
     """A choice field shown as a coloured badge; the class is the raw value so CSS can colour it."""
 
     def render(self, value, record, bound_column):
+        # ``value`` is already the label for a field with choices (django-tables2 calls get_FOO_display), which
+        # in Chinese made the class "已取消" instead of "cancelled": take the stored value for the class.
+        raw = tables.A(bound_column.accessor).resolve(record)
         display = getattr(record, f"get_{bound_column.accessor}_display", None)
         label = display() if callable(display) else value
-        return format_html('<span class="badge {}">{}</span>', value, label)
+        return format_html('<span class="badge {}">{}</span>', raw, label)
 
     def value(self, value, record, bound_column):
         return value

@@ -274,3 +274,11 @@ def test_csv_export_carries_the_queue_columns(client, world, queue):
     assert {"Reason", "Position", "Nodes", "Elapsed"} <= set(header) and "" not in header
     first = dict(zip(header, lines[1].split(","), strict=False))
     assert first["Name"] == "high-one" and first["Position"] == "1"
+
+
+def test_state_badges_keep_their_class_in_chinese(client, world, queue):
+    """The badge's class is the stored state (CSS colours by it), not the translated label."""
+    client.force_login(world["bob"])
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/console/"})
+    rows = cells(client.get("/console/jobs/").content.decode())
+    assert '<span class="badge queued">排队中</span>' in rows[queue["low"].pk]["state"]

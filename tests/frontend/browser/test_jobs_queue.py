@@ -56,7 +56,8 @@ def test_bulk_cancel_column_choice_and_saved_filters(page, language):
         page.locator("[data-bulk-cancel]").click()
     assert words["cancelled"] in page.locator(".messages").inner_text()
     assert page.url.endswith(f"/console/jobs/?q={prefix}")
-    assert page.locator("td[data-col='state'] .badge.cancelled").count() == 2
+    states = page.locator("td[data-col='state']").evaluate_all("cells => cells.map(c => c.innerHTML.trim())")
+    assert page.locator("td[data-col='state'] .badge.cancelled").count() == 2, states
     assert page.locator("[data-job-select]").count() == 0  # nothing left to act on
 
     # Hide the elapsed column; it stays hidden after a reload.
@@ -64,7 +65,7 @@ def test_bulk_cancel_column_choice_and_saved_filters(page, language):
     picker.locator("summary").click()
     assert picker.locator("summary").inner_text() == words["columns"]
     toggle = picker.locator("[data-col-toggle='elapsed']")
-    assert picker.locator("label", has=toggle).inner_text().strip() == words["elapsed"]
+    assert picker.locator("label:has([data-col-toggle='elapsed'])").inner_text().strip() == words["elapsed"]
     assert page.locator("th[data-col='elapsed']").is_visible()
     toggle.uncheck()
     assert page.locator("th[data-col='elapsed']").is_hidden()
