@@ -73,6 +73,11 @@ def job_list(request):
 BULK_CANCEL_MAX = 200
 
 
+def _job_id(value: str) -> int | None:
+    """A job id from a form value; None for anything else (letters, '²', a number past the id column)."""
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 18 else None
+
+
 @require_POST
 @section_required(Section.JOBS)
 def job_bulk_cancel(request):
@@ -90,12 +95,12 @@ def job_bulk_cancel(request):
     if len(wanted) > BULK_CANCEL_MAX:
         messages.error(request, _("Select at most %(max)s jobs at a time.") % {"max": BULK_CANCEL_MAX})
         return redirect(back)
-    ids = [int(value) for value in wanted if value.isdigit()]
+    ids = [pk for pk in map(_job_id, wanted) if pk is not None]
     found = {job.pk: job for job in scheduler_selectors.jobs_visible_to(request.user).filter(pk__in=ids)}
     cancelled: list[int] = []
     refused: list[str] = []
     for value in wanted:
-        job = found.get(int(value)) if value.isdigit() else None
+        job = found.get(_job_id(value))
         if job is None:
             refused.append(_("%(id)s (no such job)") % {"id": value[:20]})
             continue

@@ -282,3 +282,12 @@ def test_state_badges_keep_their_class_in_chinese(client, world, queue):
     client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/console/"})
     rows = cells(client.get("/console/jobs/").content.decode())
     assert '<span class="badge queued">排队中</span>' in rows[queue["low"].pk]["state"]
+
+
+def test_bulk_cancel_reads_odd_ids_as_missing(client, world, queue):
+    client.force_login(world["bob"])
+    odd = ["abc", "²", "9" * 30]
+    client.post("/console/jobs/cancel/", {"select": [*odd, queue["low"].pk]})
+    assert Job.objects.get(pk=queue["low"].pk).state == JobState.CANCELLED
+    messages = [str(m) for m in client.get("/console/jobs/").context["messages"]]
+    assert messages[1].startswith("3 jobs could not be cancelled") and "abc (no such job)" in messages[1]
