@@ -19,10 +19,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.csvsafe import formula_safe, formula_safe_row
+from scheduler.models import MILLIS_PER_DEVICE
 
 PERIODS = ("day", "week", "month")
 SECONDS_PER_HOUR = 3600
-MILLIS_PER_DEVICE = 1000
 
 
 def period_floor(moment: dt.datetime, period: str) -> dt.datetime:
