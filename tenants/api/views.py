@@ -383,6 +383,7 @@ class TenantApprovalThresholdView(APIView):
     )
     def post(self, request: Request, pk: str) -> Response:
         tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
+        self.check_object_permissions(request, tenant)
         data = _validated(s.ThresholdSerializer, request)
         tenant = admissions.tenant_set_job_approval_threshold(
             actor=request.user, tenant=tenant, threshold_millis=data["threshold_millis"], request=request

@@ -1,6 +1,9 @@
 """Every console page against every role: 200 where the role may use it, 404 (not 403: nothing to discover)
 everywhere else, and the navigation offers exactly the pages that answer 200. One page answers 403 on purpose:
-the submit page tells a system admin why they cannot submit (the API's 403), instead of pretending not to exist."""
+the submit page tells a platform account that reads jobs (system admin, auditor) why they cannot submit (the
+API's 403), instead of pretending not to exist. The sections follow the access policy (portal/policy.py): the
+auditor reads what the API lets them read (tenants, jobs, usage) and changes nothing; every tenant role reads
+its tenants' usage."""
 
 from __future__ import annotations
 
@@ -16,14 +19,14 @@ pytestmark = pytest.mark.django_db
 ROLES = ["system_admin", "security_admin", "auditor", "tenant_admin", "member", "no_tenant"]
 # page → roles that get 200
 ALLOWED = {
-    "overview": {"system_admin", "security_admin", "tenant_admin", "member", "no_tenant"},
+    "overview": {"system_admin", "security_admin", "auditor", "tenant_admin", "member", "no_tenant"},
     "nodes": {"system_admin"},
     "node": {"system_admin"},
-    "tenants": {"system_admin", "tenant_admin", "member"},
-    "tenant": {"system_admin", "tenant_admin", "member"},
+    "tenants": {"system_admin", "auditor", "tenant_admin", "member"},
+    "tenant": {"system_admin", "auditor", "tenant_admin", "member"},
     "approvals": {"system_admin", "tenant_admin"},
-    "jobs": {"system_admin", "tenant_admin", "member"},
-    "job": {"system_admin", "tenant_admin", "member"},
+    "jobs": {"system_admin", "auditor", "tenant_admin", "member"},
+    "job": {"system_admin", "auditor", "tenant_admin", "member"},
     "submit": {"tenant_admin", "member"},
     "tokens": set(ROLES),
     "users": {"security_admin"},
@@ -33,13 +36,13 @@ ALLOWED = {
     "tenant_new": {"system_admin", "tenant_admin"},
     "tenant_edit": {"system_admin", "tenant_admin"},
     "tenant_quotas": {"system_admin"},
-    "reports": {"system_admin", "tenant_admin"},
+    "reports": {"system_admin", "auditor", "tenant_admin", "member"},
     "whatif": {"system_admin"},
     "audit": {"auditor"},
     "audit_record": {"auditor"},
 }
 # (page, role) → a status other than 200/404, on purpose.
-EXPLAINED = {("submit", "system_admin"): 403}
+EXPLAINED = {("submit", "system_admin"): 403, ("submit", "auditor"): 403}
 NAV = {
     "overview": "/console/overview/",
     "nodes": "/console/nodes/",
