@@ -120,6 +120,9 @@ def test_sorting_by_position_lists_the_queue_in_order(client, world, queue):
     html = client.get("/console/jobs/?sort=position").content.decode()
     order = [int(pk) for pk, _ in ROW.findall(html)]
     assert order[:3] == [queue["high"].pk, queue["normal"].pk, queue["low"].pk]
+    html = client.get("/console/jobs/?sort=-position").content.decode()
+    order = [int(pk) for pk, _ in ROW.findall(html)]
+    assert order == [queue["runner"].pk, queue["low"].pk, queue["normal"].pk, queue["high"].pk]
 
 
 def test_running_job_shows_its_node_and_elapsed_time(client, world, queue):
@@ -291,3 +294,13 @@ def test_bulk_cancel_reads_odd_ids_as_missing(client, world, queue):
     assert Job.objects.get(pk=queue["low"].pk).state == JobState.CANCELLED
     messages = [str(m) for m in client.get("/console/jobs/").context["messages"]]
     assert messages[1].startswith("3 jobs could not be cancelled") and "abc (no such job)" in messages[1]
+
+
+def test_filtering_by_reason_code(client, world, queue):
+    code = Job.objects.get(pk=queue["low"].pk).pending_reason_code
+    client.force_login(world["alice"])
+    html = client.get(f"/console/jobs/?reason={code}").content.decode()
+    rows = cells(html)
+    assert queue["low"].pk in rows and queue["runner"].pk not in rows
+    assert all(f"<code>{code}</code>" in row["reason"] for row in rows.values())
+    assert set(cells(client.get("/console/jobs/?reason=awaiting_approval").content.decode())) == set()
