@@ -23,10 +23,10 @@ from scheduler.models import Device
 def home(request):
     """Send each person to the first page their role may use (the auditor straight to the audit trail)."""
     sections = sections_for(request.user)
-    if Section.OVERVIEW in sections:
-        return redirect("frontend:overview")
     if Section.AUDIT in sections:
         return redirect("frontend:audit")
+    if Section.OVERVIEW in sections:
+        return redirect("frontend:overview")
     return render(request, "frontend/empty.html", {})
 
 

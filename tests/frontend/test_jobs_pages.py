@@ -145,10 +145,23 @@ def test_job_list_filters_by_state_and_exports_csv(client, world):
     assert len(csv_lines) == 2 and ",keep," in csv_lines[1]
 
 
-@pytest.mark.parametrize("role", [PlatformRole.AUDITOR, PlatformRole.SECURITY_ADMIN])
-def test_jobs_are_hidden_from_auditor_and_security_admin(client, world, role):
-    client.force_login(make_user(platform_role=role))
+def test_jobs_are_hidden_from_security_admin(client, world):
+    client.force_login(make_user(platform_role=PlatformRole.SECURITY_ADMIN))
     assert client.get("/console/jobs/").status_code == 404
+
+
+def test_auditor_reads_every_job_as_the_api_does_and_cancels_none(client, world):
+    """The access policy: an auditor reads every job (console and API alike) and changes nothing."""
+    job = submit(world["carol"], world["nlp"], name="nlp-job")
+    auditor = make_user(platform_role=PlatformRole.AUDITOR)
+    client.force_login(auditor)
+    assert "nlp-job" in client.get("/console/jobs/").content.decode()
+    page = client.get(f"/console/jobs/{job.pk}/")
+    assert page.status_code == 200 and page.context["can_cancel"] is False
+    client.post(f"/console/jobs/{job.pk}/cancel/", {"reason": "audit"})
+    job.refresh_from_db()
+    assert job.state != JobState.CANCELLED
+    assert client.get("/console/jobs/submit/").status_code == 403
 
 
 def test_system_admin_sees_all_jobs_but_has_no_submit_form(client, world):

@@ -40,9 +40,10 @@ def test_home_sends_auditor_to_audit_and_admin_to_overview(client):
     assert client.get("/")["Location"] == "/console/overview/"
 
 
-def test_auditor_gets_404_for_the_overview(client):
+def test_auditor_reads_the_overview_but_lands_on_the_audit_trail(client):
     client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
-    assert client.get("/console/overview/").status_code == 404
+    assert client.get("/console/overview/").status_code == 200
+    assert client.get("/")["Location"] == "/console/audit/"
 
 
 def test_navigation_shows_only_what_the_role_may_use(client):

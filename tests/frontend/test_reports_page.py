@@ -80,8 +80,12 @@ def test_report_downloads_as_csv_and_xlsx(client, usage_world):
     assert {"tenants", "detail"} <= set(workbook.sheetnames)
 
 
-def test_members_and_auditors_have_no_reports(client, usage_world):
+def test_reports_follow_the_policy_usage_view(client, usage_world):
+    """usage.view: the auditor reads every tenant's usage, a member their own tenants' (as the API answers
+    them); the security admin none."""
     client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
-    assert client.get("/console/reports/").status_code == 404
+    assert client.get("/console/reports/").status_code == 200
     client.force_login(make_member(usage_world["vision"]))
+    assert client.get("/console/reports/").status_code == 200
+    client.force_login(make_user(platform_role=PlatformRole.SECURITY_ADMIN))
     assert client.get("/console/reports/").status_code == 404

@@ -49,9 +49,12 @@ def test_members_get_no_inbox_count(client, tree):
     assert client.get("/console/tenants/").context["inbox_count"] is None
 
 
-def test_auditor_has_no_tenant_pages(client, tree):
+def test_auditor_reads_tenant_pages_without_change_controls(client, tree):
     client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
-    assert client.get("/console/tenants/").status_code == 404
+    assert client.get("/console/tenants/").status_code == 200
+    page = client.get(f"/console/tenants/{tree['acme'].pk}/")
+    assert page.status_code == 200
+    assert page.context["can_request"] is False and page.context["can_set_quota"] is False
 
 
 def test_tree_shows_each_tenants_quota_bars(client, tree):
