@@ -119,21 +119,32 @@ def policy_action_for(view: Any, request: Any) -> Action | None:
 # --- DRF permission classes -------------------------------------------------------------------------------
 
 
-def _bound_to_object(request, view) -> bool:
-    """Whether the request names an object: in its URL (a detail route) or, for the actions a view lists in
-    ``policy_body_object``, in its body (the tenant a membership or a child tenant is for)."""
+def _names_hidden_object(request, view) -> bool:
+    """Whether the request reads tenant-scoped objects or names one (in its URL, or in its body for the
+    actions a view lists in ``policy_body_object``): those are hidden per tenant, so what the caller may not
+    read must answer 404 before any rule is applied. Views of such objects set ``policy_hides_objects``."""
+    if not getattr(view, "policy_hides_objects", False):
+        return False
     key = getattr(view, "action", None) or request.method.lower()
-    return bool(getattr(view, "kwargs", None)) or key in getattr(view, "policy_body_object", ())
+    return (
+        request.method in SAFE_METHODS
+        or bool(getattr(view, "kwargs", None))
+        or key in getattr(view, "policy_body_object", ())
+    )
 
 
 class PolicyPermission(BasePermission):
-    """The API's one permission check (in the default permission classes). The view names the policy action
-    of each request (``policy_actions``); a Bearer token's scope must cover it (403). Then, in the policy's
-    order: an object outside what the caller may read is missing (404: the selectors' ``restrict``); a
-    visible object the caller may not act on is a 403 (``has_object_permission`` here, or the service's
-    ``allows`` for objects a view fetches itself); a request naming no object is a 403 at once when the
-    caller's roles have no rule for the action. Reads naming no object are narrowed, never refused. A view
-    that names no action is read-only."""
+    """The API's one permission check (in the default permission classes), in the policy's order:
+
+    1. the view names the policy action of each request (``policy_actions``); a Bearer token's scope must
+       cover it (403);
+    2. tenant-scoped objects (``policy_hides_objects``) the caller may not read are missing: lists are
+       narrowed and a named one is a 404 (the selectors' ``restrict``);
+    3. otherwise the caller's roles need a rule for the action (403), and on a named object the rule must
+       reach it (``has_object_permission`` here, or the service's ``allows`` for objects a view fetches
+       itself: 403).
+
+    A view that names no action is read-only."""
 
     message = "You may not do this."
 
@@ -145,7 +156,7 @@ class PolicyPermission(BasePermission):
             return request.method in SAFE_METHODS
         if not self._token_covers(token, action, request):
             return False
-        if request.method in SAFE_METHODS or _bound_to_object(request, view):
+        if _names_hidden_object(request, view):
             return True
         if not may(request.user, action):
             self.message = f"Your role does not allow {action.value!r} (see docs/permissions.md)."

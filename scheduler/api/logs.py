@@ -71,6 +71,7 @@ class JobLogView(APIView):
 
     renderer_classes = [JSONRenderer, PlainTextRenderer]
     policy_actions = {"get": Action.JOB_VIEW}
+    policy_hides_objects = True
 
     def finalize_response(self, request: Request, response: Response, *args, **kwargs) -> Response:
         """Errors are the API's JSON ``{"code", "detail"}`` whatever format the text was asked in."""

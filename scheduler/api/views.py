@@ -49,6 +49,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         "load": Action.JOB_MANAGE,
     }
     policy_body_object = ("create",)  # the tenant named in the spec
+    policy_hides_objects = True
     ordering_fields = ["id", "submitted_at", "started_at", "finished_at", "priority_class", "state", "name"]
     search_fields = ["name", "submitter__username", "tenant__slug"]
 

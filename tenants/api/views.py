@@ -44,8 +44,10 @@ def _validated(serializer_class: type, request: Request, **kwargs: Any) -> dict:
 
 
 class PolicyViewSet(viewsets.GenericViewSet):
-    """A viewset whose objects, fetched through a selector (404 outside what the caller may read), are then
-    held to the policy's rule for the request's action (403)."""
+    """A viewset of tenant-scoped objects: fetched through a selector (404 outside what the caller may read),
+    then held to the policy's rule for the request's action (403)."""
+
+    policy_hides_objects = True
 
     def _checked(self, obj: Any) -> Any:
         self.check_object_permissions(self.request, obj)
@@ -362,6 +364,7 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewS
 
 class TenantQuotaUsageView(APIView):
     policy_actions = {"get": Action.QUOTA_VIEW}
+    policy_hides_objects = True
 
     @extend_schema(
         summary="Quota and current use of a tenant, per flavor (millis; 1000 = one card)",
@@ -375,6 +378,7 @@ class TenantQuotaUsageView(APIView):
 
 class TenantApprovalThresholdView(APIView):
     policy_actions = {"post": Action.TENANT_THRESHOLD}
+    policy_hides_objects = True
 
     @extend_schema(
         summary="Set the size above which a tenant's jobs wait for approval (system admin)",
@@ -512,6 +516,7 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyVi
     retrieve=extend_schema(summary="One delivery", responses={200: s.NotificationDeliverySerializer, **ERRORS}),
 )
 class NotificationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewSet):
+    policy_hides_objects = False  # the platform's, not a tenant's: no rule, a 403
     serializer_class = s.NotificationDeliverySerializer
     filterset_class = NotificationFilterSet
     http_method_names = ["get", "post", "head", "options"]
@@ -571,6 +576,7 @@ class UsageReportView(APIView):
     """Showback: device-hours per tenant (rolled up the tree), flavor, user and job, for the tenants you see."""
 
     policy_actions = {"get": Action.USAGE_VIEW}
+    policy_hides_objects = True  # the tenant of ?tenant=
 
     @extend_schema(
         summary="Usage report (device-hours, cost) as JSON, CSV or XLSX",

@@ -8,12 +8,13 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
-from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from portal.api import PermissionDeniedError
+from portal.policy import Action
 from scheduler.fleet import selectors
 from scheduler.fleet.api.serializers import (
     BootstrapTokenCreateInput,
@@ -31,15 +32,8 @@ from scheduler.fleet.services.inventory import device_rehome
 from scheduler.models import Device, Node
 
 
-class IsSystemAdmin(BasePermission):
-    message = "Only a system admin manages node agents."
-
-    def has_permission(self, request, view) -> bool:
-        return selectors.is_telemetry_admin(request.user)
-
-
 class BootstrapTokenCreateView(APIView):
-    permission_classes = [IsSystemAdmin]
+    policy_actions = {"post": Action.FLEET_MANAGE}
 
     @extend_schema(request=BootstrapTokenCreateInput, responses={201: BootstrapTokenOutput})
     def post(self, request: Request) -> Response:
@@ -60,6 +54,7 @@ class RegisterView(APIView):
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
+    policy_actions = {"post": Action.AGENT_REGISTER}
 
     @extend_schema(request=RegisterInput, responses={201: RegisterOutput})
     def post(self, request: Request) -> Response:
@@ -71,11 +66,12 @@ class RegisterView(APIView):
 
 
 class NodeRevokeView(APIView):
-    permission_classes = [IsSystemAdmin]
+    policy_actions = {"post": Action.FLEET_MANAGE}
 
     @extend_schema(request=None, responses={200: dict})
     def post(self, request: Request, pk: int) -> Response:
         node = get_object_or_404(Node, pk=pk)
+        self.check_object_permissions(request, node)
         revoked = node_credentials_revoke(actor=request.user, node=node, request=request)
         return Response({"node_id": node.pk, "revoked": revoked})
 
@@ -83,14 +79,14 @@ class NodeRevokeView(APIView):
 class DeviceRehomeView(APIView):
     """A system admin gives a card that really moved to its new node (a hello claiming it is refused until then)."""
 
-    permission_classes = [IsSystemAdmin]
-    required_scope = "admin"
+    policy_actions = {"post": Action.FLEET_MANAGE}
 
     @extend_schema(request=DeviceRehomeInput, responses={200: DeviceRehomeOutput})
     def post(self, request: Request, pk: int) -> Response:
         data = DeviceRehomeInput(data=request.data)
         data.is_valid(raise_exception=True)
         device = get_object_or_404(Device.objects.select_related("node"), pk=pk)
+        self.check_object_permissions(request, device)
         node = get_object_or_404(Node, name=data.validated_data["node"])
         device = device_rehome(actor=request.user, device=device, node=node, request=request)
         body = {"id": device.pk, "uuid": device.uuid, "node": node.name, "index": device.index}
@@ -98,7 +94,7 @@ class DeviceRehomeView(APIView):
 
 
 class FleetNodeListView(generics.ListAPIView):
-    permission_classes = [IsSystemAdmin]
+    policy_actions = {"get": Action.FLEET_VIEW}
     serializer_class = FleetNodeOutput
 
     def get_queryset(self):
@@ -109,6 +105,7 @@ class TelemetryHistoryView(APIView):
     """The last minutes of stored telemetry (minute rollups) of the cards the caller may watch live: every card
     for a system admin, the cards their tenants hold now (from when the holding began) for tenant users."""
 
+    policy_actions = {"get": Action.TELEMETRY_VIEW}
     #: Wall clock; tests replace it.
     clock = staticmethod(timezone.now)
 
