@@ -13,6 +13,8 @@ import re
 
 from django.utils.translation import gettext, gettext_noop
 
+from tenants.models import ApprovalStepRole
+
 _SLUG = r"[\w.-]+"
 
 # (the whole message, its English template with the same named groups). The template is the msgid.
@@ -38,7 +40,16 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
             "at least the guarantee."
         ),
     ),
+    (
+        re.compile(
+            r"This step waits for a (?P<role>[a-z ]+); a system admin deciding it instead must say why \(comment\)\."
+        ),
+        gettext_noop("This step waits for a %(role)s; a system admin deciding it instead must say why (comment)."),
+    ),
 ]
+
+# An approver role as the services write it in a sentence (the stored value with spaces) -> its label.
+_ROLE_WORDS = {role.value.replace("_", " "): role.label for role in ApprovalStepRole}
 
 
 def localize(message: str) -> str:
@@ -46,5 +57,8 @@ def localize(message: str) -> str:
     for pattern, template in PATTERNS:
         match = pattern.fullmatch(message)
         if match:
-            return gettext(template) % match.groupdict()
+            data = match.groupdict()
+            if "role" in data:
+                data["role"] = str(_ROLE_WORDS.get(data["role"], data["role"]))
+            return gettext(template) % data
     return message

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 
 from frontend.access import Section, section_required, sections_for
 from frontend.forms import DecisionForm, QuotaChangeForm
+from frontend.service_text import localize
 from frontend.summaries import flavor_capacity, guarantee_overcommit
 from portal.api import DomainError, NotFoundError
 from portal.policy import Action
@@ -203,7 +204,7 @@ def quota_request(request, pk: int):
                 request=request,
             )
         except DomainError as exc:
-            messages.error(request, exc.message)
+            messages.error(request, localize(exc.message))
         else:
             messages.success(
                 request,
@@ -276,7 +277,7 @@ def approval_detail(request, pk: int):
             try:
                 decide(actor=request.user, approval=approval, comment=form.cleaned_data["comment"], request=request)
             except DomainError as exc:
-                messages.error(request, exc.message)
+                messages.error(request, localize(exc.message))
             else:
                 messages.success(request, _("Decision recorded."))
                 return redirect("frontend:approval-detail", pk=approval.pk)

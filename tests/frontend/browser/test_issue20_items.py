@@ -30,6 +30,15 @@ import json
 from tenants.models import Tenant
 print(json.dumps({t.slug: t.pk for t in Tenant.objects.all()}))
 """
+ADD_TEAM_ADMIN = """
+from portal.demo import DEMO_PASSWORD
+from tenants.models import Tenant, User
+from tenants.services.identity import user_create
+from tenants.services.memberships import membership_create
+if not User.objects.filter(username="dora").exists():
+    dora = user_create(actor=None, username="dora", password=DEMO_PASSWORD)
+    membership_create(actor=None, user=dora, tenant=Tenant.objects.get(slug="acme-vision"), role="tenant_admin")
+"""
 # What each node holds, summed here from the allocation rows themselves (not through the console's selector).
 ALLOCATED_BY_NODE = """
 import json
@@ -54,6 +63,7 @@ JOB_SHARE = (
     "This job holds %(share)s of this card, which other jobs share: its part of the card's work is estimated from "
     "the allocations; the rest is other jobs\u2019 work, not shown in detail."
 )
+OVERRIDE_REFUSED = "This step waits for a %(role)s; a system admin deciding it instead must say why (comment)."
 OVERCOMMITTED = (
     "Overcommitted: %(flavor)s guarantees add up to %(g)s cards, but the pool has %(c)s schedulable cards of it. "
     "Guarantees cannot all be met at once."
@@ -187,6 +197,51 @@ def test_1_4_a_request_names_who_decides_and_the_system_admin_decides_it(
     expect(admin.get_by_text(tr(language, "Decision recorded."))).to_be_visible()
     assert admin.get_by_test_id("approval-status").inner_text() == tr(language, ApprovalStatus.APPROVED.label)
     expect(admin.locator("ol.timeline")).to_contain_text(f"fits ({language})")
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_1_a_system_admin_decides_a_step_waiting_for_someone_else_with_a_comment(
+    browser, live_demo, tenant_ids, pages, language
+):
+    from tenants.models import ApprovalStepRole
+
+    live_demo.python(ADD_TEAM_ADMIN)
+    # dora (tenant admin of Vision) asks; the step waits for alice, the admin of Research above it.
+    dora = signed_in(browser, live_demo, "dora", language)
+    pages.append(dora)
+    dora.goto(f"/console/tenants/{tenant_ids['acme-vision']}/?flavor=nvidia-h100-80g")
+    form = dora.locator("form[action$='/quota-request/']")
+    jobs_field = form.get_by_label(tr(language, "Maximum running jobs (empty = no limit)"))
+    jobs_field.fill(str(int(jobs_field.input_value() or 60) + 1))
+    form.get_by_role("button", name=tr(language, "Send for approval")).click()
+    dora.wait_for_url(re.compile(r"/console/approvals/\d+/$"))
+    approval_path = dora.url.removeprefix(live_demo.base_url)
+    plan = dora.get_by_test_id("approval-plan").locator("li")
+    expect(plan.first).to_contain_text(tr(language, ApprovalStepRole.PARENT_TENANT_ADMIN.label))
+    expect(plan.first).to_contain_text("alice")
+
+    admin = signed_in(browser, live_demo, "admin", language)
+    pages.append(admin)
+    admin.goto("/console/approvals/")
+    admin.get_by_test_id("overridable").locator(f"a[href='{approval_path}']").first.click()
+    expect(admin.get_by_test_id("override-note")).to_contain_text(
+        tr_pattern(
+            language,
+            "This step waits for a %(role)s. As a system admin you may decide it instead; say why in the comment "
+            "(it is audited).",
+            role=re.escape(tr(language, ApprovalStepRole.PARENT_TENANT_ADMIN.label)),
+        )
+    )
+    # Without a comment the override is refused, in the page's language.
+    admin.get_by_role("button", name=tr(language, "Approve"), exact=True).click()
+    parent_admin = re.escape(tr(language, ApprovalStepRole.PARENT_TENANT_ADMIN.label))
+    expect(admin.locator(".msg.error")).to_have_text(tr_pattern(language, OVERRIDE_REFUSED, role=parent_admin))
+    admin.get_by_label(tr(language, "Comment")).fill(f"alice is away ({language})")
+    admin.get_by_role("button", name=tr(language, "Approve"), exact=True).click()
+    expect(admin.get_by_text(tr(language, "Decision recorded."))).to_be_visible()
+    history = admin.locator("ol.timeline")
+    expect(history).to_contain_text(f"alice is away ({language})")
+    expect(history).to_contain_text(f"admin ({tr(language, ApprovalStepRole.PARENT_TENANT_ADMIN.label)})")
 
 
 # --- 2, 6, 7, 9, 10: a running job: live output, its share of the card, its page on a phone -------------------
