@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import ConflictError, PermissionDeniedError
 from scheduler import access, outbox
+from scheduler.fleet.fencing import lease_timing
 from scheduler.models import Allocation, Node, NodeStatus, ResourceFlavor
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _lock_job, job_transition
@@ -67,7 +67,7 @@ def node_drain(*, node: Node, actor: Any | None, grace_s: float = outbox.DEFAULT
 def node_uncordon(*, node: Node, actor: Any | None) -> Node:
     """Schedulable again: ``ready`` if its agent is alive (recent heartbeat), else ``not_ready``."""
     _require_system_admin(actor)
-    lease_s = getattr(settings, "GPUPOOL_HEARTBEAT_INTERVAL_S", 5) * getattr(settings, "GPUPOOL_LEASE_MISSES", 3)
+    lease_s = lease_timing().lease_s
     alive = node.last_heartbeat_at is not None and node.last_heartbeat_at >= timezone.now() - timedelta(seconds=lease_s)
     status = NodeStatus.READY if alive else NodeStatus.NOT_READY
     return _node_set_status(node=node, actor=actor, status=status, action="node.uncordon")

@@ -11,6 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from scheduler.fleet.fencing import lease_timing
 from scheduler.fleet.models import NodeAgent
 from scheduler.fleet.services._common import _request_cycle
 from scheduler.models import Node, NodeStatus
@@ -68,7 +69,7 @@ def lease_check(*, now: datetime | None = None) -> dict[str, list[int]]:
     becomes ``not_ready`` so nothing new is placed on it — and requeue the jobs of nodes lost for longer than
     ``GPUPOOL_NODE_LOST_GRACE_S``. Idempotent; run periodically by Celery beat."""
     now = now or timezone.now()
-    lease_s = settings.GPUPOOL_HEARTBEAT_INTERVAL_S * settings.GPUPOOL_LEASE_MISSES
+    lease_s = lease_timing().lease_s
     expired_before = now - timedelta(seconds=lease_s)
     lost: list[int] = []
     requeued: list[int] = []
