@@ -22,6 +22,9 @@ from scheduler.services.transitions import S, _end_allocations, _lock_job, _requ
 logger = logging.getLogger(__name__)
 
 
+# --- reports from agents ------------------------------------------------------------------------------
+
+
 @transaction.atomic
 def workload_status_report(
     *,
@@ -197,6 +200,9 @@ def node_jobs_requeue(
     if job_ids:
         transaction.on_commit(request_cycle)
     return count
+
+
+# --- stops never confirmed ---------------------------------------------------------------------------
 
 
 def jobs_awaiting_stop_sweep(*, older_than_s: float = 300.0) -> int:

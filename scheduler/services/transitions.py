@@ -135,7 +135,7 @@ def _end_allocations(queryset, *, now: datetime | None = None) -> int:
     return ended
 
 
-# --- reports from agents ------------------------------------------------------------------------------
+# --- requeue, reservations ---------------------------------------------------------------------------
 
 
 def _requeue(job: Job, *, reason: str, message: str) -> None:

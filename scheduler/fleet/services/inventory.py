@@ -24,7 +24,7 @@ from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Nod
 logger = logging.getLogger(__name__)
 
 
-# --- inventory, lease -----------------------------------------------------------------------------------------
+# --- inventory -----------------------------------------------------------------------------------------------
 
 
 def _flavor_mapping() -> dict[str, str]:
