@@ -49,6 +49,13 @@ def take(page, output: Path, name: str, *, full_page: bool = False) -> None:
     print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
+def take_element(locator, output: Path, name: str) -> None:
+    """Just one part of a page (the heatmap, the output panel), for a page of the docs that explains it."""
+    path = output / f"{name}.png"
+    locator.screenshot(path=str(path))
+    print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
 def wait_points(page, selector: str, points: int, timeout_ms: int = 30_000) -> None:
     page.wait_for_function(
         f"() => [...document.querySelectorAll({selector!r})].some(e => Number(e.dataset.points || 0) >= {points})",
@@ -67,9 +74,8 @@ def main(argv: list[str]) -> int:
             browser = launch_chromium(playwright)
 
             def page_for(username: str | None, **context_options):
-                context = browser.new_context(
-                    viewport={"width": 1366, "height": 860}, base_url=demo.base_url, **context_options
-                )
+                context_options.setdefault("viewport", {"width": 1366, "height": 860})
+                context = browser.new_context(base_url=demo.base_url, **context_options)
                 context.set_default_timeout(60_000)
                 page = context.new_page()
                 if username:
@@ -88,15 +94,37 @@ def main(argv: list[str]) -> int:
             bob.locator("[data-testid='job-state']", has_text="running").wait_for()
             wait_points(bob, "[data-device-chart]", 12)
             take(bob, output, "job", full_page=True)
+            # The output panel follows the job's log as it runs.
+            bob.get_by_test_id("job-log").get_by_text("epoch 8").wait_for()
+            take_element(bob.get_by_test_id("job-log-panel"), output, "job-log")
+            # Two jobs too big for the cards free now wait in the queue, with a reason and a position.
+            waiting = submit_job(bob, name="llama-pretrain", cards=8)
+            submit_job(bob, name="llama-eval", cards=8)
+            bob.goto(waiting)
+            bob.get_by_test_id("queue-position").wait_for()
             bob.goto("/console/jobs/")
             take(bob, output, "jobs")
             bob.goto("/console/jobs/submit/")
             take(bob, output, "submit", full_page=True)
+            # An API token made on the account page, used once (its "last used" filled in), the secret not shown.
+            bob.goto("/console/account/tokens/")
+            bob.get_by_label("Name").fill("laptop CLI")
+            bob.get_by_role("button", name="Create token").click()
+            secret = bob.get_by_test_id("token-secret").input_value()
+            bob.request.get("/api/v1/me/", headers={"Authorization": f"Bearer {secret}"})
+            bob.goto("/console/account/tokens/")
+            take(bob, output, "tokens")
+
+            phone = page_for("bob", viewport={"width": 390, "height": 844})
+            phone.goto(take_submit)
+            phone.get_by_test_id("job-log").get_by_text("epoch 3").wait_for()
+            take(phone, output, "job-phone")
 
             admin = page_for("admin")
             admin.goto("/console/overview/")
             wait_points(admin, "[data-flavor-chart]", 8)
             take(admin, output, "overview", full_page=True)
+            take_element(admin.get_by_test_id("fleet-heatmap"), output, "heatmap")
             admin.goto("/console/nodes/")
             take(admin, output, "nodes")
             admin.get_by_role("link", name="sim-00").click()
@@ -114,8 +142,7 @@ def main(argv: list[str]) -> int:
             # A quota request from a team admin waits in alice's inbox (she administers the parent tenant).
             demo.python(ADD_TEAM_ADMIN)
             dora = page_for("dora")
-            dora.goto(alice.url)
-            dora.get_by_label("Flavor", exact=True).select_option("nvidia-h100-80g")
+            dora.goto(f"{alice.url}?flavor=nvidia-h100-80g")
             dora.get_by_label("Guaranteed (cards)").fill("5")
             dora.get_by_label("Limit incl. borrowing (cards, empty = no limit)").fill("8")
             dora.get_by_label("Reason").fill("Second vision model needs two more cards through Q3.")
@@ -126,11 +153,19 @@ def main(argv: list[str]) -> int:
             alice.goto(dora.url)
             take(alice, output, "approval")
 
+            security = page_for("security")
+            security.goto("/console/users/")
+            take(security, output, "users")
+
             auditor = page_for("auditor")
             auditor.goto("/console/audit/")
             auditor.get_by_role("button", name="Verify the chain now").click()
             auditor.wait_for_url("**/console/audit/")
             take(auditor, output, "audit")
+            auditor.goto("/console/audit/?action=quota.update")
+            auditor.locator("table.data tbody tr td a").first.click()
+            auditor.wait_for_url("**/console/audit/*/")
+            take(auditor, output, "audit-record", full_page=True)
 
             dark = page_for("admin", color_scheme="dark")
             dark.goto("/console/overview/")

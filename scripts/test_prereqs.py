@@ -33,6 +33,15 @@ def ensure_chromium() -> None:
     subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env)
 
 
+def ensure_cjk_font() -> None:
+    """A Chinese font for chromium (Debian's fonts-wqy-microhei), so the Simplified Chinese pages in the browser
+    tests' screenshots and in ``python -m frontend.screenshots`` show characters, not empty boxes."""
+    if Path("/usr/share/fonts/truetype/wqy/wqy-microhei.ttc").exists():
+        return
+    if _apt("install", "-y", "-qq", "fonts-wqy-microhei"):
+        print("test_prereqs: installed fonts-wqy-microhei for the Chinese pages")
+
+
 def _apt(*args: str) -> bool:
     if not shutil.which("apt-get") or os.geteuid() != 0:
         return False
@@ -73,6 +82,7 @@ def ensure_deploy_validators() -> None:
 
 def main() -> None:
     ensure_chromium()
+    ensure_cjk_font()
     ensure_deploy_validators()
 
 
