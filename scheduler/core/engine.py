@@ -85,7 +85,7 @@ def validate(job: PendingJob) -> str | None:
         if req.memory_mib <= 0:
             return "a fractional request must state memory_mib"
     elif req.millis % MILLIS_PER_DEVICE:
-        return "more than one card must be a whole number of cards (a multiple of 1000 millis)"
+        return f"more than one card must be a whole number of cards (a multiple of {MILLIS_PER_DEVICE} millis)"
     if req.memory_mib < 0:
         return "memory_mib cannot be negative"
     if req.cpu_millicores < 0 or req.host_memory_mib < 0:
@@ -286,10 +286,7 @@ class _Cycle:
             return
         if any(self._backfill_held(job, attempt) for attempt in unfit):
             return
-        if diagnosis.unfit:
-            if any(self._preempt_for(job, attempt) for attempt in unfit):
-                return
-        elif diagnosis.quota_refused() and self._preempt_for_quota(job):
+        if self._preempt(job, diagnosis, unfit):
             return
         reason = diagnosis.reason()
         message = reason.message
@@ -537,6 +534,13 @@ class _Cycle:
             f"waiting for {len(waiting)} preempted job(s) to stop; {len({d for d, _ in held})} {flavor} "
             "device(s) are held for it meanwhile",
         )
+
+    def _preempt(self, job: PendingJob, diagnosis: _Diagnosis, unfit: list[_Attempt]) -> bool:
+        """Step 4 for a job that fits nowhere: a victim search on each flavor it was admitted on but found no
+        devices (``unfit``, in order); only if it was admitted on none, a search among its own quota's work."""
+        if diagnosis.unfit:
+            return any(self._preempt_for(job, attempt) for attempt in unfit)
+        return diagnosis.quota_refused() and self._preempt_for_quota(job)
 
     def _preempt_for_quota(self, job: PendingJob) -> bool:
         """A job its own quota refuses may stop lower-priority work charged to the same quota node."""

@@ -271,36 +271,19 @@ class _Forward:
         if job is None:
             return
         self.starts.setdefault(job.job_id, at)
-        borrowed_left = place.borrowed_millis
         joining = job.job_id in self.allocs  # a running inference service scaling up
-        rows = self.allocs[job.job_id]
-        for a in place.assignments:
-            borrowed = min(borrowed_left, a.millis)
-            borrowed_left -= borrowed
-            rows.append(
-                Allocation(
-                    job_id=job.job_id,
-                    replica=a.replica,
-                    device_uuid=a.device_uuid,
-                    node=a.node,
-                    tenant=job.tenant,
-                    flavor=place.flavor,
-                    millis=a.millis,
-                    memory_mib=a.memory_mib,
-                    priority=job.priority,
-                    preemptible=job.preemptible,
-                    borrowed_millis=borrowed,
-                    started_at=at,
-                    last_checkpoint_at=at,
-                    # What the live engine is told (a pending job carries its runtime estimate), not our guess.
-                    expected_end_at=at + job.runtime_estimate_s if job.runtime_estimate_s else None,
-                    kind=job.kind,
-                    reservation_of=a.reservation_of,
-                    cpu_millicores=a.cpu_millicores,
-                    host_memory_mib=a.host_memory_mib,
-                    preemptions=job.preemptions,
-                )
+        self.allocs[job.job_id].extend(
+            place.allocations(
+                priority=job.priority,
+                preemptible=job.preemptible,
+                started_at=at,
+                last_checkpoint_at=at,
+                # What the live engine is told (a pending job carries its runtime estimate), not our guess.
+                expected_end_at=at + job.runtime_estimate_s if job.runtime_estimate_s else None,
+                kind=job.kind,
+                preemptions=job.preemptions,
             )
+        )
         self.reservations.extend(
             Reservation(job.job_id, job.tenant, r.node, r.device_uuid, place.flavor, r.millis, r.memory_mib)
             for r in place.reserved

@@ -364,6 +364,49 @@ class Place:
     def replicas(self) -> int:
         return len({a.replica for a in self.assignments})
 
+    def allocations(
+        self,
+        *,
+        priority: int,
+        preemptible: bool,
+        started_at: float,
+        last_checkpoint_at: float | None,
+        expected_end_at: float | None,
+        kind: JobKind = JobKind.TRAINING,
+        preemptions: int = 0,
+    ) -> list[Allocation]:
+        """The running rows this placement becomes once the job starts (for a caller that steps the engine
+        forward: the forecast, the simulator). ``borrowed_millis`` goes onto the first assignments in order."""
+        rows = []
+        borrowed_left = self.borrowed_millis
+        for a in self.assignments:
+            borrowed = min(borrowed_left, a.millis)
+            borrowed_left -= borrowed
+            rows.append(
+                Allocation(
+                    job_id=self.job_id,
+                    replica=a.replica,
+                    device_uuid=a.device_uuid,
+                    node=a.node,
+                    tenant=self.tenant,
+                    flavor=self.flavor,
+                    millis=a.millis,
+                    memory_mib=a.memory_mib,
+                    priority=priority,
+                    preemptible=preemptible,
+                    borrowed_millis=borrowed,
+                    started_at=started_at,
+                    last_checkpoint_at=last_checkpoint_at,
+                    expected_end_at=expected_end_at,
+                    kind=kind,
+                    reservation_of=a.reservation_of,
+                    cpu_millicores=a.cpu_millicores,
+                    host_memory_mib=a.host_memory_mib,
+                    preemptions=preemptions,
+                )
+            )
+        return rows
+
 
 @dataclass(frozen=True, slots=True)
 class Preempt:

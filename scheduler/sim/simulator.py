@@ -429,33 +429,17 @@ class Simulator:
         run.productive_from = t + overhead
         estimate = self._estimate_left(run)
         expected = run.productive_from + estimate if estimate is not None else None
-        borrowed_left = place.borrowed_millis
-        allocs = []
+        # The simulator runs no inference services: every job is a training job (the default kind).
+        allocs = place.allocations(
+            priority=j.priority,
+            preemptible=j.preemptible,
+            started_at=t,
+            last_checkpoint_at=run.productive_from,
+            expected_end_at=expected,
+            preemptions=rec.preemptions,
+        )
         held = 0
         for a in place.assignments:
-            borrowed = min(borrowed_left, a.millis)
-            borrowed_left -= borrowed
-            allocs.append(
-                Allocation(
-                    job_id=j.job_id,
-                    replica=a.replica,
-                    device_uuid=a.device_uuid,
-                    node=a.node,
-                    tenant=j.tenant,
-                    flavor=place.flavor,
-                    millis=a.millis,
-                    memory_mib=a.memory_mib,
-                    priority=j.priority,
-                    preemptible=j.preemptible,
-                    borrowed_millis=borrowed,
-                    started_at=t,
-                    last_checkpoint_at=run.productive_from,
-                    expected_end_at=expected,
-                    cpu_millicores=a.cpu_millicores,
-                    host_memory_mib=a.host_memory_mib,
-                    preemptions=rec.preemptions,
-                )
-            )
             held += min(a.millis, MILLIS_PER_DEVICE)
             self.node_jobs[a.node].add(j.job_id)
         run.allocs = tuple(allocs)
