@@ -203,7 +203,7 @@ def test_1_4_a_request_names_who_decides_and_the_system_admin_decides_it(
 def test_1_a_system_admin_decides_a_step_waiting_for_someone_else_with_a_comment(
     browser, live_demo, tenant_ids, pages, language
 ):
-    from tenants.models import ApprovalStepRole
+    from tenants.models import ApprovalStatus, ApprovalStepRole
 
     live_demo.python(ADD_TEAM_ADMIN)
     # dora (tenant admin of Vision) asks; the step waits for alice, the admin of Research above it.
@@ -242,6 +242,10 @@ def test_1_a_system_admin_decides_a_step_waiting_for_someone_else_with_a_comment
     history = admin.locator("ol.timeline")
     expect(history).to_contain_text(f"alice is away ({language})")
     expect(history).to_contain_text(f"admin ({tr(language, ApprovalStepRole.PARENT_TENANT_ADMIN.label)})")
+    # The next step is the system admin's own: no override, no comment needed, and the request is decided.
+    expect(admin.get_by_test_id("override-note")).to_have_count(0)
+    admin.get_by_role("button", name=tr(language, "Approve"), exact=True).click()
+    expect(admin.get_by_test_id("approval-status")).to_have_text(tr(language, ApprovalStatus.APPROVED.label))
 
 
 # --- 2, 6, 7, 9, 10: a running job: live output, its share of the card, its page on a phone -------------------
