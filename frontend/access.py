@@ -119,6 +119,9 @@ def section_required(section: str):
                 raise Http404
             return view(request, *args, **kwargs)
 
+        wrapped.policy_section_action = SECTION_ACTIONS[section]
+        if not hasattr(wrapped, "policy_action"):
+            wrapped.policy_action = SECTION_ACTIONS[section]
         return login_required(wrapped)
 
     return decorator
@@ -141,6 +144,18 @@ def action_required(action: Action):
     return decorator
 
 
+def declares_action(action: Action):
+    """Marks a console view that checks ``action`` itself, on the objects it offers (the submit page lists the
+    tenants ``restrict(…, job.submit)`` leaves and explains a refusal with a 403 instead of hiding)."""
+
+    def decorator(view):
+        view.policy_action = action
+        return view
+
+    return decorator
+
+
 def policy_action_of(view: Any) -> Action | None:
-    """The policy action a console view answers for (``section_required`` views: their section's)."""
+    """The policy action a console view answers for: its own (``action_required``, ``declares_action``), else
+    its section's (``section_required``)."""
     return getattr(view, "policy_action", None)

@@ -89,6 +89,7 @@ TOKEN_SCOPE_RANK = {TokenScopeName.READ: 1, TokenScopeName.WRITE: 2, TokenScopeN
 class Action(StrEnum):
     """Everything the portal lets someone do, named ``<object>.<verb>``."""
 
+    API_INDEX = "api.index"
     OVERVIEW_VIEW = "overview.view"
     ME_VIEW = "me.view"
     # tenants and their tree
@@ -147,6 +148,7 @@ class Action(StrEnum):
 
 #: What each action is, in words (the generated page's glossary).
 ACTION_TEXT: dict[Action, str] = {
+    Action.API_INDEX: "the API's map (/api/v1/)",
     Action.OVERVIEW_VIEW: "the console's overview (pool health)",
     Action.ME_VIEW: "read your own account, role and memberships",
     Action.TENANT_VIEW: "read tenants",
@@ -204,6 +206,7 @@ TOKEN_SCOPE: dict[Action, TokenScopeName] = {
     **{
         action: TokenScopeName.READ
         for action in (
+            Action.API_INDEX,
             Action.OVERVIEW_VIEW,
             Action.ME_VIEW,
             Action.TENANT_VIEW,
@@ -295,7 +298,7 @@ _TENANT_READS = (
 
 RULES: list[Rule] = [
     # Every signed-in account: the pool's shared capacity, its own account and tokens.
-    *_rules(_P.ANY_USER, _S.ALL, _A.OVERVIEW_VIEW, _A.NODE_VIEW, _A.FLAVOR_VIEW, _A.PRICE_VIEW),
+    *_rules(_P.ANY_USER, _S.ALL, _A.API_INDEX, _A.OVERVIEW_VIEW, _A.NODE_VIEW, _A.FLAVOR_VIEW, _A.PRICE_VIEW),
     *_rules(
         _P.ANY_USER,
         _S.OWN,

@@ -7,10 +7,11 @@ from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
-from rest_framework.decorators import api_view, permission_classes
-from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.policy import Action
 
 # name shown in the root → URL name of the list endpoint. Apps add their entries here as they grow.
 API_ROOT_LINKS: dict[str, str] = {
@@ -39,17 +40,21 @@ API_ROOT_LINKS: dict[str, str] = {
 }
 
 
-@extend_schema(summary="Map of the v1 API", responses=OpenApiTypes.OBJECT)
-@api_view(["GET"])
-@permission_classes([IsAuthenticated])
-def api_root(request: Request) -> Response:
-    links = {}
-    for label, url_name in API_ROOT_LINKS.items():
-        try:
-            links[label] = request.build_absolute_uri(reverse(url_name))
-        except NoReverseMatch:
-            continue
-    return Response({"version": "v1", "user": request.user.username, "links": links})
+class ApiRootView(APIView):
+    policy_actions = {"get": Action.API_INDEX}
+
+    @extend_schema(summary="Map of the v1 API", responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        links = {}
+        for label, url_name in API_ROOT_LINKS.items():
+            try:
+                links[label] = request.build_absolute_uri(reverse(url_name))
+            except NoReverseMatch:
+                continue
+        return Response({"version": "v1", "user": request.user.username, "links": links})
+
+
+api_root = ApiRootView.as_view()
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

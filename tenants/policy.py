@@ -151,6 +151,9 @@ def allows(user: Any, action: Action, obj: Any = None, *, token: Any = None) -> 
         return False
     if obj is None:
         return may(user, action)
+    if TENANT_PATH.get(_label(obj), "").count("__") > 1:
+        # Reached through a many-valued relation (an account's tenants are its memberships'): ask the database.
+        return restrict(type(obj).objects.filter(pk=obj.pk), user, action).exists()
     tenant = _tenant_of(obj)
     role_here: str | None = None
     role_above: str | None = None

@@ -16,9 +16,10 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from frontend.access import Section, section_required
+from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import TokenCreateForm, attach_domain_error
 from portal.api import DomainError, NotFoundError
+from portal.policy import Action
 from tenants import selectors as tenant_selectors
 from tenants.models import TOKEN_PREFIX
 from tenants.permissions import token_scopes_allowed
@@ -63,14 +64,14 @@ def token_list(request):
 
 @require_POST
 @section_required(Section.ACCOUNT)
+@action_required(Action.TOKEN_REVOKE)
 def token_revoke(request, pk: int):
-    """Revoke one of your own tokens (security admins revoke other people's from the account page)."""
+    """Revoke a token (the policy's token.revoke: your own; a security admin any, usually from the account
+    page of its owner)."""
     try:
         token = tenant_selectors.token_get_visible(user=request.user, pk=pk)
     except NotFoundError:
         raise Http404 from None
-    if token.user_id != request.user.pk:
-        raise Http404
     try:
         api_token_revoke(actor=request.user, token=token, request=request)
     except DomainError as exc:

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 from django_otp import devices_for_user
 from django_tables2 import RequestConfig
 
-from frontend.access import Section, section_required
+from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import (
     MembershipAddForm,
     MembershipRoleForm,
@@ -28,6 +28,7 @@ from frontend.admin_forms import (
 )
 from frontend.tables import UserTable
 from portal.api import DomainError, NotFoundError
+from portal.policy import Action
 from tenants import selectors as tenant_selectors
 from tenants.models import TOKEN_PREFIX
 from tenants.services import identity
@@ -103,6 +104,7 @@ def user_detail(request, pk: int):
 
 @require_POST
 @section_required(Section.USERS)
+@action_required(Action.USER_PLATFORM_ROLE)
 def user_set_role(request, pk: int):
     account = _user_or_404(request, pk)
     form = PlatformRoleForm(request.POST)
@@ -151,6 +153,7 @@ def user_mfa_reset(request, pk: int):
 
 @require_POST
 @section_required(Section.USERS)
+@action_required(Action.MEMBERSHIP_MANAGE)
 def membership_add(request, pk: int):
     account = _user_or_404(request, pk)
     tenants = list(tenant_selectors.tenants_visible_to(request.user))
@@ -175,6 +178,7 @@ def membership_add(request, pk: int):
 
 @require_POST
 @section_required(Section.USERS)
+@action_required(Action.MEMBERSHIP_MANAGE)
 def membership_change(request, pk: int, membership_pk: int):
     """Change a tenant role (``action=save``) or remove the membership (``action=remove``)."""
     account = _user_or_404(request, pk)
@@ -202,6 +206,7 @@ def membership_change(request, pk: int, membership_pk: int):
 
 @require_POST
 @section_required(Section.USERS)
+@action_required(Action.TOKEN_REVOKE)
 def user_token_revoke(request, pk: int, token_pk: int):
     """A security admin revokes someone's token (a leaked one)."""
     account = _user_or_404(request, pk)
@@ -243,6 +248,7 @@ def lockout_list(request):
 
 @require_POST
 @section_required(Section.LOCKOUTS)
+@action_required(Action.LOCKOUT_RESET)
 def lockout_reset(request, pk: int):
     try:
         attempt = tenant_selectors.auth_lockout_get_visible(user=request.user, pk=pk)

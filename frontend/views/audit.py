@@ -18,7 +18,7 @@ from audit.exports import build_bundle
 from audit.models import AuditRecord
 from audit.services import record_details
 from audit.verification import verify_trail
-from frontend.access import Section, section_required
+from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import tenant_choices
 from frontend.audit_details import audit_details
 from frontend.export import export_response
@@ -26,6 +26,7 @@ from frontend.filtersets import AuditFilterSet
 from frontend.forms import AuditExportForm
 from frontend.tables import AuditTable
 from portal.api import DomainError
+from portal.policy import Action
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 
@@ -83,6 +84,7 @@ def audit_detail(request, pk: int):
 
 @require_POST
 @section_required(Section.AUDIT)
+@action_required(Action.AUDIT_VERIFY)
 def audit_verify(request):
     report = verify_trail(actor=request.user)
     if report.ok:
@@ -102,6 +104,7 @@ def audit_verify(request):
 
 @require_POST
 @section_required(Section.AUDIT)
+@action_required(Action.AUDIT_EXPORT)
 def audit_export(request):
     """A signed bundle (records JSONL + CSV, manifest, checkpoints, public key) that ``python -m audit.verify``
     checks offline. POST because it is itself an audited action."""

@@ -15,7 +15,7 @@ from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
-from frontend.access import Section, section_required
+from frontend.access import Section, action_required, declares_action, section_required
 from frontend.admin_forms import tenant_path_labels
 from frontend.export import export_response
 from frontend.filtersets import JobFilterSet
@@ -80,6 +80,7 @@ def _job_id(value: str) -> int | None:
 
 @require_POST
 @section_required(Section.JOBS)
+@action_required(Action.JOB_MANAGE)
 def job_bulk_cancel(request):
     """Cancel the jobs ticked in the list, each through ``job_cancel`` (its permission check, its audit record,
     its own transaction): one job that cannot be cancelled does not stop the others. A job the user cannot see
@@ -146,6 +147,7 @@ def _attach_domain_error(form, exc: DomainError) -> None:
 
 
 @section_required(Section.JOBS)
+@declares_action(Action.JOB_SUBMIT)
 def job_submit(request):
     tenants = submittable_tenants(request.user)
     if not tenants:
@@ -245,6 +247,7 @@ def job_detail(request, pk: int):
 
 @require_POST
 @section_required(Section.JOBS)
+@action_required(Action.JOB_MANAGE)
 def job_cancel(request, pk: int):
     job = _job_or_404(request, pk)
     form = CancelForm(request.POST)

@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
-from frontend.access import Section, section_required
+from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import TOP_LEVEL, QuotaSetForm, TenantForm, attach_domain_error, tenant_choices
 from frontend.summaries import guarantee_overcommit
 from frontend.views.tenants import _ancestors, _current_quota, _flavor_names, _quota_form_flavor, quota_rows
@@ -26,7 +26,7 @@ from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
-from tenants.policy import may, reaches_all
+from tenants.policy import allows, reaches_all
 from tenants.services import quotas, tenancy
 
 
@@ -55,6 +55,7 @@ def _parent_from(request, value: str) -> Tenant | None:
 
 
 @section_required(Section.TENANTS)
+@action_required(Action.TENANT_CREATE)
 def tenant_create(request):
     parents = _parent_choices(request.user)
     if not parents:
@@ -84,6 +85,7 @@ def tenant_create(request):
 
 
 @section_required(Section.TENANTS)
+@action_required(Action.TENANT_CHANGE)
 def tenant_edit(request, pk: int):
     """Rename, re-describe and (with rights above it) move a tenant."""
     tenant = _tenant_or_404(request, pk)
@@ -127,6 +129,7 @@ def tenant_edit(request, pk: int):
 
 @require_POST
 @section_required(Section.TENANTS)
+@action_required(Action.TENANT_DELETE)
 def tenant_delete(request, pk: int):
     tenant = _tenant_or_404(request, pk)
     if not can_admin_strict_ancestor(request.user, tenant):
@@ -144,12 +147,13 @@ def tenant_delete(request, pk: int):
 
 
 @section_required(Section.TENANTS)
+@action_required(Action.QUOTA_SET)
 def quota_edit(request, pk: int):
     """A system admin sets a tenant's quota for one flavor at a time (tabs), starting from the current values.
     The service checks the numbers against the whole tree; its message appears at the field it is about."""
-    if not may(request.user, Action.QUOTA_SET):
-        raise Http404
     tenant = _tenant_or_404(request, pk)
+    if not allows(request.user, Action.QUOTA_SET, tenant):
+        raise Http404
     flavors = _flavor_names()
     asked = request.POST.get("q-flavor") if request.method == "POST" else request.GET.get("flavor")
     flavor_name = _quota_form_flavor(tenant, asked, flavors)

@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
-from frontend.access import Section, section_required, sections_for
+from frontend.access import Section, action_required, section_required, sections_for
 from frontend.forms import DecisionForm, QuotaChangeForm
 from frontend.service_text import localize
 from frontend.summaries import flavor_capacity, guarantee_overcommit
@@ -92,7 +92,7 @@ def tenant_detail(request, pk: int):
         "memberships": memberships,
         "children": children,
         "quotas": quota_rows(tenant),
-        "can_request": can_admin_tenant(request.user, tenant),
+        "can_request": allows(request.user, Action.QUOTA_REQUEST, tenant),
         # The same predicates the tenant-admin pages check (frontend.views.tenant_admin).
         "can_edit": can_admin_tenant(request.user, tenant),
         "can_set_quota": allows(request.user, Action.QUOTA_SET, tenant),
@@ -181,9 +181,10 @@ def _quota_form_flavor(tenant: Tenant, asked: str | None, flavors: list[str]) ->
 
 @require_POST
 @section_required(Section.TENANTS)
+@action_required(Action.QUOTA_REQUEST)
 def quota_request(request, pk: int):
     tenant = _tenant_or_404(request, pk)
-    if not can_admin_tenant(request.user, tenant):
+    if not allows(request.user, Action.QUOTA_REQUEST, tenant):
         raise Http404
     flavor_name = request.POST.get("q-flavor")
     form = QuotaChangeForm(

@@ -10,9 +10,10 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils.translation import gettext_lazy as _
 
-from frontend.access import Section, section_required
+from frontend.access import Section, action_required, section_required
 from frontend.forms import WhatIfForm
 from portal.api import DomainError
+from portal.policy import Action
 from scheduler.sim.traceformat import FORMATS
 from scheduler.sim.whatif import WhatIf, allocation_chart, format_setting, format_value
 from scheduler.snapshot import policy_from_settings
@@ -97,6 +98,7 @@ def whatif_page(request):
 
 
 @section_required(Section.WHATIF)
+@action_required(Action.TRACE_EXPORT)
 def trace_download(request):
     """The last ``days`` (default 30) as a zip of jobs, cluster and tenants files (``?file_format=jsonl``)."""
     file_format = request.GET.get("file_format", "csv")

@@ -92,15 +92,16 @@ def test_revoke_asks_for_confirmation_first(client):
     assert 'data-confirm="Revoke the token “ci”? Programs using it stop working at once."' in page
 
 
-def test_someone_elses_token_cannot_be_revoked_here(client):
+def test_someone_elses_token_is_revoked_here_only_by_a_security_admin(client):
     owner = make_user()
     token, secret = api_token_create(actor=owner, name="mine")
     client.force_login(make_user())
     assert client.post(f"/console/account/tokens/{token.pk}/revoke/").status_code == 404
-    # Not even a security admin, from the self-service page (they use the account's page).
-    client.force_login(make_user(platform_role=PlatformRole.SECURITY_ADMIN))
-    assert client.post(f"/console/account/tokens/{token.pk}/revoke/").status_code == 404
     assert _api_me(secret).status_code == 200
+    # The policy's token.revoke: a security admin revokes any token, on this page as through the API.
+    client.force_login(make_user(platform_role=PlatformRole.SECURITY_ADMIN))
+    assert client.post(f"/console/account/tokens/{token.pk}/revoke/").status_code == 302
+    assert _api_me(secret).status_code == 401
 
 
 def test_scopes_offered_follow_the_role_and_the_service_refuses_the_rest(client):
