@@ -413,7 +413,8 @@ def test_3_10_security_admin_creates_an_account_and_roles_read_as_words(browser,
     security.get_by_label(tr(language, "Username")).fill(name)
     security.locator("select[name='platform_role']").select_option("auditor")
     expect(security.get_by_label(tr(language, "Platform role"))).to_be_visible()
-    security.get_by_label(tr(language, "Initial password")).fill(f"Pw-{uuid.uuid4().hex}")
+    password = f"Pw-{uuid.uuid4().hex}"
+    security.get_by_label(tr(language, "Initial password")).fill(password)
     security.locator("main form button[type='submit']").first.click()
     security.wait_for_url(re.compile(r"/console/users/\d+/$"))
     expect(security.locator("h1")).to_contain_text(name)
@@ -421,8 +422,28 @@ def test_3_10_security_admin_creates_an_account_and_roles_read_as_words(browser,
     security.goto(f"/console/users/?q={name}")
     expect(security.get_by_test_id("user-table")).to_contain_text(tr(language, PlatformRole.AUDITOR.label))
 
+    # Five wrong passwords lock the new account out; the security admin sees it and unlocks it.
+    stranger = new_page(browser, live_demo)
+    pages.append(stranger)
+    for _attempt in range(5):
+        stranger.goto("/accounts/login/")
+        stranger.get_by_label("Username").fill(name)
+        stranger.get_by_label("Password").fill("wrong-password")
+        stranger.get_by_role("button", name="Log in").click()
+        stranger.wait_for_load_state()
     security.goto("/console/lockouts/")
-    assert security.locator("h1").inner_text().strip() != ""
+    expect(security.locator("h1")).to_have_text(tr(language, "Sign-in lockouts"))
+    locked = security.get_by_test_id("locked-table").locator("tr", has_text=name)
+    expect(locked).to_have_count(1)
+    security.once("dialog", lambda dialog: dialog.accept())
+    locked.get_by_role("button", name=tr(language, "Unlock")).click()
+    expect(security.get_by_test_id("locked-table").locator("tr", has_text=name)).to_have_count(0)
+    stranger.goto("/accounts/login/")
+    stranger.get_by_label("Username").fill(name)
+    stranger.get_by_label("Password").fill(password)
+    stranger.get_by_role("button", name="Log in").click()
+    stranger.wait_for_url(lambda url: "/accounts/login/" not in url)  # signs in again
+
     assert security.goto("/console/tenants/new/").status == 404  # tenants are the system admin's
 
 
