@@ -70,9 +70,10 @@ def test_the_overview_chart_shows_the_stored_hour_before_any_live_update(page, l
     shot(page, f"overview-history-{language}")
 
 
-def test_the_charts_go_live_after_the_stored_hour(page, live_demo, stored_hour):
+@pytest.mark.parametrize("language", ["en", "zh-hans"])
+def test_the_charts_go_live_after_the_stored_hour(page, live_demo, stored_hour, language):
     login(page, "admin")
-    switch_language(page, live_demo, "en")
+    switch_language(page, live_demo, language)
     page.goto("/console/overview/")
     chart = page.locator("[data-flavor-chart]")
     expect(chart).to_have_attribute("data-history-points", AT_LEAST_55)
@@ -81,10 +82,11 @@ def test_the_charts_go_live_after_the_stored_hour(page, live_demo, stored_hour):
     expect(page.locator("[data-heatmap]")).to_have_attribute("data-live-updates", AT_LEAST_1)
 
 
-def test_the_node_page_shows_its_cards_small_with_their_hour(page, live_demo, stored_hour):
+@pytest.mark.parametrize("language", ["en", "zh-hans"])
+def test_the_node_page_shows_its_cards_small_with_their_hour(page, live_demo, stored_hour, language):
     silence_live_telemetry(page)
     login(page, "admin")
-    switch_language(page, live_demo, "en")
+    switch_language(page, live_demo, language)
     page.goto("/console/nodes/")
     page.locator("table.data tbody a").first.click()
     page.wait_for_url(re.compile(r"/console/nodes/\d+/$"))
@@ -98,4 +100,4 @@ def test_the_node_page_shows_its_cards_small_with_their_hour(page, live_demo, st
     assert len(tops) <= (cards + 2) // 3
     height = page.evaluate("document.documentElement.scrollHeight")
     assert height < 1500, f"the node page is {height} px tall"
-    shot(page, "node-small-multiples")
+    shot(page, f"node-small-multiples-{language}")
