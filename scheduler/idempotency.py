@@ -63,7 +63,7 @@ def job_submit_request(
 ) -> SubmitOutcome:
     """Submit ``spec`` (one job, or an array when it has ``"array"``), at most once per ``idempotency_key``.
 
-    Without a key this is ``services.job_submit`` / ``services.job_array_submit``. With one, a submit by the same
+    Without a key this is ``jobs.job_submit`` / ``arrays.job_array_submit``. With one, a submit by the same
     actor that already used the key returns its job or array (``replayed``) instead of creating another; a race
     of two submits with one key ends with one job: the loser's insert violates the unique constraint, its
     savepoint rolls back (with its audit record and cycle request) and it answers the winner's job.

@@ -39,7 +39,7 @@ def run_cycle(hold_lock: bool = True) -> dict:
     max_retries=3,
 )
 def cycle_requested(self) -> int:
-    """Cycles asked for by changes (``services.request_cycle``): run at once, again while more are asked for.
+    """Cycles asked for by changes (``cycle.request_cycle``): run at once, again while more are asked for.
     Returns the number of cycles run. After ``CYCLE_LOOP_MAX_S`` of back-to-back cycles it queues a fresh task
     on its own queue and ends, so a worker is never held by one task for long."""
     outcome = cycle.run_requested_cycles()

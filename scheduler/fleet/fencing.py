@@ -1,7 +1,7 @@
 """The node lease, the requeue grace and the agents' fence, computed in one place so that they agree.
 
 A node is ``not_ready`` once its lease (``GPUPOOL_LEASE_MISSES`` heartbeats of ``GPUPOOL_HEARTBEAT_INTERVAL_S``)
-runs out, and its jobs are requeued ``GPUPOOL_NODE_LOST_GRACE_S`` later (``services.lease_check``). An agent that
+runs out, and its jobs are requeued ``GPUPOOL_NODE_LOST_GRACE_S`` later (``services.lease.lease_check``). An agent that
 is alive but cut off fences itself (``nodeagent.fencing``): after ``fence_after_s`` without the portal's answer it
 stops its workloads, giving each ``GPUPOOL_FENCE_GRACE_S`` to checkpoint. The portal sends both figures in its
 ``config`` frame and picks ``fence_after_s`` as late as still lets the stops end :data:`FENCE_MARGIN_S` before

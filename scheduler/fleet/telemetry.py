@@ -3,7 +3,7 @@ and the store of latest values (a Redis hash per node, or process memory in embe
 
 Samples arrive at 1 Hz per device; writing each to the database would be 8,000 rows/s for 1,000 nodes.
 Instead each agent connection folds its samples into per-minute aggregates in memory and hands finished
-minutes to ``services.telemetry_minutes_write`` once a minute.
+minutes to ``services.rollups.telemetry_minutes_write`` once a minute.
 """
 
 from __future__ import annotations
