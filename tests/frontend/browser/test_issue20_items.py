@@ -287,6 +287,10 @@ def test_2_7_9_10_a_running_job_streams_its_output_and_fits_a_phone(browser, liv
     assert len(log.text_content()) == paused
     bob.get_by_role("button", name=tr(language, "Follow")).click()
     expect(bob.locator("[data-log-status]")).to_have_text(tr(language, "Following the output as it comes."))
+    with bob.expect_download() as download:
+        bob.get_by_role("link", name=tr(language, "Download")).click()
+    assert download.value.suggested_filename == f"job-{job_id}-replica-0.log"
+    assert open(download.value.path(), encoding="utf-8").read().startswith("step 0\nstep 1\n")
 
     # 6: the priority comes out of the API as the word that went in.
     detail = bob.request.get(f"/api/v1/jobs/{job_id}/").json()
