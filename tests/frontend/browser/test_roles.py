@@ -22,11 +22,18 @@ def test_system_admin_sees_the_pool_and_live_chart(page):
     shot(page, "admin-overview")
 
 
-def test_auditor_sees_only_the_audit_trail(page):
+def test_auditor_reads_and_changes_nothing(page):
+    # The auditor reads what the API lets them read (tenants, jobs, usage, the overview) and starts on the
+    # audit trail; the nodes and the approvals are not theirs, and nothing offers a change.
     login(page, "auditor")
     page.wait_for_url("**/console/audit/")
-    assert nav_labels(page) == ["Audit"]
+    labels = nav_labels(page)
+    assert labels[-1] == "Audit" and {"Overview", "Jobs", "Reports"} <= set(labels), labels
+    assert "Nodes" not in labels and "Approvals" not in labels
     assert page.goto("/console/nodes/").status == 404
+    page.goto("/console/jobs/")
+    assert page.get_by_role("link", name="Submit a job").count() == 0
+    assert page.get_by_role("button", name="Cancel selected").count() == 0
 
 
 def test_member_sees_no_nodes(page):
