@@ -31,12 +31,13 @@ from django.utils import timezone
 from audit.events import register as audit_event_register
 from audit.services import audit_record
 from portal.api import DomainError, PermissionDeniedError
-from scheduler import access
+from portal.policy import Action
 from scheduler.core import types as core
 from scheduler.models import Allocation, Job
 from scheduler.sim.traceformat import FORMATS, TenantSpec, flavor_capacity, trace_texts
 from scheduler.sim.workload import SimJob, Workload
 from scheduler.snapshot import build_snapshot
+from tenants.policy import allows
 
 audit_event_register("trace.export", "scheduler", "Job history was exported as a replay trace")
 
@@ -249,7 +250,7 @@ def _tenant_spec(snapshot: core.Snapshot) -> TenantSpec:
 def trace_export(*, actor: Any | None, since: datetime, until: datetime, request: Any | None = None) -> TraceWindow:
     """``trace_window`` for a system admin (``actor`` None: the system, e.g. ``gpupool export_trace``),
     recorded in the audit trail as ``trace.export``."""
-    if actor is not None and not access.is_system_admin(actor):
+    if actor is not None and not allows(actor, Action.TRACE_EXPORT):
         raise PermissionDeniedError("Only a system admin may export the job history.")
     window = trace_window(since=since, until=until)
     with transaction.atomic():

@@ -14,12 +14,13 @@ from typing import Any
 
 from portal.api import DomainError, PermissionDeniedError
 from portal.celery import CYCLE_INTERVAL_S
-from scheduler import access
+from portal.policy import Action
 from scheduler.sim.policies import parse_settings
 from scheduler.sim.simulator import SimConfig
 from scheduler.sim.whatif import WhatIf, compare
 from scheduler.snapshot import policy_from_settings
 from scheduler.trace_export import trace_window, window_bounds
+from tenants.policy import allows
 
 WEB_MAX_JOBS = 5000
 
@@ -44,7 +45,7 @@ def whatif_run(
     valid names —, no change at all, an empty window, and more than ``max_jobs`` jobs (None: no bound; the web
     passes ``WEB_MAX_JOBS``).
     """
-    if actor is not None and not access.is_system_admin(actor):
+    if actor is not None and not allows(actor, Action.WHATIF_RUN):
         raise PermissionDeniedError("Only a system admin may run a what-if.")
     if not changes:
         raise DomainError("say what to change, e.g. preemption=false", code="no_change", field="set")

@@ -12,12 +12,12 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import DomainError, NotFoundError, PermissionDeniedError
-from scheduler import access
 from scheduler.jobspec import JobSpecError, check_checkpoint_dir, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job, JobEvent
 from scheduler.services.cycle import request_cycle
 from scheduler.services.jobs import _admission, _new_job, _resolve_tenant, job_cancel
 from scheduler.services.transitions import S
+from tenants.permissions import can_manage_job
 
 #: Rows per INSERT statement where an array's jobs are inserted by the ORM (databases other than PostgreSQL).
 ARRAY_INSERT_BATCH = 2000
@@ -185,7 +185,7 @@ def job_array_cancel(
     if not jobs:
         raise NotFoundError(f"No job array {array_id}.")
     # One tenant and one submitter for the whole array: who may cancel one job may cancel them all.
-    if actor is not None and not access.can_manage_job(actor, jobs[0]):
+    if actor is not None and not can_manage_job(actor, jobs[0]):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this array.")
     waiting_states = (S.SUBMITTED, S.PENDING_APPROVAL, S.QUEUED)
     waiting = [job for job in jobs if job.state in waiting_states]

@@ -15,11 +15,14 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
-from scheduler import access, outbox
+from portal.policy import Action, principals_for
+from scheduler import outbox
 from scheduler.jobspec import JobSpec, JobSpecError, check_checkpoint_dir, check_flavors, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobEvent, ResourceFlavor
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _end_allocations, _lock_job, job_transition
+from tenants.permissions import can_manage_job
+from tenants.policy import reaches_all
 
 # --- submit, cancel, approval -------------------------------------------------------------------------
 
@@ -46,7 +49,8 @@ def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[st
         f"flavor_{position}_exists": Exists(ResourceFlavor.objects.filter(name=name))
         for position, name in enumerate(flavors)
     }
-    submit_roles = [MembershipRole.MEMBER, MembershipRole.TENANT_ADMIN]
+    # The tenant roles the access policy lets submit (job.submit), read from the table.
+    submit_roles = [role for role in principals_for(Action.JOB_SUBMIT) if role in MembershipRole.values]
     if user is not None:
         on_chain = Q(tenant=OuterRef("pk"))
         for path in ancestor_paths:
@@ -78,7 +82,7 @@ def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[st
         if tenant is None:
             raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
         return tenant
-    if tenant is None or not (tenant.holds_role or access.sees_all_tenants(user)):
+    if tenant is None or not (tenant.holds_role or reaches_all(user, Action.TENANT_VIEW)):
         raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
     if not tenant.may_submit:
         raise PermissionDeniedError(
@@ -218,7 +222,7 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
 def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | None = None) -> Job:
     """Cancel a job in any non-final state: running replicas get ``workload.stop``, allocations end now."""
     job = _lock_job(job)
-    if actor is not None and not access.can_manage_job(actor, job):
+    if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this job.")
     if job.state in FINAL_JOB_STATES:
         raise ConflictError(f"Job {job.pk} is already {job.state}; there is nothing to cancel.", code="job_finished")

@@ -10,17 +10,19 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import ConflictError, PermissionDeniedError
-from scheduler import access, outbox
+from portal.policy import Action
+from scheduler import outbox
 from scheduler.fleet.fencing import lease_timing
 from scheduler.models import Allocation, Node, NodeStatus, ResourceFlavor
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _lock_job, job_transition
+from tenants.policy import allows
 
 # --- nodes and flavors (system admin) -----------------------------------------------------------------
 
 
-def _require_system_admin(actor: Any | None) -> None:
-    if actor is not None and not access.is_system_admin(actor):
+def _require_allowed(actor: Any | None, action: Action = Action.NODE_OPERATE) -> None:
+    if actor is not None and not allows(actor, action):
         raise PermissionDeniedError("Only a system admin may change nodes and flavors.")
 
 
@@ -42,14 +44,14 @@ def _node_set_status(*, node: Node, actor: Any | None, status: str, action: str)
 @transaction.atomic
 def node_cordon(*, node: Node, actor: Any | None) -> Node:
     """No new work lands on the node; running work stays."""
-    _require_system_admin(actor)
+    _require_allowed(actor)
     return _node_set_status(node=node, actor=actor, status=NodeStatus.CORDONED, action="node.cordon")
 
 
 @transaction.atomic
 def node_drain(*, node: Node, actor: Any | None, grace_s: float = outbox.DEFAULT_STOP_GRACE_S) -> Node:
     """Cordon the node and ask every job on it to checkpoint and stop; they are requeued when stopped."""
-    _require_system_admin(actor)
+    _require_allowed(actor)
     node = _node_set_status(node=node, actor=actor, status=NodeStatus.DRAINING, action="node.drain")
     job_ids = sorted(set(Allocation.objects.active().filter(node=node).values_list("job_id", flat=True)))
     for job_id in job_ids:
@@ -66,7 +68,7 @@ def node_drain(*, node: Node, actor: Any | None, grace_s: float = outbox.DEFAULT
 @transaction.atomic
 def node_uncordon(*, node: Node, actor: Any | None) -> Node:
     """Schedulable again: ``ready`` if its agent is alive (recent heartbeat), else ``not_ready``."""
-    _require_system_admin(actor)
+    _require_allowed(actor)
     lease_s = lease_timing().lease_s
     alive = node.last_heartbeat_at is not None and node.last_heartbeat_at >= timezone.now() - timedelta(seconds=lease_s)
     status = NodeStatus.READY if alive else NodeStatus.NOT_READY
@@ -77,7 +79,7 @@ def node_uncordon(*, node: Node, actor: Any | None) -> Node:
 def flavor_create(
     *, actor: Any | None, name: str, vendor: str, model: str, memory_mib: int, description: str = ""
 ) -> ResourceFlavor:
-    _require_system_admin(actor)
+    _require_allowed(actor, Action.FLAVOR_CREATE)
     if ResourceFlavor.objects.filter(name=name).exists():
         raise ConflictError(f"A flavor named {name!r} already exists.", code="duplicate")
     flavor = ResourceFlavor.objects.create(

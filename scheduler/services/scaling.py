@@ -13,7 +13,7 @@ from django.utils import timezone
 from audit.events import register as audit_event_register
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError, PermissionDeniedError
-from scheduler import access, outbox
+from scheduler import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     PENDING_JOB_STATES,
@@ -27,6 +27,7 @@ from scheduler.models import (
 )
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _end_allocations, _lock_job
+from tenants.permissions import can_manage_job
 
 audit_event_register("job.scale", "workload", "An inference service changed its replica count")
 
@@ -71,7 +72,7 @@ def job_scale(*, job: Job, replicas: int, actor: Any | None, reason: str = "manu
     each has stopped its capacity becomes the service's reservation again (up to ``max_replicas``).
     """
     job = _lock_job(job)
-    if actor is not None and not access.can_manage_job(actor, job):
+    if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may scale this job.")
     if job.kind != JobKind.INFERENCE:
         raise DomainError(f"Job {job.pk} is a {job.kind} job; only inference services scale.", code="not_scalable")
@@ -128,7 +129,7 @@ def inference_load_report(*, job: Job, load: float, actor: Any | None, request: 
     """The service reports its average load per running replica (busy time / capacity of one replica, so
     1.0 is saturated); it is scaled to keep ``TARGET_LOAD_PER_REPLICA`` (HPA's rule, within its bounds)."""
     job = _lock_job(job)
-    if actor is not None and not access.can_manage_job(actor, job):
+    if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may report its load.")
     if load < 0 or math.isnan(load) or math.isinf(load):
         raise DomainError("load: must be a number >= 0 (1.0 = every replica saturated).", code="invalid_load")

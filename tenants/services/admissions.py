@@ -11,8 +11,9 @@ from django.db import transaction
 
 from audit.services import audit_record
 from portal.api import DomainError
+from portal.policy import Action
 from tenants.models import Tenant, User
-from tenants.permissions import is_system_admin
+from tenants.policy import allows
 from tenants.services._common import _ensure_may_write, _require
 from tenants.services.approvals import _approval_audit, _approval_chain, _approval_expiry
 from tenants.services.notifications import _notify_approvers
@@ -80,7 +81,7 @@ def tenant_set_job_approval_threshold(
     """Jobs larger than ``threshold_millis`` in total wait for approval (None: inherit)."""
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_system_admin(actor), "Only a system admin sets the job approval threshold.")
+        _require(allows(actor, Action.TENANT_THRESHOLD, tenant), "Only a system admin sets the job approval threshold.")
     if threshold_millis is not None and threshold_millis < 0:
         raise DomainError("The threshold must be ≥ 0 millis.", field="job_approval_threshold_millis")
     before = tenant.job_approval_threshold_millis

@@ -13,9 +13,11 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError
+from portal.policy import Action
 from tenants.approval_handlers import approval_handler
 from tenants.models import OPEN_APPROVAL_STATUSES, Tenant, User
 from tenants.permissions import can_admin_tenant, is_system_admin
+from tenants.policy import allows
 from tenants.services._common import _ensure_may_write, _require
 from tenants.services.notifications import _notify_approvers, _notify_requester
 from tenants.services.quotas import _check_quota_tree, _clean_quota_values, _lock_quota_path, _quota_apply
@@ -359,7 +361,7 @@ def approval_cancel(*, actor: User, approval: Any, comment: str = "", request: A
     _ensure_may_write(actor)
     approval = _lock_approval(approval)
     _require_open(approval, *OPEN_APPROVAL_STATUSES)
-    _require(actor.pk == approval.requester_id or is_system_admin(actor), "Only the requester may cancel this request.")
+    _require(allows(actor, Action.APPROVAL_WITHDRAW, approval), "Only the requester may cancel this request.")
     ApprovalStep.objects.create(
         request=approval,
         step=approval.step,

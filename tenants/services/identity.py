@@ -11,8 +11,9 @@ from django.db import transaction
 
 from audit.services import audit_record
 from portal.api import DomainError, PermissionDeniedError
+from portal.policy import Action
 from tenants.models import Membership, PlatformRole, User
-from tenants.permissions import is_security_admin
+from tenants.policy import allows
 from tenants.services._common import UNSET, _ensure_may_write, _require, _user_snapshot
 
 # --- users and platform roles -----------------------------------------------------------------------------
@@ -41,7 +42,7 @@ def user_create(
     that can sign in only through single sign-on."""
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_security_admin(actor), "Only a security admin may create accounts.")
+        _require(allows(actor, Action.USER_MANAGE), "Only a security admin may create accounts.")
     if platform_role not in PlatformRole.values:
         raise DomainError(f"Unknown platform role {platform_role!r}.", code="invalid", field="platform_role")
     if User.objects.filter(username__iexact=username).exists():
@@ -80,7 +81,7 @@ def user_update(
     an inactive account simply cannot sign in or use its tokens."""
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_security_admin(actor), "Only a security admin may change accounts.")
+        _require(allows(actor, Action.USER_MANAGE, user), "Only a security admin may change accounts.")
         if is_active is False and actor.pk == user.pk:
             raise DomainError("You cannot deactivate your own account; ask another security admin.")
     user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
@@ -107,7 +108,9 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
     switching from one role to another is refused — clear the current role first, on purpose and audited."""
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_security_admin(actor), "Only a security admin may grant or remove platform roles.")
+        _require(
+            allows(actor, Action.USER_PLATFORM_ROLE, user), "Only a security admin may grant or remove platform roles."
+        )
         if actor.pk == user.pk:
             raise DomainError("You cannot change your own platform role; ask another security admin.")
     if platform_role not in PlatformRole.values:
@@ -151,7 +154,7 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
 def user_set_password(*, actor: User | None, user: User, password: str, request: Any = None) -> User:
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_security_admin(actor) or actor.pk == user.pk, "Only a security admin may set another's password.")
+        _require(allows(actor, Action.USER_SET_PASSWORD, user), "Only a security admin may set another's password.")
     _validate_new_password(password, user)
     user.set_password(password)
     user.save(update_fields=["password"])
@@ -256,7 +259,10 @@ def mfa_reset(*, actor: User | None, user: User, request: Any = None) -> int:
 
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_security_admin(actor), "Only a security admin may reset another account's two-factor devices.")
+        _require(
+            allows(actor, Action.USER_MANAGE, user),
+            "Only a security admin may reset another account's two-factor devices.",
+        )
     removed = 0
     for device in list(devices_for_user(user, confirmed=None)):
         device.delete()
@@ -279,7 +285,7 @@ def auth_lockout_reset(*, actor: User | None, attempt: Any, request: Any = None)
 
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_security_admin(actor), "Only a security admin may lift a sign-in lockout.")
+        _require(allows(actor, Action.LOCKOUT_RESET), "Only a security admin may lift a sign-in lockout.")
     locked = AccessAttempt.objects.select_for_update().filter(pk=attempt.pk).first()
     if locked is None:
         return 0

@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import ConflictError
+from portal.policy import Action
 from tenants.models import User
-from tenants.permissions import is_security_admin, is_system_admin
+from tenants.policy import allows
 from tenants.services._common import _ensure_may_write, _require
 
 logger = logging.getLogger(__name__)
@@ -142,7 +143,7 @@ def notification_retry(*, actor: User | None, delivery: Any, request: Any = None
 
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_system_admin(actor) or is_security_admin(actor), "Only platform admins retry notifications.")
+        _require(allows(actor, Action.NOTIFICATION_RETRY), "Only platform admins retry notifications.")
     delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
     if delivery.status == DeliveryStatus.SENT:
         raise ConflictError(f"Notification {delivery.pk} was already sent.", code="already_sent")

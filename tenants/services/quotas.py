@@ -8,8 +8,9 @@ from django.db import transaction
 
 from audit.services import audit_record
 from portal.api import DomainError
+from portal.policy import Action
 from tenants.models import Tenant, User
-from tenants.permissions import is_system_admin
+from tenants.policy import allows
 from tenants.services._common import _ensure_may_write, _require
 
 # --- quotas -----------------------------------------------------------------------------------------------
@@ -144,7 +145,10 @@ def quota_set(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, 
     ``quota_change_request_create``). Refused, with the numbers, if it breaks the tree's rules."""
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_system_admin(actor), "Only a system admin sets quotas directly; tenant admins request a change.")
+        _require(
+            allows(actor, Action.QUOTA_SET, tenant),
+            "Only a system admin sets quotas directly; tenant admins request a change.",
+        )
     return _quota_apply(actor=actor, tenant=tenant, flavor=flavor, values=values, request=request)
 
 
@@ -159,7 +163,7 @@ def flavor_price_set(
 
     _ensure_may_write(actor)
     if actor is not None:
-        _require(is_system_admin(actor), "Only a system admin sets prices.")
+        _require(allows(actor, Action.PRICE_SET), "Only a system admin sets prices.")
     try:
         price = Decimal(str(price_per_device_hour))
     except InvalidOperation:

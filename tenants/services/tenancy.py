@@ -11,8 +11,10 @@ from django.db.models import F, ProtectedError
 
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError
+from portal.policy import Action
 from tenants.models import MAX_TENANT_DEPTH, Tenant, TenantKind, User
-from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant, is_system_admin
+from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
+from tenants.policy import reaches_all
 from tenants.services._common import UNSET, _ensure_may_write, _lock_tenant_tree, _require, _tenant_snapshot
 
 # --- tenants ----------------------------------------------------------------------------------------------
@@ -46,7 +48,7 @@ def tenant_create(
     _ensure_may_write(actor)
     if actor is not None:
         if parent is None:
-            _require(is_system_admin(actor), "Only a system admin may create a top-level tenant.")
+            _require(reaches_all(actor, Action.TENANT_CREATE), "Only a system admin may create a top-level tenant.")
         else:
             _require(can_admin_tenant(actor, parent), f"Only a tenant admin of {parent.slug!r} may add tenants to it.")
     if kind not in TenantKind.values:
@@ -104,7 +106,9 @@ def tenant_update(
                 f"Moving {tenant.slug!r} needs tenant admin rights on its parent tenant.",
             )
             if parent is None:
-                _require(is_system_admin(actor), "Only a system admin may move a tenant to the top level.")
+                _require(
+                    reaches_all(actor, Action.TENANT_MOVE), "Only a system admin may move a tenant to the top level."
+                )
             else:
                 _require(can_admin_tenant(actor, parent), f"You are not a tenant admin of {parent.slug!r}.")
         if parent is not None and parent.pk in tenant_subtree_ids(tenant):

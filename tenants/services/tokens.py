@@ -13,8 +13,10 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import DomainError, PermissionDeniedError
+from portal.policy import Action
 from tenants.models import TOKEN_PREFIX, ApiToken, TokenScope, User
-from tenants.permissions import is_auditor, is_security_admin, token_scopes_allowed
+from tenants.permissions import is_auditor, token_scopes_allowed
+from tenants.policy import allows
 from tenants.services._common import _require
 
 TOKEN_DEFAULT_LIFETIME_DAYS = 90
@@ -99,9 +101,7 @@ def api_token_create(
 def api_token_revoke(*, actor: User | None, token: ApiToken, request: Any = None) -> ApiToken:
     """Revoke a token (its owner or a security admin). Revoking twice is harmless."""
     if actor is not None:
-        _require(
-            actor.pk == token.user_id or is_security_admin(actor), "Only the owner or a security admin may revoke it."
-        )
+        _require(allows(actor, Action.TOKEN_REVOKE, token), "Only the owner or a security admin may revoke it.")
     token = ApiToken.objects.select_for_update(no_key=True).get(pk=token.pk)
     if token.revoked_at is not None:
         return token

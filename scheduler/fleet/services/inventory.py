@@ -17,9 +17,11 @@ from django.utils.text import slugify
 
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError, PermissionDeniedError
+from portal.policy import Action
 from scheduler.fleet.models import NodeAgent
 from scheduler.fleet.services._common import _request_cycle
 from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Node, NodeStatus, ResourceFlavor, Vendor
+from tenants.policy import allows
 
 logger = logging.getLogger(__name__)
 
@@ -229,9 +231,7 @@ def device_rehome(*, actor: Any, device: Device, node: Node, request: Any | None
     free index of its new node and marked unhealthy until that node's agent reports it in a hello (which sets
     its real index and health); its old node's next hello no longer lists it and changes nothing more.
     """
-    from scheduler import access
-
-    if not access.is_system_admin(actor):
+    if not allows(actor, Action.FLEET_MANAGE):
         raise PermissionDeniedError("Only a system admin may re-home a device.")
     # Lock order: Device before Allocation and Node rows.
     device = Device.objects.select_for_update(of=("self",), no_key=True).get(pk=device.pk)
