@@ -162,10 +162,15 @@ def elapsed_seconds(job, now: datetime) -> float | None:
 
 
 def clock_duration(seconds: float) -> str:
-    """A duration the way squeue prints TIME, hours not folded into days: '0:04:05', '27:03:10'."""
+    """A duration in units, hours not folded into days: '4m 05s', '27h 03m 10s'. Not squeue's '0:04:05': on a
+    page of moments a colon reads as a clock time (tests/frontend/test_date_formats.py)."""
     minutes, secs = divmod(max(0, int(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}h {minutes:02d}m {secs:02d}s"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
 
 
 class SelectColumn(tables.Column):

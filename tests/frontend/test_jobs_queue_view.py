@@ -132,7 +132,7 @@ def test_running_job_shows_its_node_and_elapsed_time(client, world, queue):
     rows = cells(client.get("/console/jobs/").content.decode())
     runner = rows[queue["runner"].pk]
     assert text(runner["nodes"]) == "n1"
-    assert re.fullmatch(r"1:02:0[5-9]", text(runner["elapsed"])), runner["elapsed"]
+    assert re.fullmatch(r"1h 02m 0[5-9]s", text(runner["elapsed"])), runner["elapsed"]
     assert text(rows[queue["low"].pk]["nodes"]) == "—" and text(rows[queue["low"].pk]["elapsed"]) == "—"
 
 
@@ -142,7 +142,7 @@ def test_finished_job_shows_its_run_time_and_where_it_ran(client, world, queue):
     Job.objects.filter(pk=queue["runner"].pk).update(started_at=finished - timedelta(minutes=10), finished_at=finished)
     client.force_login(world["bob"])
     runner = cells(client.get("/console/jobs/").content.decode())[queue["runner"].pk]
-    assert text(runner["elapsed"]) == "0:10:00"
+    assert text(runner["elapsed"]) == "10m 00s"
     assert text(runner["nodes"]) == "n1"
 
 
