@@ -18,7 +18,7 @@ from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeni
 from portal.policy import Action, principals_for
 from scheduler import outbox
 from scheduler.jobspec import JobSpec, JobSpecError, check_checkpoint_dir, check_flavors, validate_job_spec
-from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobEvent, ResourceFlavor
+from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobEvent, PriorityClass, ResourceFlavor
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _end_allocations, _lock_job, job_transition
 from tenants.permissions import can_manage_job
@@ -100,7 +100,9 @@ def _admission(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
     from tenants.services.admissions import job_admission_needs_approval
 
     if job_admission_needs_approval(
-        tenant=tenant, total_millis=parsed.total_millis, priority_class=parsed.priority_class
+        tenant=tenant,
+        total_millis=parsed.total_millis,
+        critical=parsed.priority_class >= PriorityClass.CRITICAL,
     ):
         return S.PENDING_APPROVAL, "approval_required", APPROVAL_MESSAGE
     return S.QUEUED, "submitted", ""

@@ -20,8 +20,6 @@ from tenants.services.notifications import _notify_approvers
 
 # --- job admission (called by scheduler.services.jobs.job_submit) ----------------------------------------
 
-CRITICAL_PRIORITY = 1000
-
 
 def job_admission_threshold_millis(tenant: Tenant) -> int | None:
     """The tenant's own threshold, else the nearest ancestor's, else ``GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS``."""
@@ -33,9 +31,10 @@ def job_admission_threshold_millis(tenant: Tenant) -> int | None:
     return getattr(settings, "GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS", None)
 
 
-def job_admission_needs_approval(*, tenant: Tenant, total_millis: int, priority_class: int) -> bool:
-    """Priority ``critical`` always waits for approval; so does a job above the tenant's size threshold."""
-    if int(priority_class) >= CRITICAL_PRIORITY:
+def job_admission_needs_approval(*, tenant: Tenant, total_millis: int, critical: bool) -> bool:
+    """A ``critical`` job always waits for approval; so does a job above the tenant's size threshold. The
+    scheduler, which owns the priority classes, says whether the job is critical (tenants may not import it)."""
+    if critical:
         return True
     threshold = job_admission_threshold_millis(tenant)
     return threshold is not None and total_millis > threshold

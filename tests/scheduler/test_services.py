@@ -49,7 +49,7 @@ def test_submit_holds_the_job_when_the_tenants_app_wants_approval(member, node, 
     from tenants.services import admissions
 
     created = []
-    monkeypatch.setattr(admissions, "job_admission_needs_approval", lambda **kw: kw["priority_class"] == 1000, False)
+    monkeypatch.setattr(admissions, "job_admission_needs_approval", lambda **kw: kw["critical"], False)
     monkeypatch.setattr(admissions, "job_admission_request_create", lambda **kw: created.append(kw), False)
     job = job_submit(actor=member, spec={**SPEC, "priority_class": "critical"})
     assert job.state == JobState.PENDING_APPROVAL

@@ -14,7 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from portal.api import ConflictError, DomainError, PermissionDeniedError
-from scheduler.models import JobState, PriorityClass
+from scheduler.models import JobState
 from tenants import notifiers
 from tenants.models import ApprovalStatus, DeliveryStatus, MembershipRole, NotificationDelivery, Quota
 from tenants.selectors import approvals_awaiting
@@ -243,13 +243,13 @@ def test_chat_robot_message_formats():
 
 def test_job_admission_rules(world, settings):
     settings.GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS = None
-    assert job_admission_needs_approval(tenant=world.vision, total_millis=1, priority_class=PriorityClass.CRITICAL)
-    assert not job_admission_needs_approval(tenant=world.vision, total_millis=64000, priority_class=500)
+    assert job_admission_needs_approval(tenant=world.vision, total_millis=1, critical=True)
+    assert not job_admission_needs_approval(tenant=world.vision, total_millis=64000, critical=False)
     tenant_set_job_approval_threshold(actor=None, tenant=world.research, threshold_millis=4000)
-    assert job_admission_needs_approval(tenant=world.vision, total_millis=4100, priority_class=500)  # inherited
-    assert not job_admission_needs_approval(tenant=world.vision, total_millis=4000, priority_class=500)
+    assert job_admission_needs_approval(tenant=world.vision, total_millis=4100, critical=False)  # inherited
+    assert not job_admission_needs_approval(tenant=world.vision, total_millis=4000, critical=False)
     settings.GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS = 1000
-    assert job_admission_needs_approval(tenant=world.globex, total_millis=2000, priority_class=500)
+    assert job_admission_needs_approval(tenant=world.globex, total_millis=2000, critical=False)
 
 
 def test_approved_job_is_released_and_rejected_job_fails(world):
