@@ -19,6 +19,7 @@ rolled back, so every case starts from the same world.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import uuid
 from dataclasses import dataclass
@@ -198,6 +199,7 @@ class Operation:
     template: str
 
 
+@functools.cache
 def api_operations() -> list[Operation]:
     schema = SchemaGenerator().get_schema(request=None, public=True)
     return [
@@ -404,6 +406,7 @@ def test_api_answers_as_the_policy_says(world, principal):
 # --- the console --------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def console_routes() -> list[tuple[str, Any]]:
     """(route with <int:…> placeholders, view) of every console page."""
     found = []
