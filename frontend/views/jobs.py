@@ -31,7 +31,7 @@ from scheduler.models import FINAL_JOB_STATES, JobState
 from scheduler.services import jobs as job_services
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
-from tenants.permissions import can_manage_job, is_system_admin
+from tenants.permissions import can_manage_job, is_auditor, is_system_admin
 from tenants.policy import may, reaches_all, restrict
 
 
@@ -153,7 +153,11 @@ def job_submit(request):
     if not tenants:
         # The policy's job.submit: members and tenant admins submit; viewers and
         # platform accounts (which hold no tenant role) do not. Say why, as the API's 403 does.
-        context = {"section": Section.JOBS, "is_system_admin": is_system_admin(request.user)}
+        context = {
+            "section": Section.JOBS,
+            "is_system_admin": is_system_admin(request.user),
+            "is_auditor": is_auditor(request.user),
+        }
         return render(request, "frontend/jobs/cannot_submit.html", context, status=403)
     # Flavors with the most cards first: the default choice is one the pool can run.
     flavor_rows = scheduler_selectors.flavors_visible_to(request.user).annotate(cards=Count("devices"))
