@@ -152,6 +152,8 @@ class PolicyPermission(BasePermission):
         action = policy_action_for(view, request)
         token = request.auth if isinstance(request.auth, ApiToken) else None
         if action is None:
+            if getattr(view, request.method.lower(), None) is None:
+                return True  # no such method here: DRF answers 405, which tells nothing about any object
             # Fail closed: an endpoint missing from the policy only reads.
             return request.method in SAFE_METHODS
         if not self._token_covers(token, action, request):
