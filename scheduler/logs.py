@@ -304,8 +304,9 @@ def job_logs_purge(*, now: datetime | None = None, batch_size: int = 5000) -> in
 
 
 def job_get_readable(*, user: Any, pk: Any) -> Job:
-    """The job whose log ``user`` asks for: the same rule as the job itself (``selectors.jobs_visible_to``: a
-    tenant's members see their subtree's jobs, platform roles all), and the same 404 for missing and not yours.
+    """The job whose log ``user`` asks for: the same rule as the job itself (``selectors.jobs_visible_to``, the
+    policy's job.view: a tenant's users see their subtree's jobs, the system admin and the auditor all), and the
+    same 404 for missing and not yours.
     Without the job detail's events and allocations: a follower asks every few seconds."""
     try:
         return selectors.jobs_visible_to(user).get(pk=int(pk))
