@@ -13,7 +13,6 @@ from portal.policy import (
     NO_ACCOUNT_ACTIONS,
     SCOPE_TEXT,
     TOKEN_SCOPE,
-    TOKEN_SCOPE_RANK,
     Action,
     Principal,
     TokenScopeName,
@@ -77,9 +76,12 @@ def render() -> str:
         "before it). A token mints only tokens of equal or lower scope that expire no later than itself.",
         "",
     ]
+    previous: TokenScopeName | None = None
     for scope in TokenScopeName:
-        covered = [a for a in Action if TOKEN_SCOPE_RANK[TOKEN_SCOPE[a]] <= TOKEN_SCOPE_RANK[scope]]
-        lines += [f"### {scope.value}", "", ", ".join(f"`{a.value}`" for a in covered), ""]
+        own = [a for a in Action if TOKEN_SCOPE[a] == scope]
+        lead = f"Everything `{previous.value}` covers, and: " if previous is not None else ""
+        lines += [f"### {scope.value}", "", lead + ", ".join(f"`{a.value}`" for a in own) + ".", ""]
+        previous = scope
     lines += ["## Actions", "", "| action | what | who (scope) |", "| --- | --- | --- |"]
     for action in Action:
         if action in NO_ACCOUNT_ACTIONS:
