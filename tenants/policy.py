@@ -184,6 +184,8 @@ def allows(user: Any, action: Action, obj: Any = None, *, token: Any = None) -> 
 def restrict(queryset: QuerySet, user: Any, action: Action) -> QuerySet:
     """``queryset`` narrowed to the objects ``user`` may take ``action`` on (NetBox's ``restrict``). What is
     left out is *missing* to the caller: get it from here and answer 404 for "not yours" as for "no such"."""
+    if action in NO_ACCOUNT_ACTIONS:
+        return queryset.all()
     if not is_active_account(user):
         return queryset.none()
     label = queryset.model._meta.label_lower

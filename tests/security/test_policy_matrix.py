@@ -510,3 +510,30 @@ def test_no_tenant_role_reads_the_audit_trail():
     audit_actions = {Action.AUDIT_VIEW, Action.AUDIT_VERIFY, Action.AUDIT_EXPORT}
     holders = {rule.principal for rule in RULES if rule.action in audit_actions}
     assert holders == {Principal.AUDITOR}
+
+
+@pytest.mark.parametrize("principal", SESSION_PRINCIPALS)
+def test_allows_and_restrict_agree_on_every_object_and_action(world, principal):
+    """The two ways of asking the table — one object (``allows``) and a queryset (``restrict``) — give the same
+    answer for every tenant-scoped or owned object of the world and every action."""
+    user = world.users[principal]
+    objects = [
+        world.parent,
+        world.tenant,
+        world.sibling,
+        world.job,
+        world.membership,
+        world.quota,
+        world.approval,
+        world.users["member"],
+        world.tokens["member:read"],
+    ]
+    disagree = []
+    for obj in objects:
+        model = type(obj)
+        for action in Action:
+            one = allows(user, action, obj)
+            many = restrict(model.objects.all(), user, action).filter(pk=obj.pk).exists()
+            if one != many:
+                disagree.append(f"{action.value} on {model.__name__} {obj.pk}: allows={one}, restrict={many}")
+    assert not disagree, "\n".join(disagree)
