@@ -45,9 +45,18 @@ def render() -> str:
         "caller's roles has a rule for its action and the object is within that rule's scope, and, with an "
         "API token, when the token's scope covers the action.",
         "",
-        "- Without any rule for an action, the API answers **403** before reading anything.",
-        "- An object outside every rule's scope for reading is *missing*: **404**, like one that does not exist.",
-        "- A visible object the caller may not change answers **403**. The console answers 404 for both.",
+        "The API answers in this order:",
+        "",
+        "1. an API token whose scope does not cover the action: **403**;",
+        "2. tenant-scoped objects (tenants, memberships, accounts, tokens, quotas, approvals, jobs) the caller "
+        "may not read are *missing*: lists leave them out, and naming one (in the URL or the body) is a **404**, "
+        "like one that does not exist;",
+        "3. no rule for the action, or none whose scope reaches the object: **403** (for pool-wide objects — "
+        "nodes, cards, flavors, notifications, the audit trail — this is the only check).",
+        "",
+        "The console answers **404** for a section, page or object the caller may not use, like a missing one "
+        "(the submit page explains a refusal with a 403). Node agents register with a bootstrap token, no "
+        "account. Commands run on the host act as the system (no account), through the same services.",
         "",
         "## Object scopes",
         "",
