@@ -13,7 +13,7 @@ from tenants.models import ApiToken, User
 class BearerTokenAuthentication(authentication.BaseAuthentication):
     """``Authorization: Bearer gp_<prefix>_<secret>``. Expired, revoked or unknown tokens get a 401 with a
     ``code`` saying which (``token_expired``, ``token_revoked``, ``token_invalid``); ``request.auth`` is the
-    ApiToken so ``TokenScopePermission`` can check its scope."""
+    ApiToken so ``PolicyPermission`` can check its scope."""
 
     keyword = "Bearer"
 
