@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import TokenCreateForm, attach_domain_error
+from frontend.service_text import localize
 from portal.api import DomainError, NotFoundError
 from portal.policy import Action
 from tenants import selectors as tenant_selectors
@@ -75,7 +76,7 @@ def token_revoke(request, pk: int):
     try:
         api_token_revoke(actor=request.user, token=token, request=request)
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
     else:
         messages.success(request, _("Token “%(name)s” revoked; it no longer works.") % {"name": token.name})
     return redirect("frontend:tokens")

@@ -26,6 +26,7 @@ from frontend.admin_forms import (
     attach_domain_error,
     tenant_choices,
 )
+from frontend.service_text import localize
 from frontend.tables import UserTable
 from portal.api import DomainError, NotFoundError
 from portal.policy import Action
@@ -48,7 +49,7 @@ def _done(request, call, success: str) -> bool:
     try:
         call()
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
         return False
     messages.success(request, success)
     return True
@@ -141,7 +142,7 @@ def user_mfa_reset(request, pk: int):
     try:
         removed = identity.mfa_reset(actor=request.user, user=account, request=request)
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
     else:
         messages.success(
             request,
@@ -164,7 +165,7 @@ def membership_add(request, pk: int):
     try:
         tenant = tenant_selectors.tenant_get_visible(user=request.user, pk=form.cleaned_data["tenant"])
     except NotFoundError as exc:  # deleted since the page was drawn
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
         return redirect("frontend:user-detail", pk=account.pk)
     _done(
         request,

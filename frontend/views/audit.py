@@ -24,6 +24,7 @@ from frontend.audit_details import audit_details
 from frontend.export import export_response
 from frontend.filtersets import AuditFilterSet
 from frontend.forms import AuditExportForm
+from frontend.service_text import localize
 from frontend.tables import AuditTable
 from portal.api import DomainError
 from portal.policy import Action
@@ -116,7 +117,7 @@ def audit_export(request):
     try:
         body, manifest = build_bundle(actor=request.user, start=start, end=end, tenant_id=form.cleaned_data["tenant"])
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
         return redirect("frontend:audit")
     response = HttpResponse(body, content_type="application/zip")
     stamp = manifest["created_at"][:19].replace(":", "").replace("-", "")

@@ -20,6 +20,7 @@ from frontend.admin_forms import tenant_path_labels
 from frontend.export import export_response
 from frontend.filtersets import JobFilterSet
 from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
+from frontend.service_text import localize
 from frontend.summaries import job_chart_devices
 from frontend.tables import JobTable
 from portal.api import DomainError, NotFoundError
@@ -114,7 +115,7 @@ def job_bulk_cancel(request):
         try:
             job_services.job_cancel(job=job, actor=request.user, request=request)
         except DomainError as exc:
-            refused.append(f"{job.pk} ({exc.message})")
+            refused.append(f"{job.pk} ({localize(exc.message)})")
         else:
             cancelled.append(job.pk)
     if cancelled:
@@ -143,7 +144,7 @@ def _attach_domain_error(form, exc: DomainError) -> None:
     field = (exc.field or "").split(".")[-1].split("[")[0]
     aliases = {"flavors": "flavor", "memory_mib": "memory_gib"}
     field = aliases.get(field, field)
-    form.add_error(field if field in form.fields else None, exc.message)
+    form.add_error(field if field in form.fields else None, localize(exc.message))
 
 
 @section_required(Section.JOBS)
@@ -259,7 +260,7 @@ def job_cancel(request, pk: int):
     try:
         job_services.job_cancel(job=job, actor=request.user, reason=reason, request=request)
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
     else:
         messages.success(request, _("Job %(id)s cancelled.") % {"id": job.pk})
     return redirect("frontend:job-detail", pk=job.pk)

@@ -13,6 +13,7 @@ from django_tables2 import RequestConfig
 from frontend.access import Section, action_required, section_required
 from frontend.export import export_response
 from frontend.filtersets import NodeFilterSet
+from frontend.service_text import localize
 from frontend.summaries import devices_for_charts, node_utilisation
 from frontend.tables import NodeTable
 from portal.api import DomainError
@@ -95,7 +96,7 @@ def node_action(request, pk: int):
     try:
         service(node=node, actor=request.user)
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
     else:
         messages.success(request, done % {"name": node.name})
     return redirect("frontend:node-detail", pk=node.pk)

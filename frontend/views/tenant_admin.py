@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import TOP_LEVEL, QuotaSetForm, TenantForm, attach_domain_error, tenant_choices
+from frontend.service_text import localize
 from frontend.summaries import guarantee_overcommit
 from frontend.views.tenants import _ancestors, _current_quota, _flavor_names, _quota_form_flavor, quota_rows
 from portal.api import DomainError, NotFoundError
@@ -138,7 +139,7 @@ def tenant_delete(request, pk: int):
     try:
         tenancy.tenant_delete(actor=request.user, tenant=tenant, request=request)
     except DomainError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, localize(exc.message))
         return redirect("frontend:tenant-edit", pk=tenant.pk)
     messages.success(request, _("Tenant %(name)s deleted.") % {"name": name})
     if parent_id:

@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from frontend.access import Section, action_required, section_required
 from frontend.forms import WhatIfForm
+from frontend.service_text import localize
 from portal.api import DomainError
 from portal.policy import Action
 from scheduler.sim.traceformat import FORMATS
@@ -79,7 +80,7 @@ def whatif_page(request):
                 max_jobs=WEB_MAX_JOBS,
             )
         except DomainError as exc:
-            form.add_error("settings" if exc.field == "set" else "days", exc.message)
+            form.add_error("settings" if exc.field == "set" else "days", localize(exc.message))
     context = {
         "section": Section.WHATIF,
         "form": form,
@@ -115,7 +116,7 @@ def trace_download(request):
     try:
         since, until = window_bounds(days=days)
     except DomainError as exc:
-        return HttpResponse(exc.message, status=400, content_type="text/plain; charset=utf-8")
+        return HttpResponse(localize(exc.message), status=400, content_type="text/plain; charset=utf-8")
     window = trace_export(actor=request.user, since=since, until=until, request=request)
     response = HttpResponse(window.zip_bytes(file_format), content_type="application/zip")
     response["Content-Disposition"] = f'attachment; filename="gpupool-trace-{since:%Y%m%d}-{until:%Y%m%d}.zip"'
