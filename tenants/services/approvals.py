@@ -5,6 +5,7 @@ reject, request changes, resubmit, cancel) and expiry.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -12,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import ConflictError, DomainError
+from portal.api import ConflictError, DomainError, PermissionDeniedError
 from portal.policy import Action
 from tenants.approval_handlers import approval_handler
 from tenants.models import OPEN_APPROVAL_STATUSES, Tenant, User
@@ -162,22 +163,48 @@ def _require_open(approval: Any, *statuses: str) -> None:
         )
 
 
+def _decision_begin(*, actor: User, approval: Any, refusal: Callable[[Any], str] | None = None) -> Any:
+    """The start every decision shares: the actor may write, the request is locked and still pending, and it
+    waits for ``actor`` (``refusal(locked request)`` is the answer otherwise)."""
+    from tenants.permissions import can_decide_approval
+
+    _ensure_may_write(actor)
+    approval = _lock_approval(approval)
+    _require_open(approval)
+    if not can_decide_approval(actor, approval):
+        raise PermissionDeniedError(
+            refusal(approval) if refusal else "You are not the approver this request is waiting for."
+        )
+    return approval
+
+
+def _step_record(approval: Any, *, actor: User, decision: str, comment: str, role: str | None = None) -> None:
+    from tenants.models import ApprovalStep
+
+    ApprovalStep.objects.create(
+        request=approval,
+        step=approval.step,
+        role=role if role is not None else approval.awaiting_role,
+        actor=actor,
+        decision=decision,
+        comment=comment,
+    )
+
+
 @transaction.atomic
 def approval_approve(*, actor: User, approval: Any, comment: str = "", request: Any = None) -> Any:
     """Approve the awaited step. On the last step the change is applied: a quota change is re-validated
     under row locks and either applied whole or marked ``failed`` with the reason; an admitted job is
     released to the queue."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
 
-    _ensure_may_write(actor)
-    approval = _lock_approval(approval)
-    _require_open(approval)
-    from tenants.permissions import can_decide_approval
-
-    _require(
-        can_decide_approval(actor, approval),
-        "You cannot approve this step: it waits for a "
-        f"{(approval.awaiting_role or '').replace('_', ' ')}, and nobody approves their own request.",
+    approval = _decision_begin(
+        actor=actor,
+        approval=approval,
+        refusal=lambda locked: (
+            "You cannot approve this step: it waits for a "
+            f"{(locked.awaiting_role or '').replace('_', ' ')}, and nobody approves their own request."
+        ),
     )
     override = _require_decision_comment(actor, approval, comment)
     if approval.step + 1 < len(approval.chain):
@@ -192,14 +219,7 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
     if final and approval.kind == ApprovalKind.QUOTA_CHANGE:
         # Locks first (before any audit write) so concurrent approvals queue here in one order.
         _lock_quota_path(tenant=approval.tenant, flavor=approval.flavor)
-    ApprovalStep.objects.create(
-        request=approval,
-        step=approval.step,
-        role=approval.awaiting_role,
-        actor=actor,
-        decision=ApprovalDecision.APPROVE,
-        comment=comment,
-    )
+    _step_record(approval, actor=actor, decision=ApprovalDecision.APPROVE, comment=comment)
     if not final:
         approval.step += 1
         approval.save(update_fields=["step", "chain", "escalations", "updated_at"])
@@ -250,24 +270,13 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
 @transaction.atomic
 def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
     """Refuse the request (any step's approver may). A job waiting for admission fails with the comment."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
-    from tenants.permissions import can_decide_approval
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
 
-    _ensure_may_write(actor)
-    approval = _lock_approval(approval)
-    _require_open(approval)
-    _require(can_decide_approval(actor, approval), "You are not the approver this request is waiting for.")
+    approval = _decision_begin(actor=actor, approval=approval)
     if not comment.strip():
         raise DomainError("Say why you reject the request (comment).", field="comment")
     override = _require_decision_comment(actor, approval, comment)
-    ApprovalStep.objects.create(
-        request=approval,
-        step=approval.step,
-        role=approval.awaiting_role,
-        actor=actor,
-        decision=ApprovalDecision.REJECT,
-        comment=comment,
-    )
+    _step_record(approval, actor=actor, decision=ApprovalDecision.REJECT, comment=comment)
     approval.status = ApprovalStatus.REJECTED
     approval.decided_at = timezone.now()
     approval.result_message = f"Rejected by {actor.username}."
@@ -284,26 +293,15 @@ def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = 
 @transaction.atomic
 def approval_request_changes(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
     """Send a quota change back to its requester, who may resubmit changed values."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
-    from tenants.permissions import can_decide_approval
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
 
-    _ensure_may_write(actor)
-    approval = _lock_approval(approval)
-    _require_open(approval)
-    _require(can_decide_approval(actor, approval), "You are not the approver this request is waiting for.")
+    approval = _decision_begin(actor=actor, approval=approval)
     if approval.kind != ApprovalKind.QUOTA_CHANGE:
         raise DomainError("A job admission can be approved or rejected, not sent back for changes.")
     if not comment.strip():
         raise DomainError("Say which changes you need (comment).", field="comment")
     override = _require_decision_comment(actor, approval, comment)
-    ApprovalStep.objects.create(
-        request=approval,
-        step=approval.step,
-        role=approval.awaiting_role,
-        actor=actor,
-        decision=ApprovalDecision.REQUEST_CHANGES,
-        comment=comment,
-    )
+    _step_record(approval, actor=actor, decision=ApprovalDecision.REQUEST_CHANGES, comment=comment)
     approval.status = ApprovalStatus.CHANGES_REQUESTED
     approval.save(update_fields=["status", "updated_at"])
     _approval_audit(
@@ -356,20 +354,13 @@ def approval_resubmit(
 @transaction.atomic
 def approval_cancel(*, actor: User, approval: Any, comment: str = "", request: Any = None) -> Any:
     """The requester (or a system admin) withdraws an open request; a waiting job fails."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus, ApprovalStep
+    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
 
     _ensure_may_write(actor)
     approval = _lock_approval(approval)
     _require_open(approval, *OPEN_APPROVAL_STATUSES)
     _require(allows(actor, Action.APPROVAL_WITHDRAW, approval), "Only the requester may cancel this request.")
-    ApprovalStep.objects.create(
-        request=approval,
-        step=approval.step,
-        role="requester",
-        actor=actor,
-        decision=ApprovalDecision.CANCEL,
-        comment=comment,
-    )
+    _step_record(approval, actor=actor, decision=ApprovalDecision.CANCEL, comment=comment, role="requester")
     approval.status = ApprovalStatus.CANCELLED
     approval.decided_at = timezone.now()
     approval.save()
