@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import json
 import re
 from pathlib import Path
 
@@ -361,3 +362,36 @@ def test_the_other_phrases_read_in_chinese(english, data):
         chinese = localize(english)
     assert chinese != english
     assert not _untranslated(chinese, data), chinese
+
+
+# --- the pages show them so -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def bob_in_chinese(client):
+    from tests.frontend.factories import make_flavor, make_member, make_tenant
+
+    make_flavor("nvidia-h100-80g")
+    bob = make_member(make_tenant("vision"), username="bob")
+    client.force_login(bob)
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/console/"})
+    return bob
+
+
+@pytest.mark.django_db
+def test_the_job_form_shows_the_job_specs_refusal_in_chinese(client, bob_in_chinese):
+    spec = {"name": "bad", "resources": {"flavors": ["no-such-flavor"], "gpus": 1}, "command": ["x"]}
+    html = client.post("/console/jobs/submit/", {"submit_json": "1", "j-spec_json": json.dumps(spec)}).content.decode()
+    assert "未知的卡型“no-such-flavor”" in html and "unknown flavor" not in html
+
+
+@pytest.mark.django_db
+def test_a_refused_cancel_reads_in_chinese(client, bob_in_chinese):
+    from scheduler.services.jobs import job_cancel, job_submit
+
+    spec = {"name": "t", "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1}, "command": ["python", "t.py"]}
+    job = job_submit(actor=bob_in_chinese, spec=spec)
+    job_cancel(job=job, actor=bob_in_chinese)
+    html = client.post(f"/console/jobs/{job.pk}/cancel/", {"reason": "again"}, follow=True).content.decode()
+    assert f"作业 {job.pk} 已是“已取消”状态" in html and "没有可取消的" in html
+    assert "there is nothing to cancel" not in html
