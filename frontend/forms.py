@@ -11,6 +11,7 @@ from django import forms
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
+from frontend.service_text import localize
 from portal import request_limits
 from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.models import JobKind, PriorityClass
@@ -129,7 +130,7 @@ class JobJsonForm(forms.Form):
             # The API's limits: no NUL character, nesting within GPUPOOL_MAX_JSON_DEPTH.
             value = request_limits.loads_checked(self.cleaned_data["spec_json"], where="the job spec")
         except request_limits.BadInput as exc:
-            raise forms.ValidationError(exc.detail) from None
+            raise forms.ValidationError(localize(exc.detail)) from None
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(
                 _("This is not valid JSON (line %(line)s, column %(col)s): %(msg)s")

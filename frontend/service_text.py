@@ -49,6 +49,7 @@ _GROUPS = {
     "type": r"\w+",
     # a job spec field path: resources.gpus, env.MY_VAR, command[3], or a field the user sent (no colon)
     "field": r"[^:]+?",
+    "setting": r"\w+",  # a what-if setting: grace_period_s
 }
 
 
@@ -300,6 +301,24 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("the window is longer than %(max)s days; export it in parts"),
         gettext_noop("The records are not covered by a checkpoint yet; try again in a moment."),
         gettext_noop("The export range is empty: 'to' must be after 'from'."),
+        gettext_noop("the job spec contains a NUL character (\\u0000); remove it and send the request again."),
+        gettext_noop(
+            "the job spec (at %(path)s) contains a NUL character (\\u0000); remove it and send the request again."
+        ),
+        gettext_noop("a key of the job spec contains a NUL character (\\u0000); remove it and send the request again."),
+        gettext_noop(
+            "a key of the job spec (at %(path)s) contains a "
+            "NUL character (\\u0000); remove it and send the request again."
+        ),
+        gettext_noop("the job spec nests objects and arrays more than %(max)s levels deep; send a flatter document."),
+        gettext_noop("%(pair)s: expected NAME=VALUE with NAME one of %(names)s"),
+        gettext_noop("unknown setting '%(unknown)s'; the settings are %(names)s"),
+        gettext_noop("%(setting)s: expected true or false, got %(value)s"),
+        gettext_noop("%(setting)s: expected a number or none, got %(value)s"),
+        gettext_noop("%(setting)s: expected a number, got %(value)s"),
+        gettext_noop("%(setting)s: expected a number of at least 0, got %(value)s"),
+        gettext_noop("%(setting)s: expected a whole number, got %(value)s"),
+        gettext_noop("%(setting)s: expected one of %(choices)s, got %(value)s"),
     )
 ]
 

@@ -7,6 +7,7 @@ import functools
 import importlib
 import json
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_each_pattern_knows_its_english_sentence_and_has_chinese(pattern, templa
 # Words the Chinese keeps on purpose: what a user types (JSON fields of the job spec, API values).
 KEPT = {"array", "count", "command", "flavor", "flavors", "gpus", "image", "libc", "millis", "read", "write", "admin"}
 KEPT |= {"tenant", "preemptible", "replicas", "resources", "true", "false", "POST", "JSON", "ttl", "whatif"}
-KEPT |= {"gpupool", "GPUPOOL", "CUDA", "since", "until"}
+KEPT |= {"gpupool", "GPUPOOL", "CUDA", "since", "until", "NAME", "VALUE", "none"}
 # An English word outside code: not part of a field path, a file path, a flag or a quoted value.
 _ENGLISH_WORD = re.compile(r"(?<![\w./'\"\[`=<-])[A-Za-z]{4,}(?![\w./'\"\]`=>-])")
 
@@ -104,8 +105,8 @@ SCOPE = (
 EXCLUDED = {
     # Django's password validators' messages, joined; Django translates them itself when it raises.
     "' '.join(exc.messages)": "already in the active language",
-    # The sim's setting parser's own message; scheduler.sim is outside the services (see the report of issue 20).
-    "str(exc)": "the what-if setting parser's message, not a service's",
+    # The what-if setting parser's message, raised again as it is: test_what_if_settings_... builds each kind.
+    "str(exc)": "scheduler.sim.policies' message, tested from the parser itself",
     # Agent enrolment and hello: the answer goes to a node agent over the API, never to a console page.
     "bootstrap token": "agent enrolment (API only)",
     "this hello lists devices": "agent hello (API only)",
@@ -395,3 +396,65 @@ def test_a_refused_cancel_reads_in_chinese(client, bob_in_chinese):
     html = client.post(f"/console/jobs/{job.pk}/cancel/", {"reason": "again"}, follow=True).content.decode()
     assert f"作业 {job.pk} 已是“已取消”状态" in html and "没有可取消的" in html
     assert "there is nothing to cancel" not in html
+
+
+# --- messages from outside the services the console shows the same way ------------------------------------------------
+
+
+def _setting_refusals() -> list[str]:
+    """What the what-if page answers for bad settings (scheduler.sim.policies, raised again by scheduler.whatif),
+    one of each kind, from the parser itself."""
+    from enum import Enum
+
+    from scheduler.core.types import Policy
+    from scheduler.sim.policies import parse_settings
+
+    hints = typing.get_type_hints(Policy)
+
+    def first(test) -> str:
+        return next(name for name, hint in hints.items() if test(hint, typing.get_args(hint)))
+
+    bad = [
+        ["preemption"],  # no "="
+        ["no_such_setting=1"],
+        [f"{first(lambda h, a: h is bool)}=maybe"],
+        [f"{first(lambda h, a: isinstance(h, type) and issubclass(h, Enum))}=sideways"],
+        [f"{first(lambda h, a: h is float)}=soon"],
+        [f"{first(lambda h, a: float in a and type(None) in a)}=soon"],
+        [f"{first(lambda h, a: h is float)}=-1"],
+        [f"{first(lambda h, a: h is int)}=1.5"],
+    ]
+    refusals = []
+    for pairs in bad:
+        with pytest.raises(ValueError) as caught:
+            parse_settings(pairs)
+        refusals.append(str(caught.value))
+    return refusals
+
+
+def _job_json_refusals() -> list[str]:
+    """What the job form's JSON field answers for a NUL or a too deep spec (portal.request_limits)."""
+    from django.conf import settings
+
+    from portal import request_limits
+
+    deep = "[" * (settings.GPUPOOL_MAX_JSON_DEPTH + 1) + "]" * (settings.GPUPOOL_MAX_JSON_DEPTH + 1)
+    refusals = []
+    for text in ('"a\\u0000"', '{"env": {"X": "a\\u0000"}}', '{"a\\u0000": 1}', '{"env": {"a\\u0000": "1"}}', deep):
+        with pytest.raises(request_limits.BadInput) as caught:
+            request_limits.loads_checked(text, where="the job spec")
+        refusals.append(caught.value.detail)
+    return refusals
+
+
+@pytest.mark.parametrize("english", [*_setting_refusals(), *_job_json_refusals()])
+def test_what_if_settings_and_job_json_limits_read_in_chinese(english):
+    from scheduler.sim.policies import setting_names
+
+    with translation.override("zh-hans"):
+        chinese = localize(english)
+    assert chinese != english, english
+    # data: the setting names, the values given, the path in the spec
+    data = [", ".join(setting_names()), *re.findall(r"'[^']*'|\(at [^)]*\)|\w+_\w+|\w+(?=:)", english)]
+    data += re.findall(r"one of (.+), got", english)
+    assert not _untranslated(chinese, [value.removeprefix("(at ").rstrip(")") for value in data]), chinese
