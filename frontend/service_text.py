@@ -301,6 +301,12 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("the window is longer than %(max)s days; export it in parts"),
         gettext_noop("The records are not covered by a checkpoint yet; try again in a moment."),
         gettext_noop("The export range is empty: 'to' must be after 'from'."),
+        # an approval request's result (approval_detail.html, |service_text)
+        gettext_noop("Applied."),
+        gettext_noop("The job is queued."),
+        gettext_noop("Rejected by %(user)s."),
+        gettext_noop("Nobody decided in time."),
+        gettext_noop("Approved, but it no longer fits: %(reason)s"),
         gettext_noop("the job spec contains a NUL character (\\u0000); remove it and send the request again."),
         gettext_noop(
             "the job spec (at %(path)s) contains a NUL character (\\u0000); remove it and send the request again."
@@ -342,5 +348,7 @@ def localize(message: str) -> str:
                 name: str(_LABELS[name].get(value, value)) if name in _LABELS else value
                 for name, value in match.groupdict().items()
             }
+            if "reason" in data:  # a service's refusal quoted in a result ("Approved, but it no longer fits: ...")
+                data["reason"] = localize(data["reason"])
             return gettext(template) % data
     return message

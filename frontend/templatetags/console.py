@@ -123,6 +123,14 @@ def scheduler_text(value: str | None) -> str:
 
 
 @register.filter
+def service_text(value: str | None) -> str:
+    """A message a service stored or raised (an approval's result, a refusal) in the page's language."""
+    from frontend.service_text import localize
+
+    return localize(value or "")
+
+
+@register.filter
 def when(value, precision: str = "") -> str:
     """A moment in the page language's one format (``frontend.datetimes``): ``{{ job.submitted_at|when }}``,
     ``|when:"seconds"`` where the order within a minute matters."""

@@ -254,7 +254,8 @@ def _helpers() -> dict[object, tuple[list[str], ast.expr]]:
 
 
 def service_messages() -> list[tuple[str, str, list[str]]]:
-    """(where, sample message, the sample data in it) for every refusal in SCOPE, less EXCLUDED."""
+    """(where, sample message, the sample data in it) for every refusal in SCOPE, and every approval result the
+    services store, less EXCLUDED."""
     helpers = _helpers()
     found, seen = [], set()
     for path, module, tree in _modules():
@@ -266,11 +267,15 @@ def service_messages() -> list[tuple[str, str, list[str]]]:
             if isinstance(child, ast.Call)
         }  # ast.walk goes outside in: an inner function overwrites its outer one
         for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
+            results = [t for t in getattr(node, "targets", ()) if getattr(t, "attr", "") == "result_message"]
+            if not isinstance(node, ast.Call) and not results:
                 continue
             phrases = _local_phrases(enclosing.get(node))
-            helper = getattr(module, node.func.id, None) if isinstance(node.func, ast.Name) else None
-            if helper in helpers:
+            helper = getattr(module, node.func.id, None) if isinstance(getattr(node, "func", None), ast.Name) else None
+            if results:  # an approval's result, shown on its page: ``approval.result_message = f"..."[:500]``
+                message, env, data = node.value, {}, []
+                message = message.value if isinstance(message, ast.Subscript) else message
+            elif helper in helpers:
                 params, message = helpers[helper]
                 env, data = {}, []
                 for param, arg in zip(params, node.args, strict=False):
@@ -318,6 +323,7 @@ def test_the_walk_finds_the_refusals():
     assert "resources.flavors: give either flavor or flavors, not both." in texts  # through jobspec._fail
     assert "Only a system admin sets prices." in texts  # through _common._require
     assert "This account is deactivated." in texts
+    assert "Nobody decided in time." in texts  # an approval's result_message
 
 
 @pytest.mark.parametrize(("where", "english", "data"), MESSAGES, ids=[w for w, _t, _d in MESSAGES])
@@ -458,3 +464,14 @@ def test_what_if_settings_and_job_json_limits_read_in_chinese(english):
     data = [", ".join(setting_names()), *re.findall(r"'[^']*'|\(at [^)]*\)|\w+_\w+|\w+(?=:)", english)]
     data += re.findall(r"one of (.+), got", english)
     assert not _untranslated(chinese, [value.removeprefix("(at ").rstrip(")") for value in data]), chinese
+
+
+def test_a_refusal_quoted_in_an_approvals_result_reads_in_chinese_too():
+    english = (
+        "Approved, but it no longer fits: Quota acme/nvidia-h100-80g: limit_millis 1000 is below guaranteed_millis "
+        "2000; the limit must be at least the guarantee."
+    )
+    with translation.override("zh-hans"):
+        chinese = localize(english)
+    assert chinese.startswith("已批准") and "acme/nvidia-h100-80g" in chinese
+    assert not _untranslated(chinese, ["acme/nvidia-h100-80g"]), chinese
