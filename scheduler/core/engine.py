@@ -70,6 +70,10 @@ _CAPACITY_REASONS = frozenset(
 _QUOTA_REASONS = frozenset({PendingReason.QUOTA_LIMIT, PendingReason.QUOTA_EXHAUSTED, PendingReason.MAX_RUNNING_JOBS})
 
 
+def _minutes(seconds: float) -> int:
+    return max(1, -int(-seconds // 60))
+
+
 def validate(job: PendingJob) -> str | None:
     """A problem with the request that no amount of waiting fixes, in words; None when it is fine."""
     req = job.request
@@ -165,6 +169,7 @@ class _Cycle:
                 stopping=self.holds.stopping,
                 restart_cost_s=policy.restart_cost_s,
                 max_doublings=policy.max_protection_doublings,
+                reclaim_by_usage=policy.reclaim_by_usage,
             )
             if policy.preemption
             else None
@@ -304,15 +309,33 @@ class _Cycle:
         self, job: PendingJob, flavor: str, replicas: int, *, new_job: bool = True, borrow: bool = True
     ) -> Admission:
         """Step 2 for ``replicas`` of the job on ``flavor`` (changes nothing). ``new_job=False``: more replicas
-        of a job already counted; ``borrow=False``: only within the guarantee."""
+        of a job already counted; ``borrow=False``: only within the guarantee. A job in its borrowing back-off
+        (``_borrow_backoff_until``) is admitted only within its tenant's guarantee."""
+        until = self._borrow_backoff_until(job)
         return self.book.admit(
             tenant=job.tenant,
             flavor=flavor,
             millis=job.request.millis * replicas,
             preemptible=job.preemptible and borrow,
-            borrowing=self.p.borrowing and borrow,
+            borrowing=self.p.borrowing and borrow and until is None,
             new_job=new_job,
+            no_borrowing=(
+                "borrowing is off"
+                if until is None
+                else f"preempted {job.preemptions} time(s), it may borrow idle capacity again in "
+                f"{_minutes(until - self.s.now)} min, or start as soon as its tenant's guarantee has room"
+            ),
         )
+
+    def _borrow_backoff_until(self, job: PendingJob) -> float | None:
+        """When a preempted job may borrow again (``Policy.borrow_backoff_s``): the back-off doubles with each
+        preemption, so a job larger than its tenant's unused guarantee is not started on loan only to be
+        reclaimed minutes later, again and again. None: it may borrow now."""
+        base = self.p.borrow_backoff_s
+        if base is None or job.preemptions <= 0 or job.last_preempted_at is None:
+            return None
+        until = job.last_preempted_at + base * 2 ** min(job.preemptions - 1, 16)
+        return until if self.s.now < until else None
 
     def _try_flavor(self, job: PendingJob, flavor: str, *, holder: bool = False) -> _Fit | _Attempt | Failure:
         """Admit and place the job's gang on ``flavor``: a ``_Fit``, an admitted ``_Attempt`` that did not fit,

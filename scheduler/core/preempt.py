@@ -8,8 +8,12 @@ Who may be a victim of job J (all must hold):
   runtime. Reclaim keeps the base minimum runtime: a lender's wait for its guarantee stays bounded;
 - J was not preempted by the victim before (``J.preempted_by``): no preemption loops;
 - and one of the rules:
-  * **reclaim** (``RECLAIM_BORROWED``): J is within its tenant's guarantee and the victim is borrowing
-    capacity from another quota node — the lender takes its guarantee back, whatever the priorities;
+  * **reclaim** (``RECLAIM_BORROWED``): J is within its tenant's guarantee and the victim belongs to another
+    quota node that holds more than its guarantee — the lender takes its guarantee back, whatever the
+    priorities. With ``Policy.reclaim_by_usage`` (the default) any job of that node qualifies, as long as the
+    node's excess (less what is already stopping or chosen this cycle) is not used up before it: which of a
+    tenant's jobs was flagged "borrowed" when it started is an accident of timing, and the flagged ones may
+    all sit on nodes a whole-node gang cannot use. Without it only jobs flagged as borrowing qualify;
   * **priority** (``PRIORITY``): the victim has a strictly lower priority and is either borrowing or charged
     to J's own quota node. Work within another tenant's guarantee is never taken by priority, and nothing is
     ever preempted for a job of equal or lower priority within a guarantee.
@@ -61,6 +65,10 @@ class Victim:
     # (device id, millis, memory, host cpu millicores, host memory MiB) held now
     rows: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     nodes: list[int] = field(default_factory=list)
+
+    @property
+    def millis(self) -> int:
+        return sum(m for _, m, _, _, _ in self.rows)
 
     def cost(self) -> tuple:
         return (
@@ -152,6 +160,7 @@ class Preemptor:
         stopping: frozenset[str] = frozenset(),
         restart_cost_s: float = 0.0,
         max_doublings: int = 0,
+        reclaim_by_usage: bool = False,
     ) -> None:
         self.now = snapshot.now
         self.c = cluster
@@ -170,6 +179,15 @@ class Preemptor:
         self.borrowers: dict[str, list[Victim]] = {}
         self.by_account: dict[str, dict[str | None, list[Victim]]] = {}
         self.stopping = stopping  # already preempted and stopping (``holds.py``): not a victim again
+        self.by_usage = reclaim_by_usage
+        # Per (quota node, flavor): millis that will leave it soon — victims stopping, and chosen this cycle —
+        # so a node's excess over its guarantee is not reclaimed twice.
+        self.leaving: dict[tuple[str, str], int] = {}
+        for job_id in stopping:
+            v = self.victims.get(job_id)
+            account = self._victim_account(v) if v is not None else None
+            if v is not None and account is not None:
+                self.leaving[(account, v.flavor)] = self.leaving.get((account, v.flavor), 0) + v.millis
         for v in self.victims.values():
             if not v.preemptible or self.now - v.started_at < min_runtime_s or v.job_id in stopping:
                 continue
@@ -189,6 +207,20 @@ class Preemptor:
             self._account[v.job_id] = self.book.account(v.tenant, v.flavor)
         return self._account[v.job_id]
 
+    def excess(self, account: str | None, flavor: str) -> int:
+        """Millis the quota node holds above its guarantee that are not already leaving (stopping, or chosen
+        this cycle): how much reclaim may still take from it."""
+        if account is None:
+            return 0
+        return self.book.borrowed_now(account, flavor) - self.leaving.get((account, flavor), 0)
+
+    def reclaimable(self, v: Victim, account: str | None) -> bool:
+        """``v`` may be stopped to give a lender its guarantee back (the lender's side is checked by the caller)."""
+        if self.by_usage:
+            excess = self.excess(account, v.flavor)
+            return excess > 0 if v.borrowed_millis > 0 else v.millis <= excess
+        return v.borrowed_millis > 0
+
     def rule(self, v: Victim, job: PendingJob, flavor: str, accounted_to: str, borrowing: bool) -> PreemptReason | None:
         """Why ``v`` may be preempted for ``job`` (None: it may not)."""
         if not v.preemptible or v.flavor != flavor or v.job_id in self.taken or v.job_id in job.preempted_by:
@@ -198,11 +230,11 @@ class Preemptor:
         if v.job_id == job.job_id or self.now - v.started_at < self.min_runtime_s:
             return None
         lower = v.priority < int(job.priority)
-        if v.borrowed_millis <= 0 and not lower:
-            return None  # within a guarantee and not lower priority: untouchable
+        if v.borrowed_millis <= 0 and not lower and not (self.by_usage and not borrowing):
+            return None  # within a guarantee and not lower priority: untouchable (unless its node is over it)
         v_account = self._victim_account(v)
         own = v_account is not None and self.book.in_subtree(v_account, accounted_to)
-        if not borrowing and v.borrowed_millis > 0 and not own:
+        if not borrowing and not own and self.reclaimable(v, v_account):
             return PreemptReason.RECLAIM_BORROWED
         if lower and (v.borrowed_millis > 0 or own) and self.now - v.started_at >= self.protection_s(v):
             return PreemptReason.PRIORITY
@@ -362,12 +394,34 @@ class Preemptor:
         borrowers = self.borrowers.get(flavor, [])
         # Borrowers at any priority may be reclaimed by a job within its guarantee; otherwise only lower ones.
         lists.append(borrowers if not borrowing else self._prefix(borrowers, priority))
+        if self.by_usage and not borrowing:
+            # Reclaim by usage: every job of another quota node that holds more than its guarantee.
+            lists.extend(
+                victims
+                for account, victims in self.by_account.get(flavor, {}).items()
+                if account is not None
+                and not self.book.in_subtree(account, accounted_to)
+                and self.excess(account, flavor) > 0
+            )
         out = []
         for v in heapq.merge(*lists, key=Victim.cost):
             r = eligible(v)
             if r is not None:
                 out.append((v, r))
         return out
+
+    def _within_excess(self, v: Victim, r: PreemptReason, chosen: list[tuple[Victim, PreemptReason]]) -> bool:
+        """Reclaim by usage takes a quota node's jobs only as far as its excess goes, counting the victims
+        already in the set: a job started within the guarantee must fit in what is left of the excess whole (so
+        reclaim never takes the node below its guarantee, which it would take back at once); a job flagged as
+        borrowing needs only some excess left (it may take the node below its guarantee by less than its own
+        size, as without this rule)."""
+        if not self.by_usage or r != PreemptReason.RECLAIM_BORROWED:
+            return True
+        account = self._victim_account(v)
+        same = sum(x.millis for x, _ in chosen if self._victim_account(x) == account and x.flavor == v.flavor)
+        left = self.excess(account, v.flavor) - same
+        return left > 0 if v.borrowed_millis > 0 else v.millis <= left
 
     def _search_per_node(
         self,
@@ -376,6 +430,7 @@ class Preemptor:
         count: int,
         cands: list[tuple[Victim, PreemptReason]],
         max_nodes: int = MAX_NODES,
+        prior: list[tuple[Victim, PreemptReason]] | None = None,
     ) -> VictimChoice | None:
         per_node: dict[int, list[tuple[Victim, PreemptReason]]] = {}
         for v, r in cands:  # cheapest first, so each node's list is sorted
@@ -403,6 +458,8 @@ class Preemptor:
             chosen: list[tuple[Victim, PreemptReason]] = []
             devices = None
             for v, r in cands:
+                if not self._within_excess(v, r, (prior or []) + chosen):
+                    continue
                 chosen.append((v, r))
                 devices = check([x for x, _ in chosen])
                 if devices is not None:
@@ -441,7 +498,7 @@ class Preemptor:
                     continue
                 picked = {v.job_id for v, _ in chosen}
                 rest = [(v, r) for v, r in cands if v.job_id not in picked]
-                choice = self._search_per_node(job, flavor, 1, rest, max_nodes)
+                choice = self._search_per_node(job, flavor, 1, rest, max_nodes, prior=chosen)
                 if choice is None:
                     return None
                 freed.extend(self._free([v for v, _ in choice.victims]))
@@ -461,3 +518,6 @@ class Preemptor:
     def commit(self, choice: VictimChoice) -> None:
         for v, _ in choice.victims:
             self.taken.add(v.job_id)
+            account = self._victim_account(v)
+            if account is not None:
+                self.leaving[(account, v.flavor)] = self.leaving.get((account, v.flavor), 0) + v.millis

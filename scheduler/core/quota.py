@@ -273,9 +273,18 @@ class QuotaBook:
         return self.trees[flavor].guaranteed[node]
 
     def admit(
-        self, *, tenant: str, flavor: str, millis: int, preemptible: bool, borrowing: bool, new_job: bool = True
+        self,
+        *,
+        tenant: str,
+        flavor: str,
+        millis: int,
+        preemptible: bool,
+        borrowing: bool,
+        new_job: bool = True,
+        no_borrowing: str = "borrowing is off",
     ) -> Admission:
-        """Would a job of ``tenant`` taking ``millis`` of ``flavor`` be admitted now? Changes nothing."""
+        """Would a job of ``tenant`` taking ``millis`` of ``flavor`` be admitted now? Changes nothing.
+        ``no_borrowing``: why the job may not borrow when ``borrowing`` is False, for the message."""
         node = self.account(tenant, flavor)
         if node is None:
             return Admission(
@@ -314,7 +323,7 @@ class QuotaBook:
         exhausted = f"tenant quota for {flavor} exhausted: {cards(used)}/{cards(g)} cards in use"
         if not borrowing:
             return Admission(
-                False, code=PendingReason.QUOTA_EXHAUSTED, message=f"{exhausted} (borrowing is off)", accounted_to=node
+                False, code=PendingReason.QUOTA_EXHAUSTED, message=f"{exhausted} ({no_borrowing})", accounted_to=node
             )
         if not preemptible:
             return Admission(

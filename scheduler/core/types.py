@@ -289,6 +289,7 @@ class PendingJob:
     runtime_estimate_s: float | None = None
     last_checkpoint_at: float | None = None
     preemptions: int = 0  # times this job was preempted before (it keeps the count when it runs again)
+    last_preempted_at: float | None = None  # when it was last preempted (the decision); None: never
 
     @property
     def gang_min(self) -> int:
@@ -333,6 +334,15 @@ class Policy:
     # runtime (the guarantee's bound), but prefers victims preempted fewer times.
     restart_cost_s: float = 60.0
     max_protection_doublings: int = 4
+    # Reclaim churn: a job preempted k times may not borrow (start above its tenant's guarantee) until
+    # ``borrow_backoff_s * 2**(k-1)`` after its last preemption (``PendingJob.last_preempted_at``); within its
+    # tenant's guarantee it may start at once. None: off.
+    borrow_backoff_s: float | None = 1800.0
+    # Reclaim by usage: a job within its guarantee may reclaim *any* preemptible job of a quota node that holds
+    # more than its guarantee (as far as that node's excess goes, counting victims already stopping), not
+    # only the jobs flagged as borrowed when they started — which may sit on other nodes than the ones a gang
+    # needs whole. False: only flagged borrowers.
+    reclaim_by_usage: bool = True
     # Gangs: a job of at least ``gang_aging_cards`` cards that has waited ``gang_aging_s`` is served first in
     # its priority class and gets capacity held for it even when it is not the head of its flavor's queue.
     gang_aging_cards: int = 16

@@ -42,6 +42,7 @@ COLUMNS = (
     ("preempted_3plus", "3+", "{:,}"),
     ("preemptions_per_hour_max", "max/h", "{:,}"),
     ("within_guarantee", "in-guar.", "{:.1%}"),
+    ("within_guarantee_net", "in-guar. net", "{:.1%}"),
     ("starved_while_borrowed", "starved", "{:.1%}"),
     ("starved_while_borrowed_beyond_tol", "starved>tol", "{:.1%}"),
     ("jain_fairness", "Jain", "{:.3f}"),

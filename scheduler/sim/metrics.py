@@ -60,7 +60,10 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
     - ``big_gang_*``: jobs of at least ``BIG_GANG_GPUS`` GPUs: total time queued, mean and p95;
     - ``jain_fairness``: Jain's index across tenants of each tenant's mean job speed (run time / JCT);
     - ``within_guarantee``: share of jobs that never waited longer than ``guarantee_tolerance_s`` while their
-      tenant held less than its guarantee minus the job's size (i.e. the job would have fit in it).
+      tenant held less than its guarantee minus the job's size (i.e. the job would have fit in it);
+      ``within_guarantee_net``: the same, not counting the time when that room was already being freed for
+      another job of its tenant (a preemptor waiting for its victims to stop) — a tenant one card below its
+      guarantee with a thousand one-card jobs queued has room for one of them, not for each.
     """
     jobs = result.jobs
     capacity = result.capacity_millis
@@ -120,6 +123,9 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "restart_gpu_hours": result.overhead_gpu_s / 3600.0,
         "jain_fairness": jain_index(tenant_speed),
         "within_guarantee": len(within) / len(jobs) if jobs else math.nan,
+        "within_guarantee_net": (
+            sum(1 for j in jobs if j.starved_net_s <= result.guarantee_tolerance_s) / len(jobs) if jobs else math.nan
+        ),
         "cycles": result.cycles,
         "plan_calls": result.plan_calls,
         "plan_ms_per_cycle": 1000.0 * result.plan_wall_s / result.plan_calls if result.plan_calls else 0.0,

@@ -129,6 +129,9 @@ class JobRecord:
     failures: int = 0
     starved_s: float = 0.0  # time waiting while its tenant was below its guarantee (job would have fit in it)
     longest_starved_s: float = 0.0  # the longest single such wait
+    # The same, except while the room in the guarantee was already being freed for another job of its tenant
+    # (a preemptor waiting for its victims to stop): room promised to one job is not unused for the next.
+    starved_net_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -172,9 +175,11 @@ class _Run:
     productive_from: float = 0.0
     queued_at: float = 0.0
     preempted_by: frozenset[str] = frozenset()
+    preempted_at: float | None = None  # the last preemption decision (the Django side: its PREEMPTING event)
     allocs: tuple[Allocation, ...] = ()
     pending: PendingJob | None = None
     starved_since: float | None = None
+    starved_net_since: float | None = None
     millis_held: int = 0
 
 
@@ -394,6 +399,7 @@ class Simulator:
                 host_memory_mib=j.host_memory_mib,
             ),
             preemptions=run.record.preemptions,
+            last_preempted_at=run.preempted_at,
             priority=j.priority,
             preemptible=j.preemptible,
             submitted_at=j.submit_s,
@@ -513,6 +519,7 @@ class Simulator:
         # Like the Django side, a job being stopped is no longer a preemption candidate.
         run.allocs = tuple(replace(a, preemptible=False) for a in run.allocs)
         run.preempted_by = run.preempted_by | {victim_of}
+        run.preempted_at = t
         run.record.preemptions += 1
         self.preemptions += 1
         self.preemption_times.append(t)
@@ -641,6 +648,12 @@ class Simulator:
         self._account_starvation(t)
         starving: set[str] = set()
         beyond: set[str] = set()
+        preemptors = {h.job_id for h in self.holds}
+        claimed: dict[str, int] = defaultdict(int)  # per tenant: millis being freed for its waiting preemptors
+        for job_id in preemptors:
+            run = self.pending.get(job_id)
+            if run is not None:
+                claimed[run.job.tenant] += run.job.charged_millis
         for run in self.pending.values():
             j = run.job
             within = self.tenant_held[j.tenant] + j.charged_millis <= self.guarantee.get(j.tenant, 0)
@@ -648,6 +661,13 @@ class Simulator:
                 run.starved_since = t
             elif not within:
                 self._unflag(run, t)
+            others = claimed[j.tenant] - (j.charged_millis if j.job_id in preemptors else 0)
+            net = within and self.tenant_held[j.tenant] + others + j.charged_millis <= self.guarantee.get(j.tenant, 0)
+            if net and run.starved_net_since is None:
+                run.starved_net_since = t
+            elif not net and run.starved_net_since is not None:
+                run.record.starved_net_s += t - run.starved_net_since
+                run.starved_net_since = None
             if run.starved_since is not None:
                 starving.add(j.tenant)
                 if t - run.starved_since > self.tolerance:
@@ -674,6 +694,9 @@ class Simulator:
             run.record.starved_s += waited
             run.record.longest_starved_s = max(run.record.longest_starved_s, waited)
             run.starved_since = None
+        if run.starved_net_since is not None:
+            run.record.starved_net_s += t - run.starved_net_since
+            run.starved_net_since = None
 
 
 def _record(job: SimJob) -> JobRecord:

@@ -84,6 +84,10 @@ def test_a_lender_reclaims_borrowed_capacity_through_preemption_then_runs(member
     assert run_cycle().placed == [lender_job.pk]
     victim.refresh_from_db()
     assert victim.state == JobState.QUEUED and victim.preempted_by == [lender_job.pk]
+    # The engine's borrowing back-off counts from the victim's PREEMPTING event.
+    (again,) = [j for j in build_snapshot().pending if j.job_id == str(victim.pk)]
+    preempted_event = victim.events.filter(to_state=JobState.PREEMPTING).latest("created_at")
+    assert again.preemptions == 1 and again.last_preempted_at == preempted_event.created_at.timestamp()
 
 
 def test_cordoned_nodes_get_no_new_work(member, node):

@@ -201,3 +201,89 @@ def test_fragmentation_puts_a_fraction_where_the_cards_are_stranded_already():
 
     assert fgd.assignments[0].node == "n2"  # its cards were unusable anyway
     assert best.assignments[0].node == "n1"  # best fit only looks at the cards
+
+
+# -- reclaim churn: borrowing back-off, reclaim by usage -----------------------------------------------------
+
+
+def _lender_idle(pending, **kw):
+    """team-a lends its idle guarantee of 2 cards; team-b has none of its own."""
+    return snapshot([node("n1", 2)], pending=pending, quotas=[quota("team-a", 2), quota("team-b", 0)], now=NOW, **kw)
+
+
+def test_a_reclaimed_job_does_not_borrow_again_within_its_backoff():
+    def case(preemptions: int, ago_s: float):
+        j = job("b1", "team-b", preemptions=preemptions, last_preempted_at=NOW - ago_s)
+        return plan(_lender_idle([j]), Policy(borrow_backoff_s=1800))
+
+    waiting = case(1, 600)
+    assert waiting.places == ()
+    (why,) = waiting.explanations
+    assert why.code == PendingReason.QUOTA_EXHAUSTED
+    assert "preempted 1 time(s), it may borrow idle capacity again in 20 min" in why.message
+    assert [p.job_id for p in case(1, 2000).places] == ["b1"]  # 2000 s > 1800 s: it may borrow again
+    assert [p.job_id for p in case(0, 600).places] == ["b1"]  # never preempted: no back-off
+    assert [
+        p.job_id
+        for p in plan(
+            _lender_idle([job("b1", "team-b", preemptions=1, last_preempted_at=NOW - 600)]),
+            Policy(borrow_backoff_s=None),
+        ).places
+    ] == ["b1"]  # knob off
+
+
+def test_the_borrowing_backoff_doubles_with_each_preemption():
+    def borrows(preemptions: int, ago_s: float) -> bool:
+        j = job("b1", "team-b", preemptions=preemptions, last_preempted_at=NOW - ago_s)
+        return bool(plan(_lender_idle([j]), Policy(borrow_backoff_s=1800)).places)
+
+    assert borrows(1, 2000)
+    assert not borrows(2, 2000)  # 2000 s < 3600 s
+    assert borrows(2, 4000)
+    assert not borrows(3, 4000)  # 4000 s < 7200 s
+
+
+def test_a_job_in_its_backoff_still_starts_within_its_tenants_guarantee():
+    j = job("b1", "team-b", preemptions=5, last_preempted_at=NOW - 10)
+    s = snapshot([node("n1", 2)], pending=[j], quotas=[quota("team-a", 1), quota("team-b", 1)], now=NOW)
+
+    (place,) = plan(s, Policy(borrow_backoff_s=1800)).places
+
+    assert place.job_id == "b1" and place.borrowed_millis == 0
+
+
+def _over_guarantee(team_b_cards: int):
+    """team-b (guarantee ``team_b_cards``) holds all four cards of n1 and n2: one flagged borrower and one job
+    started within its guarantee on each node; team-a's 2-card job fits in its own idle guarantee."""
+    allocations = []
+    for n in ("n1", "n2"):
+        allocations.append(alloc(f"{n}-g", f"{n}-gpu0", "team-b", started_at=0.0))
+        allocations.append(alloc(f"{n}-b", f"{n}-gpu1", "team-b", borrowed_millis=1000, started_at=0.0))
+    return snapshot(
+        [node("n1", 2), node("n2", 2)],
+        allocations=allocations,
+        pending=[job("a1", "team-a", cards=2)],
+        quotas=[quota("team-a", 2), quota("team-b", team_b_cards)],
+        now=NOW,
+    )
+
+
+def test_reclaim_by_usage_takes_any_job_of_a_tenant_over_its_guarantee():
+    s = _over_guarantee(2)  # team-b holds 4 cards, 2 above its guarantee
+
+    by_usage = plan(s, Policy())
+    flagged_only = plan(s, Policy(reclaim_by_usage=False))
+
+    # A node is freed whole: its flagged borrower and the job beside it, which the excess also covers.
+    assert sorted(p.job_id for p in by_usage.preemptions) in (["n1-b", "n1-g"], ["n2-b", "n2-g"])
+    assert {p.reason for p in by_usage.preemptions} == {PreemptReason.RECLAIM_BORROWED}
+    # Only flagged borrowers: each node keeps a job within team-b's guarantee, so no node can be freed.
+    assert flagged_only.preemptions == ()
+
+
+def test_reclaim_by_usage_takes_no_more_than_the_tenants_excess():
+    s = _over_guarantee(3)  # team-b holds 4 cards, only 1 above its guarantee: a node's two jobs are too many
+
+    result = plan(s, Policy())
+
+    assert result.preemptions == ()

@@ -234,7 +234,7 @@ def preempted_borrower() -> Workload:
 
 
 def test_the_timeline_records_every_run_of_a_preempted_job():
-    policy = policies.get("gpupool", min_runtime_before_preempt_s=0, grace_period_s=5)
+    policy = policies.get("gpupool", min_runtime_before_preempt_s=0, grace_period_s=5, borrow_backoff_s=None)
     config = SimConfig(cycle_interval_s=1.0, restart_cost_s=3, checkpoint_interval_s=4)
     timeline = JobTimeline()
     result = simulate(preempted_borrower(), policy, config, observers=[timeline])
