@@ -29,7 +29,12 @@ def lender_and_borrower(member, node, monkeypatch, settings):
         core.Quota(tenant="team-b", flavor="sim-80g", guaranteed_millis=0, limit_millis=2000),
     )
     monkeypatch.setattr("scheduler.snapshot._quotas", lambda: quotas)
-    settings.GPUPOOL_SCHEDULER_POLICY = {"min_runtime_before_preempt_s": 0, "ordering": "fifo"}
+    # No borrowing back-off: these tests follow the hold; the back-off has its own test below.
+    settings.GPUPOOL_SCHEDULER_POLICY = {
+        "min_runtime_before_preempt_s": 0,
+        "ordering": "fifo",
+        "borrow_backoff_s": None,
+    }
     borrowed = [job_submit(actor=borrower, spec={**SPEC, "tenant": "team-b"}) for _ in range(2)]
     assert sorted(run_cycle().placed) == sorted(j.pk for j in borrowed)
     return borrowed
@@ -95,3 +100,18 @@ def test_a_cancelled_preemptor_leaves_no_hold_behind(member, lender_and_borrower
     # The next cycle drops the hold and the freed card goes to whoever is next: the requeued victim.
     assert run_cycle().placed == [victim.pk]
     assert not CapacityHold.objects.exists()
+
+
+def test_a_requeued_victim_does_not_borrow_again_within_its_back_off(member, lender_and_borrower, settings):
+    # With the default borrowing back-off (issue 18), the victim of a reclaim waits even when the card is free
+    # again, and says why; the lender's team could still start at once within its guarantee.
+    settings.GPUPOOL_SCHEDULER_POLICY = {"min_runtime_before_preempt_s": 0, "ordering": "fifo"}
+    lender = job_submit(actor=member, spec=SPEC)
+    victim = Job.objects.get(pk=run_cycle().preempted[0])
+    job_cancel(job=lender, actor=None)
+    _stopped(victim)
+    assert run_cycle().placed == []
+    waiting = Job.objects.get(pk=victim.pk)
+    assert waiting.state == JobState.QUEUED
+    assert "may borrow idle capacity again in" in waiting.pending_message
+    assert job_submit(actor=member, spec=SPEC).pk in run_cycle().placed
