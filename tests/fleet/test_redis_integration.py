@@ -55,6 +55,9 @@ async def test_revoking_in_a_service_closes_the_socket_through_redis(redis_url):
     agent = await connect_agent(credential, "redis-node")
     await db(node_credentials_revoke)(actor=None, node=node)
     assert await agent.receive_output(timeout=5) == {"type": "websocket.close", "code": CLOSE_UNAUTHORIZED}
+    # End the closed consumer here, bounded, as the other tests do: left to the event loop's teardown, its
+    # cancellation once hung a CI run.
+    await agent.disconnect()
 
 
 async def test_latest_values_written_at_once_go_out_together_and_all_land(redis_url):
