@@ -23,7 +23,9 @@ def usage_world():
     globex = make_tenant("globex")
     bob = make_member(vision, username="bob")
     spec = {"resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1}, "command": ["true"]}
-    start = timezone.now() - datetime.timedelta(hours=3)
+    # Yesterday 01:00-03:00 local time: within the default seven-day window and inside one daily period at
+    # any hour the suite runs (three hours before "now" crossed midnight when CI ran at 01:04).
+    start = timezone.localtime().replace(hour=1, minute=0, second=0, microsecond=0) - datetime.timedelta(days=1)
     devices = list(node.devices.all())
     for tenant, device, name in [(vision, devices[0], "v"), (globex, devices[1], "g")]:
         actor = bob if tenant == vision else make_member(globex)
