@@ -4,7 +4,11 @@ Every report gets a report id and is appended to a journal in the work dir (``ou
 before :meth:`ReportOutbox.add` returns, so a report queued before the agent was killed (or the machine lost
 power) is still there when the agent starts again. The agent sends the pending reports after every hello and
 again every few seconds while they stay unacknowledged; the portal answers ``report.ack`` with the id once it
-applied the report (or found it a duplicate, or refused it for good), and the ack is journalled the same way.
+applied the report (or found it a duplicate, or refused it for good), and the ack is journalled too: written
+before :meth:`ReportOutbox.ack` returns (it survives the agent being killed) but not fsync'd, which would double
+the disk flushes per workload. An ack lost with the machine's power only makes the agent send that report once
+more after the restart, and the portal acknowledges the duplicate without applying it again (the next fsync of
+the journal, that of the next report, writes the acks before it to disk as well).
 
 The journal is one JSON object per line: ``{"report": <frame>, "queued_at": <unix time>}`` when a report is
 queued, ``{"ack": <report id>}`` when it was acknowledged, ``{"last_id": <report id>}`` after a compaction.
@@ -124,13 +128,15 @@ class ReportOutbox:
 
     # --- writing -----------------------------------------------------------------------------------------------
 
-    def _append(self, entry: dict) -> None:
+    def _append(self, entry: dict, *, sync: bool = True) -> None:
+        """Append one journal line; it is in the kernel when this returns, and on disk too with ``sync``."""
         line = json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n"
         created = not self.path.exists()
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(line)
             handle.flush()
-            os.fsync(handle.fileno())
+            if sync or created:
+                os.fsync(handle.fileno())
         if created:
             _fsync_directory(self.path.parent)
 
@@ -177,7 +183,7 @@ class ReportOutbox:
         """The portal is done with ``report_id``: forget it (durably). False for an id that is not pending."""
         if self._pending.pop(report_id, None) is None:
             return False
-        self._append({"ack": report_id})
+        self._append({"ack": report_id}, sync=False)
         self._acked_in_journal += 1
         if self._acked_in_journal >= self.compact_after_acks:
             self._compact()

@@ -3,7 +3,7 @@
 The agent runs as root in production; a workload never does. Mode ``namespaces`` (the default of
 ``gpupool-agent run``) starts each workload as::
 
-    unshare --mount --pid --ipc --fork --kill-child -- <python> -I -S nodeagent/sandbox_init.py <spec.json>
+    unshare --mount --pid --ipc --fork --kill-child -- <python> -I -S -c <import sandbox_init, run it> <spec>
 
 ``sandbox_init`` (root inside the new namespaces) joins the workload's cgroups, makes the host read-only, hides
 the agent's work dir, credential and every other job's directory, binds the job's own directory back writable,
@@ -25,7 +25,7 @@ a mount that fails) makes the workload ``failed`` with the reason; the command n
 from __future__ import annotations
 
 import hashlib
-import json
+import marshal
 import os
 import shutil
 import sys
@@ -36,6 +36,17 @@ from pathlib import Path
 from nodeagent.cgroups import CgroupError, Cgroups, Limits, detect
 
 INIT_SCRIPT = Path(__file__).with_name("sandbox_init.py")
+#: What the interpreter runs: ``sandbox_init`` imported from its directory (appended to ``sys.path``, after the
+#: standard library, so no module of the agent's shadows one) rather than run as a script, so that its cached
+#: bytecode is used instead of compiling it for every workload.
+INIT_BOOTSTRAP = (
+    f"import sys; sys.path.append({str(INIT_SCRIPT.parent)!r}); import sandbox_init; "
+    "sys.exit(sandbox_init.main(sys.argv))"
+)
+#: The spec ``sandbox_init`` reads, in its control dir; ``marshal`` data (loads without importing anything).
+SPEC_FILE = "spec.marshal"
+#: marshal's format version of the spec: version 4 is read by every Python 3.4 and later.
+SPEC_MARSHAL_VERSION = 4
 #: Exit code of ``sandbox_init`` when the sandbox could not be set up (the reason is in ``sandbox_error``).
 SETUP_FAILED = 125
 DEFAULT_UID_BASE = 200_000
@@ -193,10 +204,8 @@ class Sandbox:
             "error_file": str(error_file),
             "root": str(control / "root"),
         }
-        spec_file = control / "spec.json"
-        descriptor = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(spec, handle)
+        spec_file = control / SPEC_FILE
+        write_spec(spec_file, spec)
         argv = [
             self.config.unshare,
             "--mount",
@@ -208,7 +217,8 @@ class Sandbox:
             self.config.python,
             "-I",
             "-S",
-            str(INIT_SCRIPT),
+            "-c",
+            INIT_BOOTSTRAP,
             str(spec_file),
         ]
         return SandboxPlan(argv=argv, uid=uid, gid=gid, cgroup=name, exit_file=exit_file, error_file=error_file)
@@ -248,6 +258,13 @@ class Sandbox:
             f"namespaces (mount/PID/IPC, cgroup v{self.cgroup_version}, uids {self.config.uid_base}-"
             f"{self.config.uid_base + self.config.uid_count - 1})"
         )
+
+
+def write_spec(path: Path, spec: dict) -> None:
+    """Write a workload's spec for ``sandbox_init`` (mode 0600: it holds the job's environment)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(marshal.dumps(spec, SPEC_MARSHAL_VERSION))
 
 
 def hidden_device_nodes(*, assigned: set[int], indices: list[int], npu: bool = False) -> list[str]:

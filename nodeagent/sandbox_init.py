@@ -1,9 +1,13 @@
 """The init of one sandboxed workload: runs as root inside fresh mount, PID and IPC namespaces, then runs the
 command as the workload's own unprivileged uid and waits for it.
 
-Started by the agent as ``unshare --mount --pid --ipc --fork --kill-child -- python -I -S sandbox_init.py
-<spec.json>`` (``nodeagent.sandbox`` writes the spec; this file imports nothing outside the standard library so
-that it runs with ``-I -S``, untouched by the job's environment). In order:
+Started by the agent as ``unshare --mount --pid --ipc --fork --kill-child -- python -I -S -c <import this file
+and call main> <spec>`` (``nodeagent.sandbox`` writes the spec; this file imports nothing outside the standard
+library so that it runs with ``-I -S``, untouched by the job's environment). It runs once per workload, so it
+starts cheaply: imported rather than run as a script (its bytecode is cached, not compiled each time), the spec
+is ``marshal`` data (``json`` would import ``re`` and ``enum``), the C library is the interpreter's own
+(``ctypes.util.find_library`` runs ``ldconfig``) and signals come from ``_signal`` (``signal`` imports ``enum``):
+15 ms of CPU instead of 45 on a development machine, where the bare interpreter takes 11. In order:
 
 1. join the workload's cgroups (so not one instruction of the command runs unlimited) and open the exit code
    file, which lives in the agent's control dir that the job will not see;
@@ -26,13 +30,11 @@ workload ``failed`` with that reason); the command never runs outside its sandbo
 
 from __future__ import annotations
 
-import contextlib
+import _signal
 import ctypes
-import ctypes.util
 import errno
-import json
+import marshal
 import os
-import signal
 import sys
 
 SETUP_FAILED = 125
@@ -55,11 +57,25 @@ MNT_DETACH = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41, "ppc64le": 203, "s390x": 217}
 _FLAG_NAMES = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+#: The C library the interpreter is linked with (dlopen(NULL) finds its symbols).
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class SetupError(Exception):
     pass
+
+
+class _suppress:
+    """``contextlib.suppress`` without importing ``contextlib`` (which loads ``collections`` and ``functools``)."""
+
+    def __init__(self, *errors: type[BaseException]) -> None:
+        self.errors = errors
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, _value: object, _traceback: object) -> bool:
+        return kind is not None and issubclass(kind, self.errors)
 
 
 #: The control dir's ``sandbox_error`` file, opened before the mounts hide it (the child inherits it until exec).
@@ -70,7 +86,7 @@ def _fail(reason: str) -> None:
     """Say why the sandbox failed: on stderr (the workload's log) and in the agent's ``sandbox_error`` file."""
     print(f"gpupool-sandbox: {reason}", file=sys.stderr, flush=True)
     if _error_fd[0] >= 0:
-        with contextlib.suppress(OSError):
+        with _suppress(OSError):
             os.write(_error_fd[0], reason.encode())
 
 
@@ -174,6 +190,21 @@ def _pivot_into(root: str) -> None:
     os.chdir("/")
 
 
+def _write_oom_score_adj(value: str) -> None:
+    """Best effort: lowering a score needs CAP_SYS_RESOURCE, which a containerised agent may lack."""
+    with _suppress(OSError), open("/proc/self/oom_score_adj", "w") as handle:
+        handle.write(value)
+
+
+def load_spec(path: str) -> dict:
+    """The spec the agent wrote (``nodeagent.sandbox.write_spec``): a marshalled dict."""
+    with open(path, "rb") as handle:
+        spec = marshal.load(handle)
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path} does not hold a sandbox spec")
+    return spec
+
+
 def setup(spec: dict) -> int:
     """Steps 1-5; returns the fd of the exit code file."""
     for procs in spec["cgroup_procs"]:
@@ -183,9 +214,7 @@ def setup(spec: dict) -> int:
         except OSError as exc:
             raise SetupError(f"cannot join the cgroup {procs}: {exc.strerror or exc}") from exc
     # The kernel's OOM killer takes the command, not this init (the command's own score is reset at fork).
-    # Best effort: lowering a score needs CAP_SYS_RESOURCE, which a containerised agent may lack.
-    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as handle:
-        handle.write("-1000")
+    _write_oom_score_adj("-1000")
     exit_fd = os.open(spec["exit_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     _error_fd[0] = os.open(spec["error_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     binds = []
@@ -221,8 +250,7 @@ def run_command(spec: dict) -> None:
     """The child: drop to the workload's identity and exec the command (never returns)."""
     try:
         os.setsid()
-        with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as handle:
-            handle.write("0")
+        _write_oom_score_adj("0")
         os.setgroups([])
         os.setresgid(spec["gid"], spec["gid"], spec["gid"])
         os.setresuid(spec["uid"], spec["uid"], spec["uid"])
@@ -236,7 +264,7 @@ def run_command(spec: dict) -> None:
         os._exit(SETUP_FAILED)
     command, env = spec["command"], spec["env"]
     try:
-        os.execvpe(command[0], command, env)
+        _execvpe(command[0], command, env)
     except FileNotFoundError:
         print(f"gpupool-sandbox: {command[0]}: command not found", file=sys.stderr, flush=True)
         os._exit(127)
@@ -245,15 +273,33 @@ def run_command(spec: dict) -> None:
         os._exit(126)
 
 
+def _execvpe(file: str, args: list[str], env: dict[str, str]) -> None:
+    """``os.execvpe`` without its lazy ``import warnings``: after the uid switch the interpreter's own library
+    may be unreadable (a pyenv under ``/root``). Searches ``PATH`` of ``env`` the same way: the first directory
+    where the file exists wins; an error other than "not there" is raised if no directory had the file."""
+    if "/" in file:
+        os.execve(file, args, env)
+    saved = last = None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        try:
+            os.execve(os.path.join(directory, file), args, env)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            last = exc
+        except OSError as exc:
+            last = exc
+            saved = saved or exc
+    raise saved or last or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), file)
+
+
 def supervise(child: int, exit_fd: int) -> int:
     """PID 1's loop: forward stop signals to the namespace, reap everything, return the command's exit code."""
 
     def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        with _suppress(ProcessLookupError):
             os.kill(-1, signum)  # from PID 1: every other process of this PID namespace
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
+    for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(signum, forward)
     code = None
     while code is None:
         try:
@@ -274,12 +320,11 @@ def supervise(child: int, exit_fd: int) -> int:
 
 def main(argv: list[str]) -> int:
     try:
-        with open(argv[1]) as handle:
-            spec = json.load(handle)
+        spec = load_spec(argv[1])
         exit_fd = setup(spec)
-    except (OSError, SetupError, KeyError, ValueError, IndexError) as exc:
+    except (OSError, SetupError, KeyError, ValueError, EOFError, TypeError, IndexError) as exc:
         if _error_fd[0] < 0:
-            with contextlib.suppress(OSError, IndexError):
+            with _suppress(OSError, IndexError):
                 _error_fd[0] = os.open(
                     os.path.join(os.path.dirname(argv[1]), "sandbox_error"), os.O_WRONLY | os.O_CREAT, 0o600
                 )

@@ -290,6 +290,8 @@ class WorkloadRunner:
         self._deferred: dict[tuple[int, int], protocol.WorkloadStart] = {}
         self.records: dict[tuple[int, int], WorkloadRecord] = {}
         self._popen: dict[tuple[int, int], subprocess.Popen] = {}
+        #: Each record's line of ``state.json`` with the field values it was encoded from (:meth:`_save`).
+        self._state_lines: dict[tuple[int, int], tuple[tuple, str]] = {}
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
         self.outbox = ReportOutbox(self.work_dir / OUTBOX_FILE, clock=clock)
         self._adopt()
@@ -313,15 +315,29 @@ class WorkloadRunner:
         self._save()
 
     def _save(self) -> None:
-        data = {"version": 1, "workloads": [asdict(record) for record in self.records.values()]}
+        """Write ``state.json``: ``{"version": 1, "workloads": [...]}`` with one workload per line.
+
+        The file is written at every start and end of a workload and lists a day of finished ones, so each
+        record's line is kept and encoded again only when one of its fields changed (fields are replaced,
+        never changed in place: lists included), and the C encoder is used (``indent`` would bypass it).
+        """
+        lines = {}
+        for key, record in self.records.items():
+            values = tuple(vars(record).values())
+            cached = self._state_lines.get(key)
+            if cached is None or cached[0] != values:
+                cached = (values, json.dumps(vars(record)))
+            lines[key] = cached
+        self._state_lines = lines
+        body = ",\n".join(line for _, line in lines.values())
         temporary = self.state_path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(data, indent=1))
+        temporary.write_text(f'{{"version": 1, "workloads": [\n{body}\n]}}\n', encoding="utf-8")
         os.replace(temporary, self.state_path)
 
     def _adopt(self) -> None:
         """Load the state file of a previous run: re-adopt live workloads, settle the ones that ended."""
         try:
-            data = json.loads(self.state_path.read_text())
+            data = json.loads(self.state_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             return
         except (OSError, ValueError) as exc:

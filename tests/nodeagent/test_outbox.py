@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -50,6 +51,22 @@ def test_a_torn_last_line_is_skipped_and_the_journal_repaired(tmp_path: Path) ->
     later = again.add(_status(2)).report_id
 
     assert [s.report_id for s in ReportOutbox(path)] == [kept, later]
+
+
+def test_a_report_is_flushed_to_disk_and_an_ack_is_written_without_a_flush(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "outbox.jsonl"
+    outbox = ReportOutbox(path)
+    outbox.add(_status(1))  # the journal exists (its creation is flushed with its directory)
+    flushed: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (flushed.append(fd), real_fsync(fd)))
+
+    report_id = outbox.add(_status(2)).report_id
+    after_add = len(flushed)
+    outbox.ack(report_id)
+
+    assert after_add == 1 and len(flushed) == 1  # the ack costs no disk flush
+    assert [s.job_id for s in ReportOutbox(path)] == [1]  # but it is in the journal when ack() returns
 
 
 def test_compaction_keeps_only_pending_reports_and_the_last_id(tmp_path: Path) -> None:

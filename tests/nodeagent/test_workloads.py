@@ -316,6 +316,26 @@ def test_repeated_start_of_a_finished_command_reports_instead_of_rerunning(runne
     assert runner.outbox[-1].state == "succeeded"
 
 
+def test_the_state_file_has_a_line_per_workload_and_follows_every_change(runner: WorkloadRunner) -> None:
+    for job_id in (1, 2):
+        runner.start(_start(job_id, command=_python("print('hi')")))
+        _run_until_final(runner, job_id)
+    first = runner.records[(1, 0)]
+    first.log_acked = 3  # a field of a finished workload changes (the portal acknowledged its log)
+    runner.save()
+    state_path = runner.work_dir / "state.json"
+
+    lines = state_path.read_text().splitlines()
+    saved = {(raw["job_id"], raw["replica"]): raw for raw in json.loads(state_path.read_text())["workloads"]}
+
+    assert len(lines) == 2 + len(runner.records)
+    assert saved[(1, 0)]["log_acked"] == 3 and saved[(2, 0)]["log_acked"] == 0
+    assert saved[(1, 0)]["state"] == saved[(2, 0)]["state"] == "succeeded"
+    first.message, first.devices = "changed", [{"uuid": H100_A, "millis": 1000, "memory_mib": None}]
+    runner.save()
+    assert WorkloadRunner(work_dir=runner.work_dir).records[(1, 0)] == first
+
+
 def test_loads_describe_running_workloads_for_the_simulator(runner: WorkloadRunner) -> None:
     runner.start(_start(command=["sleep", "60"], devices=[protocol.DeviceAssignment(uuid=H100_A, millis=500)]))
 

@@ -1,0 +1,90 @@
+"""The sandbox's init starts cheaply (one interpreter per workload) and still finds and runs the command."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeagent import protocol, sandbox_init
+from nodeagent.sandbox import INIT_SCRIPT, Sandbox, SandboxConfig, write_spec
+from nodeagent.workloads import WorkloadRunner
+from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE
+
+#: What the init must not import: slow to load (``json`` pulls in ``re`` and ``enum``; ``ctypes.util`` runs
+#: ``ldconfig``), or loaded lazily after the switch to the workload's uid, which may not be able to read the
+#: interpreter's library any more (``os.execvpe`` imports ``warnings``).
+HEAVY = {"json", "re", "enum", "functools", "collections", "contextlib", "ctypes.util", "signal", "warnings"}
+
+
+def test_the_init_imports_only_what_it_needs_and_nothing_lazily() -> None:
+    code = f"import sys; sys.path.append({str(INIT_SCRIPT.parent)!r}); import sandbox_init; print(*sys.modules)"
+
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True)
+
+    modules = set(result.stdout.split())
+    assert "sandbox_init" in modules and "ctypes" in modules
+    assert modules & HEAVY == set()
+
+
+def test_the_spec_reads_back_as_written_and_only_root_may_read_it(tmp_path: Path) -> None:
+    spec = {"uid": 200_001, "command": ["sh", "-c", "echo é"], "env": {"A": "1"}, "hidden_files": [], "x": None}
+    path = tmp_path / "spec.marshal"
+
+    write_spec(path, spec)
+
+    assert sandbox_init.load_spec(str(path)) == spec
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def _exec_in_child(file: str, path: str) -> int:
+    """Run ``sandbox_init._execvpe(file, ...)`` in a forked child; its exit code (126/127 for the errors)."""
+    child = os.fork()
+    if child == 0:
+        try:
+            sandbox_init._execvpe(file, [file, "-c", "exit 7"], {"PATH": path})
+        except FileNotFoundError:
+            os._exit(127)
+        except PermissionError:
+            os._exit(126)
+        finally:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+
+
+def test_the_command_is_searched_in_the_jobs_path_like_execvpe(tmp_path: Path) -> None:
+    not_executable = tmp_path / "noexec"
+    not_executable.mkdir()
+    (not_executable / "sh").write_text("#!/bin/sh\nexit 3\n")
+    shell_dir = str(Path("/bin/sh").resolve().parent)
+
+    assert _exec_in_child("sh", f"{tmp_path}/missing:{shell_dir}") == 7
+    assert _exec_in_child("sh", f"{not_executable}:{shell_dir}") == 7  # permission denied, then found later
+    assert _exec_in_child("sh", str(not_executable)) == 126  # only a file it may not run: that error
+    assert _exec_in_child("no-such-command-gpupool", f"{tmp_path}:{shell_dir}") == 127
+    assert _exec_in_child("/bin/sh", "") == 7  # a path is run as it is
+
+
+@pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare")
+def test_a_sandboxed_command_is_found_in_path_as_the_workloads_uid(tmp_path: Path) -> None:
+    sandbox = Sandbox(SandboxConfig(pids_max=64), work_dir=tmp_path / "work")
+    runner = WorkloadRunner(work_dir=tmp_path / "work", sandbox=sandbox)
+    try:
+        for job_id, command in ((1, ["true"]), (2, ["no-such-command-gpupool"])):
+            runner.start(protocol.WorkloadStart(command_id=job_id, job_id=job_id, replica=0, command=command))
+        deadline = time.monotonic() + 20
+        while any(record.active for record in runner.records.values()):
+            assert time.monotonic() < deadline, "the workloads did not finish"
+            runner.poll()
+            time.sleep(0.02)
+        found, missing = runner.records[(1, 0)], runner.records[(2, 0)]
+        assert (found.state, found.exit_code) == ("succeeded", 0)
+        assert (missing.state, missing.exit_code, missing.reason) == ("failed", 127, "")
+        assert "command not found" in (Path(missing.job_dir) / "output.log").read_text()
+    finally:
+        runner.close(stop_workloads=True, grace_s=2)
