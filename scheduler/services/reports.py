@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -25,7 +26,6 @@ logger = logging.getLogger(__name__)
 # --- reports from agents ------------------------------------------------------------------------------
 
 
-@transaction.atomic
 def workload_status_report(
     *,
     node: Node,
@@ -38,6 +38,7 @@ def workload_status_report(
     log_tail: str = "",
     reason: str = "",
     command_id: int = 0,
+    savepoint: bool = True,
 ) -> str:
     """Apply an agent's ``workload.status`` for one replica; idempotent (a repeated report changes nothing).
 
@@ -53,15 +54,50 @@ def workload_status_report(
     nothing, e.g. a second ``succeeded``), or why it was ignored: ``unknown_job``, ``not_held`` (the node never
     held the job), ``stale_run``, ``not_allocated`` (the node no longer holds that replica). A workload still
     running that is not the node's to run is told to stop in each of those cases.
+
+    ``savepoint=False``: called in a transaction that rolls back whenever this raises (an agent report's, which
+    also writes the report's ``AgentReport`` row), so it needs no savepoint of its own (two statements a report).
     """
-    # The job row only, FOR NO KEY UPDATE (project lock order: Job before Allocation and Node rows).
-    job = Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").filter(pk=job_id).first()
+    with transaction.atomic(savepoint=savepoint):
+        return _workload_status_apply(
+            node=node,
+            job_id=job_id,
+            replica=replica,
+            state=state,
+            exit_code=exit_code,
+            last_checkpoint_at=last_checkpoint_at,
+            message=message,
+            log_tail=log_tail,
+            reason=reason,
+            command_id=command_id,
+        )
+
+
+def _workload_status_apply(
+    *,
+    node: Node,
+    job_id: int,
+    replica: int,
+    state: str,
+    exit_code: int | None,
+    last_checkpoint_at: datetime | None,
+    message: str,
+    log_tail: str,
+    reason: str,
+    command_id: int,
+) -> str:
+    # The job row only, FOR NO KEY UPDATE (project lock order: Job before Allocation and Node rows). Without its
+    # tenant: the audit record takes the tenant's id.
+    job = _job_locked(job_id)
     if job is None:
         logger.warning("workload.status for unknown job %s from node %s", job_id, node.pk)
         if state in ("starting", "running"):
             _stop_stray_copy(node=node, job=None, job_id=job_id, replica=replica, reason="unknown_job")
         return "unknown_job"
-    if not Allocation.objects.filter(job=job, node=node).exists():
+    # Everything else the report depends on, in one statement, read once the job's lock is held (as the four
+    # separate reads it replaces were): the allocations and the starts of the run.
+    run = _run_facts(job_id=job.pk, node_id=node.pk, replica=replica, command_id=command_id)
+    if not run.held:
         # Only a node the job ran on may report on it: another node's agent (or a stolen credential) must not
         # fail, finish or move the checkpoint of a job it never held. Its own copy is stopped: nothing runs
         # on a node that the portal did not place there.
@@ -69,23 +105,170 @@ def workload_status_report(
         if state in ("starting", "running"):
             _stop_stray_copy(node=node, job=job, job_id=job_id, replica=replica, reason="not_allocated")
         return "not_held"
-    if command_id and command_id < _current_start_id(job=job, node=node, replica=replica):
+    if run.newer_start:
         if state in ("starting", "running"):
             _stop_stray_copy(node=node, job=job, job_id=job_id, replica=replica, reason="superseded")
         return "stale_run"
+    changed: list[str] = []  # fields of the job set here, saved with its transition or on their own at the end
     if last_checkpoint_at is not None and (
         job.last_checkpoint_at is None or last_checkpoint_at > job.last_checkpoint_at
     ):
         job.last_checkpoint_at = last_checkpoint_at
-        job.save(update_fields=["last_checkpoint_at", "updated_at"])
-    replica_allocations = Allocation.objects.active().filter(job=job, replica=replica, node=node)
-    if not replica_allocations.exists():
+        changed.append("last_checkpoint_at")
+    if not run.active:
         # A run this node holds no devices for any more: the job was requeued (the node was declared lost, or a
         # stop timed out) while this copy went on. Its report must not finish, fail or move the job, whose
         # current run is elsewhere; a copy still running is told to stop, so the job never runs twice.
+        _save_changed(job, changed)
         if state in ("starting", "running"):
             _stop_stray_copy(node=node, job=job, job_id=job_id, replica=replica, reason="not_allocated")
         return "not_allocated"
+    outcome = _apply(
+        job=job,
+        node=node,
+        run=run,
+        replica=replica,
+        state=state,
+        exit_code=exit_code,
+        changed=changed,
+        message=message,
+        log_tail=log_tail,
+        reason=reason,
+    )
+    _save_changed(job, changed)
+    return outcome
+
+
+@dataclass(frozen=True)
+class _RunFacts:
+    """What a report on (job, node, replica) needs to know besides the job row, read in one statement."""
+
+    held: bool  # the node ever held an allocation of the job
+    active: bool  # the node holds the replica now (an active allocation)
+    newer_start: bool  # a ``workload.start`` of the replica on the node newer than the report's run
+    unacked_start: bool  # a ``workload.start`` of the replica on the node not acknowledged yet
+    others_active: bool  # the job holds active allocations besides the replica's on the node
+
+
+def _run_facts(*, job_id: int, node_id: int, replica: int, command_id: int) -> _RunFacts:
+    vendor = connection.vendor
+    sql = _RUN_FACTS_SQL.get(vendor)
+    if sql is None:
+        # The start's replica is in its JSON payload (PostgreSQL: text, SQLite: JSON value compared).
+        replica_of = (
+            "(c.payload ->> 'replica') = %s" if vendor == "postgresql" else "json_extract(c.payload, '$.replica') = %s"
+        )
+        starts = (
+            f"SELECT 1 FROM {AgentCommand._meta.db_table} c WHERE c.job_id = %s AND c.node_id = %s"
+            f" AND c.command_type = 'workload.start' AND {replica_of}"
+        )
+        allocations = f"SELECT 1 FROM {Allocation._meta.db_table} a WHERE a.job_id = %s"
+        sql = _RUN_FACTS_SQL[vendor] = (
+            f"SELECT EXISTS({allocations} AND a.node_id = %s),"
+            f" EXISTS({allocations} AND a.node_id = %s AND a.replica = %s AND a.ended_at IS NULL),"
+            f" EXISTS({starts} AND c.id > %s),"
+            f" EXISTS({starts} AND c.acked_at IS NULL),"
+            f" EXISTS({allocations} AND a.ended_at IS NULL AND NOT (a.node_id = %s AND a.replica = %s))"
+        )
+    replica_param = str(replica) if vendor == "postgresql" else replica
+    # An agent from before ``command_id`` (0) is not told apart from the run it reports on: no start is "newer".
+    newer_than = command_id if command_id else _NO_NEWER_START
+    params = [
+        job_id,
+        node_id,
+        job_id,
+        node_id,
+        replica,
+        job_id,
+        node_id,
+        replica_param,
+        newer_than,
+        job_id,
+        node_id,
+        replica_param,
+        job_id,
+        node_id,
+        replica,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return _RunFacts(*(bool(value) for value in row))
+
+
+#: The statement of ``_run_facts`` per database vendor (written once: composing it through the ORM cost more CPU
+#: than the database spends answering it).
+_RUN_FACTS_SQL: dict[str, str] = {}
+#: Larger than any command id: ``c.id > %s`` is then false.
+_NO_NEWER_START = 2**62
+
+#: The job columns a report reads or writes (the others are deferred: loaded on first use, which no common report
+#: needs). ``job_transition`` reads ``state``, ``started_at``, ``kind``, ``scaling_down_replicas`` and the tenant's
+#: id; a scale-down's stop (``_scale_down_replica_stopped``) reads ``replicas`` too.
+_REPORT_JOB_FIELDS = (
+    "id",
+    "tenant_id",
+    "kind",
+    "state",
+    "replicas",
+    "started_at",
+    "last_checkpoint_at",
+    "scaling_down_replicas",
+)
+_JOB_LOCK_SQL: dict[str, tuple[str, list[str], list]] = {}
+
+
+def _job_locked(job_id: int) -> Job | None:
+    """The job row, FOR NO KEY UPDATE where the database has it, with the columns a report uses."""
+    vendor = connection.vendor
+    prepared = _JOB_LOCK_SQL.get(vendor)
+    if prepared is None:
+        fields = [field for field in Job._meta.concrete_fields if field.attname in _REPORT_JOB_FIELDS]
+        table = Job._meta.db_table
+        columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+        lock = " FOR NO KEY UPDATE" if connection.features.has_select_for_no_key_update else ""
+        sql = f"SELECT {columns} FROM {connection.ops.quote_name(table)} WHERE id = %s{lock}"
+        converters = []
+        for field in fields:
+            column = field.get_col(table)
+            converters.append((column, connection.ops.get_db_converters(column) + field.get_db_converters(connection)))
+        prepared = _JOB_LOCK_SQL[vendor] = (sql, [field.attname for field in fields], converters)
+    sql, names, converters = prepared
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [job_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = []
+    for value, (column, functions) in zip(row, converters, strict=True):
+        for function in functions:
+            value = function(value, column, connection)
+        values.append(value)
+    return Job.from_db(connection.alias, names, values)
+
+
+def _save_changed(job: Job, changed: list[str]) -> None:
+    if changed:
+        job.save(update_fields=[*changed, "updated_at"])
+        changed.clear()
+
+
+def _apply(
+    *,
+    job: Job,
+    node: Node,
+    run: _RunFacts,
+    replica: int,
+    state: str,
+    exit_code: int | None,
+    changed: list[str],
+    message: str,
+    log_tail: str,
+    reason: str,
+) -> str:
+    """The report's effect on a run the node holds (``run.active``); ``changed`` as in the caller, emptied when a
+    transition saved those fields with the job's state."""
+    job_id = job.pk
     details = {"replica": replica, "node": node.name, "exit_code": exit_code}
     if log_tail:
         details["log_tail"] = log_tail[-2000:]
@@ -94,25 +277,36 @@ def workload_status_report(
     if state in ("starting", "checkpointed"):
         return "applied"
     if state == "stopped" and replica in (job.scaling_down_replicas or []):
+        _save_changed(job, changed)
         _scale_down_replica_stopped(job=job, replica=replica, node=node)
         return "applied"
     if state == "running":
-        if job.state == S.ADMITTED and replica_allocations.exists():
-            job_transition(job=job, to_state=S.RUNNING, actor=None, reason="running", message=text, details=details)
+        if job.state == S.ADMITTED:
+            _transition(job, changed, to_state=S.RUNNING, reason="running", message=text, details=details)
         return "applied"
 
-    freed = _end_allocations(replica_allocations) > 0
+    # The replica's run on this node has ended: its allocations end, and its start, if no agent acknowledged
+    # it, is withdrawn (the run is known: no need to read it back as ``_end_allocations`` does).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Allocation._meta.db_table} SET ended_at = %s"
+            " WHERE job_id = %s AND node_id = %s AND replica = %s AND ended_at IS NULL",
+            [connection.ops.adapt_datetimefield_value(timezone.now()), job_id, node.pk, replica],
+        )
+        freed = cursor.rowcount > 0
     if freed:
+        if run.unacked_start:
+            outbox.workload_starts_withdraw(runs=[(job_id, replica, node.pk)])
         transaction.on_commit(request_cycle)
     if job.state not in ACTIVE_JOB_STATES:
         return "applied"  # already cancelled, requeued or finished: the report only confirms the stop
     remaining = Allocation.objects.active().filter(job=job)
 
     if state == "succeeded":
-        if not remaining.exists():
+        if not run.others_active:
             job.exit_code = exit_code
-            job.save(update_fields=["exit_code"])
-            job_transition(job=job, to_state=S.SUCCEEDED, actor=None, reason="succeeded", message=text, details=details)
+            changed.append("exit_code")
+            _transition(job, changed, to_state=S.SUCCEEDED, reason="succeeded", message=text, details=details)
     elif state == "stopped" and reason == protocol.FENCED and job.state != S.PREEMPTING:
         # The node's agent lost the portal and stopped the job itself (fencing), before the grace period would
         # have moved it: not the job's failure. Like a lost node: the gang's other members stop, and it resumes
@@ -120,27 +314,28 @@ def workload_status_report(
         outbox.stop_active_replicas(job=job, reason="gang_member_fenced")
         _end_allocations(remaining)
         why = f"Node {node.name} lost contact with the portal, and its agent stopped the job there (fencing)."
-        job_transition(job=job, to_state=S.NODE_LOST, actor=None, reason="fenced", message=why, details=details)
+        _transition(job, changed, to_state=S.NODE_LOST, reason="fenced", message=why, details=details)
         _requeue(job, reason="fenced", message=f"{why.removesuffix('.')}; requeued.")
     elif state == "failed" or (state == "stopped" and job.state != S.PREEMPTING):
         # A gang cannot go on without one of its members: stop the others and fail the job.
         outbox.stop_active_replicas(job=job, reason="gang_member_failed")
         _end_allocations(remaining)
         job.exit_code = exit_code
-        job.save(update_fields=["exit_code"])
+        changed.append("exit_code")
         why = text or (
             f"replica {replica} exited with code {exit_code}" if exit_code is not None else "replica stopped"
         )
         cause = reason[:32] if state == "failed" and reason else state
-        job_transition(job=job, to_state=S.FAILED, actor=None, reason=cause, message=why, details=details)
+        _transition(job, changed, to_state=S.FAILED, reason=cause, message=why, details=details)
     elif state == "stopped":
-        if not remaining.exists():
+        if not run.others_active:
+            _save_changed(job, changed)
             _requeue(job, reason="preempted", message="Preempted and requeued.")
     elif state == "lost":
         outbox.stop_active_replicas(job=job, reason="gang_member_lost")
         _end_allocations(remaining)
-        job_transition(
-            job=job, to_state=S.NODE_LOST, actor=None, reason="lost", message=text or "Workload lost.", details=details
+        _transition(
+            job, changed, to_state=S.NODE_LOST, reason="lost", message=text or "Workload lost.", details=details
         )
         _requeue(job, reason="lost", message="The workload was lost; requeued.")
     else:
@@ -148,10 +343,10 @@ def workload_status_report(
     return "applied"
 
 
-def _current_start_id(*, job: Job, node: Node, replica: int) -> int:
-    """The id of the newest ``workload.start`` of ``job``'s ``replica`` on ``node`` (its latest run there), or 0."""
-    starts = AgentCommand.objects.filter(job=job, node=node, command_type="workload.start", payload__replica=replica)
-    return starts.order_by("-pk").values_list("pk", flat=True).first() or 0
+def _transition(job: Job, changed: list[str], **kwargs) -> None:
+    """``job_transition`` by the system, saving the fields in ``changed`` in the same UPDATE."""
+    job_transition(job=job, actor=None, also_save=changed, **kwargs)
+    changed.clear()
 
 
 def _stop_stray_copy(*, node: Node, job: Job | None, job_id: int, replica: int, reason: str) -> None:
