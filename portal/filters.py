@@ -18,10 +18,20 @@ from rest_framework.request import Request
 MAX_ID = 2**63 - 1
 
 
-class IdFilter(django_filters.NumberFilter):
-    """An id: a whole number the database can hold (a 20-digit id is a 400, not a database overflow)."""
+class _IdField(forms.IntegerField):
+    def to_python(self, value: Any) -> int | None:
+        # A parameter left out arrives as None and filters nothing; one sent empty (``?within=``) is refused,
+        # as the schema's integer type says, rather than silently ignored (the API fuzz found it answered 200).
+        if value == "":
+            raise DjangoValidationError("Enter a whole number, or leave the parameter out.", code="invalid")
+        return super().to_python(value)
 
-    field_class = forms.IntegerField
+
+class IdFilter(django_filters.NumberFilter):
+    """An id: a whole number the database can hold (a 20-digit id is a 400, not a database overflow); an empty
+    value is a 400 too."""
+
+    field_class = _IdField
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("min_value", 1)

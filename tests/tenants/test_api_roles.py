@@ -206,6 +206,16 @@ def test_filter_tenants_within_and_kind(world):
     assert {t["slug"] for t in companies["results"]} == {"acme", "globex"}
 
 
+@pytest.mark.parametrize("parameter", ["within", "parent", "depth"])
+def test_an_id_filter_sent_empty_is_refused_not_ignored(world, parameter):
+    # The API fuzz found ``?within=`` answered 200 with the unfiltered list; the schema says integer.
+    response = world.client("tenant_admin").get(f"/api/v1/tenants/{world.research.pk}/subtree/?{parameter}=")
+    assert response.status_code == 400
+    assert parameter in response.json()["detail"] or parameter in str(response.json())
+    left_out = world.client("tenant_admin").get(f"/api/v1/tenants/{world.research.pk}/subtree/")
+    assert left_out.status_code == 200
+
+
 # --- isolation: every object of another tenant is a 404 -----------------------------------------------------
 
 
