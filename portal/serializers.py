@@ -4,14 +4,19 @@ DRF's fields coerce: a ``CharField`` takes ``12`` as ``"12"``, an ``IntegerField
 ``BooleanField`` takes ``"yes"``. The schema promises a string, an integer, a boolean, so a client that sends the
 wrong type has a bug the API should name instead of guessing (``POST /flavors/`` stored ``{"model": 12}``).
 Form bodies (a ``QueryDict``: every value is text) keep DRF's coercion.
+
+``FieldsBuiltOnce`` is for output serializers on hot paths: it builds a ``ModelSerializer``'s fields once per class.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django.http import QueryDict
+from django.utils.functional import cached_property
 from rest_framework import serializers
+from rest_framework.utils.serializer_helpers import BindingDict
 
 _TEXT_FIELDS = (
     serializers.CharField,
@@ -66,3 +71,25 @@ class JsonTypedSerializer(serializers.Serializer):
             if errors:
                 raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
+
+
+class FieldsBuiltOnce:
+    """Mixin for a ``ModelSerializer`` whose fields do not depend on the instance, the request or the context:
+    its fields are built from the model once per class and each serializer binds shallow copies of them.
+
+    DRF rebuilds every field from the model's metadata for each serializer it makes (``get_fields``): for a job's
+    answer that was a third of a submit's CPU. Only for serializers whose ``get_fields`` is not overridden to
+    vary per request; nested serializers' children are then shared, so they must not keep per-request state.
+    """
+
+    @cached_property
+    def fields(self) -> BindingDict:
+        cls = type(self)
+        built = cls.__dict__.get("_fields_built_once")
+        if built is None:
+            built = self.get_fields()  # unbound fields, never used themselves: only copied
+            cls._fields_built_once = built
+        fields = BindingDict(self)
+        for name, field in built.items():
+            fields[name] = copy.copy(field)  # binding sets the copy's name and parent, not the prototype's
+        return fields

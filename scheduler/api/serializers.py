@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from portal.serializers import JsonTypedSerializer
+from portal.serializers import FieldsBuiltOnce, JsonTypedSerializer
 from scheduler.jobspec import PRIORITY_NAMES
 from scheduler.models import (
     Allocation,
@@ -125,7 +125,7 @@ class NodeDrainSerializer(JsonTypedSerializer):
     grace_s = serializers.FloatField(min_value=0, max_value=3600, required=False, default=30.0)
 
 
-class AllocationSerializer(serializers.ModelSerializer):
+class AllocationSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     device = serializers.CharField(source="device.uuid", read_only=True)
     node = serializers.CharField(source="node.name", read_only=True)
     flavor = serializers.CharField(source="flavor.name", read_only=True)
@@ -145,7 +145,7 @@ class AllocationSerializer(serializers.ModelSerializer):
         ]
 
 
-class JobEventSerializer(serializers.ModelSerializer):
+class JobEventSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     actor = serializers.CharField(source="actor.username", default=None, allow_null=True, read_only=True)
 
     class Meta:
@@ -153,7 +153,7 @@ class JobEventSerializer(serializers.ModelSerializer):
         fields = ["from_state", "to_state", "reason", "message", "actor", "created_at"]
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.slug", read_only=True)
     submitter = serializers.CharField(source="submitter.username", default=None, allow_null=True, read_only=True)
     # The same word the spec takes ("normal"), not the stored number (500): what goes in comes out.
