@@ -215,36 +215,33 @@ _REPORT_JOB_FIELDS = (
     "last_checkpoint_at",
     "scaling_down_replicas",
 )
-_JOB_LOCK_SQL: dict[str, tuple[str, list[str], list]] = {}
+_JOB_LOCK_SQL: dict[str, str] = {}
 
 
 def _job_locked(job_id: int) -> Job | None:
     """The job row, FOR NO KEY UPDATE where the database has it, with the columns a report uses."""
-    vendor = connection.vendor
-    prepared = _JOB_LOCK_SQL.get(vendor)
-    if prepared is None:
-        fields = [field for field in Job._meta.concrete_fields if field.attname in _REPORT_JOB_FIELDS]
-        table = Job._meta.db_table
+    fields = [field for field in Job._meta.concrete_fields if field.attname in _REPORT_JOB_FIELDS]
+    table = Job._meta.db_table
+    sql = _JOB_LOCK_SQL.get(connection.vendor)
+    if sql is None:
         columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
         lock = " FOR NO KEY UPDATE" if connection.features.has_select_for_no_key_update else ""
-        sql = f"SELECT {columns} FROM {connection.ops.quote_name(table)} WHERE id = %s{lock}"
-        converters = []
-        for field in fields:
-            column = field.get_col(table)
-            converters.append((column, connection.ops.get_db_converters(column) + field.get_db_converters(connection)))
-        prepared = _JOB_LOCK_SQL[vendor] = (sql, [field.attname for field in fields], converters)
-    sql, names, converters = prepared
+        sql = _JOB_LOCK_SQL[connection.vendor] = (
+            f"SELECT {columns} FROM {connection.ops.quote_name(table)} WHERE id = %s{lock}"
+        )
     with connection.cursor() as cursor:
         cursor.execute(sql, [job_id])
         row = cursor.fetchone()
     if row is None:
         return None
     values = []
-    for value, (column, functions) in zip(row, converters, strict=True):
-        for function in functions:
-            value = function(value, column, connection)
+    for field, value in zip(fields, row, strict=True):
+        # As the ORM converts a column (SQLite's datetimes, JSON text); this connection's, not a cached one's.
+        column = field.get_col(table)
+        for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
+            value = convert(value, column, connection)
         values.append(value)
-    return Job.from_db(connection.alias, names, values)
+    return Job.from_db(connection.alias, [field.attname for field in fields], values)
 
 
 def _save_changed(job: Job, changed: list[str]) -> None:
