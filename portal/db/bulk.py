@@ -7,6 +7,11 @@ Django uses) each of them is quoted in Python, about a second for the ~45,000 va
 one round trip; row triggers fire as for INSERT). Elsewhere (SQLite, the embedded mode) it is ``bulk_create``.
 Neither returns the new rows' ids: use it where nobody needs them, or give the ids, taken from the table's
 sequence first with ``reserve_ids``.
+
+``insert_instances`` and ``update_instance`` are ``Model.save`` for a few rows on a hot path (a submit, an agent's
+report): the same values, each prepared by its field as ``save`` prepares it (``auto_now`` set), sent as one plain
+statement. ``save`` composes its statement through the ORM each time, about half a millisecond of CPU per row. No
+``pre_save``/``post_save`` signals are sent: use them only for models that have none.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import BooleanField, Expression, F, Model
 
 #: Rows per INSERT where ``bulk_create`` is used (PostgreSQL takes at most 65,535 parameters per statement).
@@ -40,6 +45,50 @@ def insert_rows(model: type[Model], columns: Sequence[str], rows: Sequence[Seque
     with connection.cursor() as cursor, connection.wrap_database_errors, cursor.cursor.copy(sql) as copy:
         for row in rows:
             copy.write_row([Jsonb(v) if isinstance(v, dict | list) else v for v in row])
+
+
+def insert_instances(instances: Sequence[Model], *, returning_ids: bool = False) -> None:
+    """Insert unsaved ``instances`` of one model in one INSERT, as ``save()`` would (ids from the database);
+    with ``returning_ids`` each instance gets its new id (``RETURNING``, PostgreSQL and SQLite ≥ 3.35)."""
+    if not instances:
+        return
+    meta = instances[0]._meta
+    quote = connection.ops.quote_name
+    fields = [field for field in meta.concrete_fields if not field.primary_key]
+    values: list[Any] = []
+    for instance in instances:
+        values += [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+    row = f"({', '.join(['%s'] * len(fields))})"
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(field.column) for field in fields)}) "
+        f"VALUES {', '.join([row] * len(instances))}"
+    )
+    if returning_ids:
+        sql += f" RETURNING {quote(meta.pk.column)}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        ids = [row[0] for row in cursor.fetchall()] if returning_ids else [None] * len(instances)
+    for instance, new_id in zip(instances, ids, strict=True):
+        if new_id is not None:
+            instance.pk = new_id
+        instance._state.adding = False
+        instance._state.db = connection.alias
+
+
+def update_instance(instance: Model, fields: Iterable[str]) -> None:
+    """``instance.save(update_fields=fields)`` as one UPDATE; raises as ``save`` does when the row is gone."""
+    meta = instance._meta
+    quote = connection.ops.quote_name
+    assignments, values = [], []
+    for name in sorted(set(fields)):
+        field = meta.get_field(name)
+        assignments.append(f"{quote(field.column)} = %s")
+        values.append(field.get_db_prep_save(field.pre_save(instance, False), connection))
+    sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} WHERE {quote(meta.pk.column)} = %s"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, instance.pk])
+        if cursor.rowcount == 0:
+            raise DatabaseError("Save with update_fields did not affect any rows.")
 
 
 def reserve_ids(model: type[Model], count: int) -> list[int] | None:
