@@ -5,6 +5,10 @@ The agent runs as root in production; a workload never does. Mode ``namespaces``
 
     unshare --mount --pid --ipc --fork --kill-child -- <python> -I -S -c <import sandbox_init, run it> <spec>
 
+or, the same steps without a new ``unshare`` and interpreter per workload (about 15 ms of CPU less each), forked by
+the agent's init server (:class:`InitServer`, ``sandbox_init.serve``); the command line above is what the agent
+falls back to when the server cannot be used.
+
 ``sandbox_init`` (root inside the new namespaces) joins the workload's cgroups, makes the host read-only, hides
 the agent's work dir, credential and every other job's directory, binds the job's own directory back writable,
 mounts a private ``/tmp`` and a ``/proc`` of its PID namespace, and runs the command as the workload's uid with
@@ -24,11 +28,17 @@ a mount that fails) makes the workload ``failed`` with the reason; the command n
 
 from __future__ import annotations
 
+import array
 import hashlib
+import logging
 import marshal
 import os
+import select
 import shutil
+import socket
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -43,6 +53,17 @@ INIT_BOOTSTRAP = (
     f"import sys; sys.path.append({str(INIT_SCRIPT.parent)!r}); import sandbox_init; "
     "sys.exit(sandbox_init.main(sys.argv))"
 )
+#: What the init server runs (:class:`InitServer`): ``sandbox_init.serve`` on the socket whose fd is its argument.
+SERVER_BOOTSTRAP = (
+    f"import sys; sys.path.append({str(INIT_SCRIPT.parent)!r}); import sandbox_init; "
+    "sys.exit(sandbox_init.serve(int(sys.argv[1])))"
+)
+#: How long the agent waits for the init server to say it started a workload before it starts it the slow way.
+SERVER_ANSWER_S = 10.0
+#: After the init server failed, workloads start the slow way for this long before it is tried again.
+SERVER_RETRY_S = 60.0
+#: The environment of the processes that run as root outside the workload (``unshare``, the init, its server).
+ROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 #: The spec ``sandbox_init`` reads, in its control dir; ``marshal`` data (loads without importing anything).
 SPEC_FILE = "spec.marshal"
 #: marshal's format version of the spec: version 4 is read by every Python 3.4 and later.
@@ -55,6 +76,9 @@ DEFAULT_UID_COUNT = 65_536
 DEFAULT_PIDS_MAX = 4096
 #: GPU device nodes by card index: NVIDIA's, and Ascend's for ``NPU-`` cards.
 DEVICE_NODE_PATTERNS = {"nvidia": "/dev/nvidia{index}", "npu": "/dev/davinci{index}"}
+
+
+log = logging.getLogger(__name__)
 
 
 class SandboxMode(StrEnum):
@@ -78,6 +102,9 @@ class SandboxConfig:
     hidden_dirs: tuple[str, ...] = ()
     unshare: str = "unshare"
     python: str = field(default_factory=lambda: sys.executable)
+    #: Start workloads through one long-lived init server (:class:`InitServer`) rather than an ``unshare`` and a
+    #: new interpreter each; the same sandbox either way, about 15 ms less CPU per workload.
+    init_server: bool = True
 
 
 @dataclass(frozen=True)
@@ -90,6 +117,7 @@ class SandboxPlan:
     cgroup: str
     exit_file: Path
     error_file: Path
+    spec_file: Path
 
 
 def parse_uid_range(text: str) -> tuple[int, int]:
@@ -119,6 +147,8 @@ class Sandbox:
         self.problem: str | None = None
         if config.mode == SandboxMode.NAMESPACES:
             self.problem = self._probe()
+        self._server = InitServer(config.python) if config.init_server and self.problem is None else None
+        self._server_retry_at = float("-inf")
 
     @property
     def mode(self) -> SandboxMode:
@@ -221,7 +251,32 @@ class Sandbox:
             INIT_BOOTSTRAP,
             str(spec_file),
         ]
-        return SandboxPlan(argv=argv, uid=uid, gid=gid, cgroup=name, exit_file=exit_file, error_file=error_file)
+        return SandboxPlan(
+            argv=argv, uid=uid, gid=gid, cgroup=name, exit_file=exit_file, error_file=error_file, spec_file=spec_file
+        )
+
+    def spawn(self, plan: SandboxPlan, output_fd: int) -> ServedProcess | None:
+        """Start the workload of ``plan`` through the init server, its output going to ``output_fd``; None when
+        there is no server or it failed (the caller then runs ``plan.argv``: the same sandbox, started slower)."""
+        if self._server is None or time.monotonic() < self._server_retry_at:
+            return None
+        try:
+            return self._server.spawn(plan.spec_file, output_fd)
+        except (OSError, SandboxError) as exc:
+            log.warning(
+                "sandbox: the init server could not start %s (%s); workloads start with unshare for %.0f s",
+                plan.cgroup,
+                exc,
+                SERVER_RETRY_S,
+            )
+            self._server.close()
+            self._server_retry_at = time.monotonic() + SERVER_RETRY_S
+            return None
+
+    def close(self) -> None:
+        """Stop the init server (running workloads go on; a later :meth:`spawn` starts a new server)."""
+        if self._server is not None:
+            self._server.close()
 
     def setup_error(self, name: str) -> str:
         """What ``sandbox_init`` said when it could not set the sandbox up ('' when it did)."""
@@ -258,6 +313,139 @@ class Sandbox:
             f"namespaces (mount/PID/IPC, cgroup v{self.cgroup_version}, uids {self.config.uid_base}-"
             f"{self.config.uid_base + self.config.uid_count - 1})"
         )
+
+
+class ServedProcess:
+    """A workload's process started by the :class:`InitServer`, with what ``WorkloadRunner`` uses of a Popen."""
+
+    def __init__(self, server: InitServer, number: int, pid: int) -> None:
+        self.server = server
+        self.number = number
+        self.pid = pid
+        self.returncode: int | None = None
+
+    @property
+    def orphaned(self) -> bool:
+        """The server ended before this process: its end can only be told from its pid and exit code file."""
+        return self.returncode is None and self.server.lost_for(self.number)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.returncode(self.number)
+        return self.returncode
+
+
+class InitServer:
+    """One interpreter per agent, started at the first workload, that has loaded ``sandbox_init`` and forks each
+    workload's sandbox (``sandbox_init.serve``): what ``unshare`` and the init do, without starting ``unshare`` and
+    a new interpreter for every workload. The agent sends it the spec path and the output file on a socketpair;
+    it answers with the pid (the workload's process group, as with ``unshare``) and later that process's exit code.
+
+    Runs as root with the environment of ``unshare`` (:data:`ROOT_ENV`), never the job's. If it dies, the
+    workloads it started go on and are followed by pid and exit code file, like those of a restarted agent.
+    """
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self._socket: socket.socket | None = None
+        self._process: subprocess.Popen | None = None
+        self._next_number = 0
+        #: Request numbers below this belong to a server that has gone.
+        self._first_live_number = 0
+        self._answers: dict[int, tuple[str, str]] = {}
+        self._exits: dict[int, int] = {}
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = subprocess.Popen(
+                [self.python, "-I", "-S", "-c", SERVER_BOOTSTRAP, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                cwd="/",
+                env=ROOT_ENV,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._socket = ours
+        self._first_live_number = self._next_number
+        return ours
+
+    def lost_for(self, number: int) -> bool:
+        self._collect()
+        return number < self._first_live_number and number not in self._exits
+
+    def spawn(self, spec_file: Path, output_fd: int) -> ServedProcess:
+        sock = self._socket or self._start()
+        number = self._next_number
+        self._next_number += 1
+        request = f"spawn {number} {spec_file}".encode()
+        descriptors = array.array("i", [output_fd])
+        try:
+            sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, descriptors)])
+        except OSError:
+            self._gone()
+            raise
+        deadline = time.monotonic() + SERVER_ANSWER_S
+        while number not in self._answers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([sock], [], [], remaining)[0]:
+                raise SandboxError(f"the init server gave no answer in {SERVER_ANSWER_S:.0f} s")
+            self._collect()
+            if self._socket is None:
+                raise SandboxError("the init server ended")
+        verb, detail = self._answers.pop(number)
+        if verb != "started":
+            raise SandboxError(f"the init server could not start it: {detail}")
+        return ServedProcess(self, number, int(detail))
+
+    def returncode(self, number: int) -> int | None:
+        self._collect()
+        return self._exits.pop(number, None)
+
+    def _collect(self) -> None:
+        """Read every answer that has arrived, without waiting."""
+        while self._socket is not None:
+            try:
+                message = self._socket.recv(4096, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                message = b""
+            if not message:
+                self._gone()
+                return
+            try:
+                verb, number, detail = message.decode(errors="replace").split(" ", 2)
+                if verb == "exit":
+                    self._exits[int(number)] = int(detail)
+                else:
+                    self._answers[int(number)] = (verb, detail)
+            except ValueError:
+                log.error("sandbox: ignoring a garbled answer of the init server: %r", message[:200])
+
+    def _gone(self) -> None:
+        """The server ended (or is ended): what it started from now on is followed by pid only."""
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        self._first_live_number = self._next_number
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=2.0)  # it ends when it reads the closed socket
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._collect()
+        self._gone()
 
 
 def write_spec(path: Path, spec: dict) -> None:

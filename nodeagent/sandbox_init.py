@@ -337,5 +337,136 @@ def main(argv: list[str]) -> int:
     return supervise(child, exit_fd)
 
 
+# --- the init server ------------------------------------------------------------------------------------------
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+PR_SET_PDEATHSIG = 1
+#: The largest request the server reads: ``spawn <number> <spec path>``.
+REQUEST_BYTES = 8192
+
+
+def _unshare_and_run(spec_path: str) -> int:
+    """What ``unshare --mount --pid --ipc --fork --kill-child`` does, then :func:`main` as the namespace's PID 1:
+    this process waits for the init with SIGTERM and SIGINT blocked (the workload's process group gets them; only
+    the init acts on them), the init is SIGKILLed if this process dies, and this process ends as the init did."""
+    if _libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC) != 0:
+        with _suppress(OSError):
+            _error_fd[0] = os.open(
+                os.path.join(os.path.dirname(spec_path), "sandbox_error"), os.O_WRONLY | os.O_CREAT, 0o600
+            )
+        _fail(f"the sandbox could not be set up: unshare failed: {os.strerror(ctypes.get_errno())}")
+        return SETUP_FAILED
+    stop_signals = {_signal.SIGINT, _signal.SIGTERM}
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, stop_signals)
+    init = os.fork()
+    if init == 0:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, set())
+        _libc.prctl(PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)
+        os._exit(main(["sandbox_init", spec_path]))
+    while True:
+        try:
+            _, status = os.waitpid(init, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        _signal.signal(signum, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _close_inherited_fds() -> None:
+    """Close every descriptor above stderr: those open now, listed by the kernel (``closerange`` up to a high bound
+    would be a million system calls where Python was built without ``close_range``)."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            with _suppress(OSError):  # the listing's own descriptor, already closed
+                os.close(int(name))
+
+
+def _start_workload(spec_path: str, output_fd: int) -> int:
+    """Fork the process the agent tracks for one workload (its own session, output to ``output_fd``); its pid."""
+    pid = os.fork()
+    if pid != 0:
+        return pid
+    code = SETUP_FAILED
+    try:
+        os.setsid()
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(output_fd, 1)
+        os.dup2(output_fd, 2)
+        _close_inherited_fds()  # the server's socket, its copies of the output and /dev/null
+        code = _unshare_and_run(spec_path)
+    finally:
+        os._exit(code)
+
+
+def serve(fd: int) -> int:
+    """The init server (``nodeagent.sandbox.InitServer``): one interpreter per agent that has loaded this module
+    and forks the sandbox of each workload, instead of an ``unshare`` and a new interpreter per workload.
+
+    On the SOCK_SEQPACKET socket ``fd`` it reads ``spawn <n> <spec path>`` with the workload's output file as an
+    SCM_RIGHTS descriptor, answers ``started <n> <pid>``, and ``exit <n> <code>`` (negative: killed by that signal,
+    as ``subprocess`` says) when that process ends. It ends when the agent closes the socket; workloads still
+    running go on (reparented), as they do when the agent itself ends.
+    """
+    import array
+    import socket
+
+    server = socket.socket(fileno=fd)
+    children: dict[int, int] = {}  # pid -> request number
+
+    def reap(_signum: int, _frame: object) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            number = children.pop(pid, None)
+            if number is not None:
+                with _suppress(OSError):
+                    server.send(f"exit {number} {os.waitstatus_to_exitcode(status)}".encode())
+
+    _signal.signal(_signal.SIGCHLD, reap)
+    descriptor_bytes = array.array("i").itemsize
+    while True:
+        request, ancillary, _flags, _address = server.recvmsg(REQUEST_BYTES, socket.CMSG_SPACE(4 * descriptor_bytes))
+        received = array.array("i")
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received.frombytes(data[: len(data) - len(data) % descriptor_bytes])
+        if not request:
+            return 0  # the agent is gone
+        number = "0"
+        try:
+            parts = request.decode().split(" ", 2)
+            if len(parts) != 3 or parts[0] != "spawn" or len(received) != 1:
+                raise ValueError(f"bad request {request[:80]!r}")
+            number, spec_path = parts[1], parts[2]
+            # SIGCHLD waits until the child is registered: an exit is never reported before its start.
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGCHLD})
+            try:
+                pid = _start_workload(spec_path, received[0])
+                children[pid] = int(number)
+                server.send(f"started {number} {pid}".encode())
+            finally:
+                _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGCHLD})
+        except (OSError, ValueError) as exc:
+            with _suppress(OSError):
+                server.send(f"failed {number} {exc}".encode())
+        finally:
+            for descriptor in received:
+                with _suppress(OSError):
+                    os.close(descriptor)
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

@@ -53,7 +53,7 @@ from nodeagent.cgroups import Limits
 from nodeagent.containers import container_argv, device_nodes, write_env_file
 from nodeagent.logstream import open_output
 from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
-from nodeagent.sandbox import Sandbox, SandboxError, SandboxMode, hidden_device_nodes, own_tree
+from nodeagent.sandbox import ROOT_ENV, Sandbox, SandboxError, SandboxMode, ServedProcess, hidden_device_nodes, own_tree
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class WorkloadRunner:
         #: restart the portal's reconcile requeues a run the node no longer has.
         self._deferred: dict[tuple[int, int], protocol.WorkloadStart] = {}
         self.records: dict[tuple[int, int], WorkloadRecord] = {}
-        self._popen: dict[tuple[int, int], subprocess.Popen] = {}
+        self._popen: dict[tuple[int, int], subprocess.Popen | ServedProcess] = {}
         #: Each record's line of ``state.json`` with the field values it was encoded from (:meth:`_save`).
         self._state_lines: dict[tuple[int, int], tuple[tuple, str]] = {}
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
@@ -482,6 +482,7 @@ class WorkloadRunner:
             checkpoint_dir=record.checkpoint_dir,
             device_indices=self.device_indices,
         )
+        plan = None
         if start.image:
             argv, cwd, popen_env = self._container(start, record, job_dir, working_dir, checkpoint_dir, env)
         elif self.sandbox is None:
@@ -515,21 +516,23 @@ class WorkloadRunner:
             record.uid, record.cgroup, record.exit_file = plan.uid, plan.cgroup, str(plan.exit_file)
             # The job's environment goes to the sandbox in its spec file, never to unshare and the init, which
             # run as root: a job's LD_PRELOAD must not reach them even if the denylist were emptied.
-            argv, cwd, popen_env = plan.argv, "/", {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+            argv, cwd, popen_env = plan.argv, "/", dict(ROOT_ENV)
         with os.fdopen(open_output_for_append(job_dir / LOG_FILE), "ab") as log_file:
             info = os.fstat(log_file.fileno())
             record.log_inode = [info.st_dev, info.st_ino]
             record.log_start_pos = info.st_size
             record.log_base = record.log_acked = start.log_offset
-            process = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=popen_env,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            process = self.sandbox.spawn(plan, log_file.fileno()) if plan is not None else None
+            if process is None:
+                process = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=popen_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         record.pid = process.pid
         record.pid_start_time = process_start_time(process.pid)
         record.started_at = self.clock()
@@ -776,6 +779,10 @@ class WorkloadRunner:
 
     def _alive(self, record: WorkloadRecord) -> bool:
         process = self._popen.get(record.key)
+        if isinstance(process, ServedProcess) and process.orphaned:
+            # Its init server is gone: followed like a workload adopted after a restart, by pid and exit file.
+            del self._popen[record.key]
+            process = None
         if process is not None:
             return process.poll() is None
         return record.pid is not None and process_start_time(record.pid) == record.pid_start_time
@@ -937,3 +944,5 @@ class WorkloadRunner:
                 time.sleep(0.01)
             self.poll()
         self._popen.clear()
+        if self.sandbox is not None:
+            self.sandbox.close()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent import protocol, sandbox_init
-from nodeagent.sandbox import INIT_SCRIPT, Sandbox, SandboxConfig, write_spec
-from nodeagent.workloads import WorkloadRunner
+from nodeagent.sandbox import INIT_SCRIPT, Sandbox, SandboxConfig, ServedProcess, write_spec
+from nodeagent.workloads import WorkloadRecord, WorkloadRunner
 from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE
 
 #: What the init must not import: slow to load (``json`` pulls in ``re`` and ``enum``; ``ctypes.util`` runs
@@ -88,3 +88,87 @@ def test_a_sandboxed_command_is_found_in_path_as_the_workloads_uid(tmp_path: Pat
         assert "command not found" in (Path(missing.job_dir) / "output.log").read_text()
     finally:
         runner.close(stop_workloads=True, grace_s=2)
+
+
+# --- the init server ------------------------------------------------------------------------------------------
+
+#: What a workload can tell of how it was started: descriptors, signal dispositions, identity, its PID namespace.
+PROBE = (
+    "ls /proc/self/fd | wc -l; readlink /proc/self/fd/0; grep -E '^(Sig(Blk|Ign|Cgt)|Uid|Gid|Groups|CapEff|CapBnd"
+    "|NoNewPrivs)' /proc/self/status; echo pid=$$ ppid=$PPID; umask; ulimit -n"
+)
+
+
+def _runner(tmp_path: Path, name: str, **config) -> WorkloadRunner:
+    work_dir = tmp_path / name
+    return WorkloadRunner(work_dir=work_dir, sandbox=Sandbox(SandboxConfig(pids_max=64, **config), work_dir=work_dir))
+
+
+def _finish(runner: WorkloadRunner, job_id: int) -> WorkloadRecord:
+    deadline = time.monotonic() + 20
+    while runner.records[(job_id, 0)].active:
+        assert time.monotonic() < deadline, f"job {job_id} did not finish"
+        runner.poll()
+        time.sleep(0.02)
+    return runner.records[(job_id, 0)]
+
+
+def _start(runner: WorkloadRunner, job_id: int, script: str) -> None:
+    runner.start(protocol.WorkloadStart(command_id=job_id, job_id=job_id, replica=0, command=["/bin/sh", "-c", script]))
+
+
+@pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare")
+def test_the_init_server_gives_a_workload_the_same_sandbox_as_unshare(tmp_path: Path) -> None:
+    seen = {}
+    for server in (True, False):
+        runner = _runner(tmp_path, f"server-{server}", init_server=server)
+        try:
+            _start(runner, 1, PROBE)
+            assert isinstance(runner._popen[(1, 0)], ServedProcess) is server
+            record = _finish(runner, 1)
+            assert (record.state, record.exit_code) == ("succeeded", 0)
+            seen[server] = (Path(record.job_dir) / "output.log").read_text()
+        finally:
+            runner.close(stop_workloads=True, grace_s=2)
+
+    assert seen[True] == seen[False]
+    assert "pid=2 ppid=1" in seen[True] and "NoNewPrivs:\t1" in seen[True]
+
+
+@pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare")
+def test_a_workload_outlives_its_init_server_and_the_next_one_gets_a_new_server(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, "work")
+    try:
+        _start(runner, 1, "sleep 0.5; exit 3")
+        server = runner.sandbox._server
+        assert server is not None and server._process is not None
+        server._process.kill()  # the server dies (an OOM kill, a bug); the workload runs on
+
+        first = _finish(runner, 1)
+        _start(runner, 2, "exit 4")
+        assert isinstance(runner._popen[(2, 0)], ServedProcess)
+        second = _finish(runner, 2)
+    finally:
+        runner.close(stop_workloads=True, grace_s=2)
+
+    assert (first.state, first.exit_code) == ("failed", 3)  # read from its exit code file
+    assert (second.state, second.exit_code) == ("failed", 4)
+
+
+@pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare")
+def test_a_server_that_cannot_start_leaves_the_workload_to_unshare(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("nodeagent.sandbox.SERVER_BOOTSTRAP", "import sys; sys.exit(3)")
+    runner = _runner(tmp_path, "work")
+    try:
+        _start(runner, 1, "id -u")
+        assert isinstance(runner._popen[(1, 0)], subprocess.Popen)
+        record = _finish(runner, 1)
+        _start(runner, 2, "true")  # for a while the server is not tried again (no second interpreter per job)
+        assert isinstance(runner._popen[(2, 0)], subprocess.Popen)
+        assert runner.sandbox._server._process is None
+        assert _finish(runner, 2).state == "succeeded"
+    finally:
+        runner.close(stop_workloads=True, grace_s=2)
+
+    assert (record.state, record.exit_code) == ("succeeded", 0)
+    assert (Path(record.job_dir) / "output.log").read_text().strip() == str(record.uid)
