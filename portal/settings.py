@@ -121,6 +121,20 @@ DATABASES["default"]["ENGINE"] = _BACKENDS_WITH_PRE_COMMIT.get(
 )
 DATABASE_ENGINE = DATABASES["default"]["ENGINE"]
 IS_POSTGRES = "postgresql" in DATABASE_ENGINE
+# A pool of PostgreSQL connections per process (psycopg_pool, through Django's "pool" option): without it every
+# request, and every database call of an agent's WebSocket, opened a new connection (a server process forked,
+# authenticated and set up each time), and a longer GPUPOOL_DB_CONN_MAX_AGE left one idle connection behind per
+# finished request's thread under ASGI. The pool hands a connection back when the request (or call) ends.
+# GPUPOOL_DB_POOL_MAX_SIZE: connections a process may hold at once (0: no pool, a connection per request).
+DB_POOL_MAX_SIZE = env_int("GPUPOOL_DB_POOL_MAX_SIZE", 4) if IS_POSTGRES else 0
+if DB_POOL_MAX_SIZE > 0:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses persistent connections beside a pool
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_MAX_SIZE,
+        # Waiting longer than this for a free connection is an error (a 503), not a hang.
+        "timeout": env_int("GPUPOOL_DB_POOL_TIMEOUT_S", 20),
+    }
 if not IS_POSTGRES and "TEST" not in DATABASES["default"]:
     DATABASES["default"]["TEST"] = {"NAME": None}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
