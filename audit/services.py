@@ -45,7 +45,7 @@ from audit.models import (
 from audit.signing import get_signer
 from portal.api import ConflictError, DomainError
 from portal.db import precommit
-from portal.db.bulk import insert_rows, reserve_ids
+from portal.db.bulk import insert_instances, insert_rows, reserve_ids
 
 logger = logging.getLogger(__name__)
 alert_logger = logging.getLogger("audit.alert")
@@ -387,7 +387,8 @@ def _link_and_insert(db: Any, payloads: list[_Pending], after_commit: Any) -> No
 
 
 # Above this many records in one transaction (a scheduling cycle, an array) COPY beats a multi-row INSERT: Django's
-# bulk_create spends ~0.4 ms of Python per row building and splitting the statement.
+# bulk_create spends ~0.4 ms of Python per row building and splitting the statement (and a plain INSERT still
+# prepares each value in Python).
 _COPY_FROM = 64
 
 
@@ -396,7 +397,8 @@ def _insert_records(records: list[AuditRecord]) -> None:
     batch, ids drawn from the sequence and the rows sent with COPY (``portal.db.bulk``)."""
     ids = reserve_ids(AuditRecord, len(records)) if len(records) >= _COPY_FROM else None
     if ids is None:
-        AuditRecord.objects.bulk_create(records, batch_size=2000)
+        # A few records (a request's): one plain INSERT … RETURNING, without bulk_create's composition.
+        insert_instances(records, returning_ids=True)
         return
     for record, pk in zip(records, ids, strict=True):
         record.pk = pk
