@@ -123,6 +123,7 @@ class Gpupool:
         web_workers: list[int],
         web_server: str,
         conn_max_age: int,
+        pool_max_size: int,
         agent_sandbox: str,
     ) -> None:
         self.admin_url = database_url
@@ -132,6 +133,7 @@ class Gpupool:
         self.web_workers = web_workers[0]
         self.web_server = web_server
         self.conn_max_age = conn_max_age
+        self.pool_max_size = pool_max_size
         self.agent_sandbox = agent_sandbox
         base = urlsplit(database_url).path.lstrip("/") or "gpupool"
         self.db_name = f"{base}_vs_slurm"
@@ -142,7 +144,8 @@ class Gpupool:
         workers = " and ".join(str(count) for count in self.configs)
         return (
             f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --server "
-            f"{self.web_server} --workers {workers} (GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), "
+            f"{self.web_server} --workers {workers} (GPUPOOL_DB_POOL_MAX_SIZE={self.pool_max_size}, "
+            f"GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), "
             f"celery worker (solo) + beat, {AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards "
             f"--sandbox {self.agent_sandbox}"
         )
@@ -179,7 +182,10 @@ class Gpupool:
             web_workers=self.web_workers,
             web_server=self.web_server,
             agent_sandbox=self.agent_sandbox,
-            web_settings={"GPUPOOL_DB_CONN_MAX_AGE": str(self.conn_max_age)},
+            web_settings={
+                "GPUPOOL_DB_CONN_MAX_AGE": str(self.conn_max_age),
+                "GPUPOOL_DB_POOL_MAX_SIZE": str(self.pool_max_size),
+            },
         )
         self.cluster.seed(slug="vs-slurm", cards=GPUS)
         self.cluster.start(agents=0)
@@ -896,8 +902,15 @@ def main() -> int:
         "--db-conn-max-age",
         type=int,
         default=0,
-        help="GPUPOOL_DB_CONN_MAX_AGE of the web processes (default 0: a connection per request; under ASGI a "
-        "longer age leaves one idle connection per finished request's thread: PostgreSQL runs out of slots)",
+        help="GPUPOOL_DB_CONN_MAX_AGE of the web processes, used only with --db-pool-max-size 0 (0: a connection "
+        "per request; under ASGI a longer age leaves one idle connection per finished request's thread)",
+    )
+    parser.add_argument(
+        "--db-pool-max-size",
+        type=int,
+        default=4,
+        help="GPUPOOL_DB_POOL_MAX_SIZE of the web processes (default 4, the shipped setting: a pool of connections "
+        "per process; 0: no pool, a connection per request unless --db-conn-max-age)",
     )
     parser.add_argument(
         "--agent-sandbox",
@@ -951,6 +964,7 @@ def main() -> int:
                 web_workers=args.web_workers,
                 web_server=args.web_server,
                 conn_max_age=args.db_conn_max_age,
+                pool_max_size=args.db_pool_max_size,
                 agent_sandbox=args.agent_sandbox,
             )
             try:
