@@ -263,6 +263,10 @@ def run_command(spec: dict) -> None:
         _fail(f"cannot drop to uid {spec['uid']}: {exc}")
         os._exit(SETUP_FAILED)
     command, env = spec["command"], spec["env"]
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec: reset them so that a
+    # job's ``yes | head`` ends quietly, as it does outside the sandbox.
+    for signum in (_signal.SIGPIPE, _signal.SIGXFSZ):
+        _signal.signal(signum, _signal.SIG_DFL)
     try:
         _execvpe(command[0], command, env)
     except FileNotFoundError:

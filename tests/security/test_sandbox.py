@@ -82,6 +82,19 @@ def test_a_job_runs_as_its_tenants_unprivileged_uid_in_its_own_pid_namespace(nod
     assert int(processes) < 6  # the agent's and other jobs' processes do not exist here
 
 
+def test_a_job_gets_default_sigpipe_so_a_pipe_to_head_ends_quietly(node) -> None:
+    # Python ignores SIGPIPE and SIGXFSZ and an ignored signal survives exec: a job inherited both from the
+    # sandbox's init, so ``yes | head`` wrote "Broken pipe" errors instead of ending as it does outside.
+    runner = node["runner"]
+    start(runner, 1, "grep SigIgn /proc/self/status; yes | head -n 1")
+    status = finish(runner, 1)
+    log = output(runner, 1)
+    ignored = int(log.split()[1], 16)
+    assert status.state == "succeeded"
+    assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # SIGPIPE 13, SIGXFSZ 25
+    assert "Broken pipe" not in log and log.splitlines()[1] == "y"
+
+
 def test_a_job_cannot_read_the_agent_credential_state_or_outbox(node) -> None:
     runner, credential, work_dir = node["runner"], node["credential"], node["work_dir"]
     start(runner, 1, "sleep 0.1")  # something in the outbox and state.json
@@ -90,7 +103,7 @@ def test_a_job_cannot_read_the_agent_credential_state_or_outbox(node) -> None:
         runner,
         2,
         f"cat {credential}; cat {work_dir}/state.json; cat {work_dir}/outbox.jsonl; ls {work_dir}; "
-        f"cat {work_dir}/control/*/spec.json; grep -r gpn_ / --include=*.json 2>/dev/null | head -3; echo done",
+        f"cat {work_dir}/control/*/spec*; grep -r gpn_ / --include=*.json 2>/dev/null | head -3; echo done",
     )
     status = finish(runner, 2)
     log = output(runner, 2)
