@@ -60,6 +60,7 @@ from scheduler.models import (
     ResourceFlavor,
 )
 from scheduler.services.transitions import ALLOWED_TRANSITIONS, job_transition
+from scheduler.snapshot import CompiledQuery
 from tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -157,31 +158,28 @@ class _Batch:
             pk for preempt in plan.preemptions if (pk := _job_id(preempt.job_id)) is not None
         }
         every = sorted(wanted | set(also_lock))
-        locking = Job.objects.select_for_update(of=("self",), no_key=True).filter(AnyOf("pk", every)).order_by("pk")
+        # Compiled once (``CompiledQuery``), and none run for what nothing asks for: most cycles of a busy
+        # worker place a job or two, or none.
+        self.jobs: dict[int, Job] = {}
         if len(every) > len(wanted):
             # Lock every job, then read in full only those the plan places or preempts.
-            list(locking.values_list("pk", flat=True))
-            rows = Job.objects.filter(AnyOf("pk", sorted(wanted)))
-        else:
-            rows = locking
-        self.jobs: dict[int, Job] = {job.pk: job for job in rows}
-        # The few tenants, read once (not locked, not joined per job).
-        tenants = Tenant.objects.in_bulk({job.tenant_id for job in self.jobs.values()})
-        for job in self.jobs.values():
-            job.tenant = tenants[job.tenant_id]
+            _JOBS_LOCK.rows(every)
+            if wanted:
+                self.jobs = {job.pk: job for job in _JOBS.rows(sorted(wanted))}
+        elif every:
+            self.jobs = {job.pk: job for job in _JOBS_LOCKED.rows(every)}
+        if self.jobs:
+            # The few tenants, read once (not locked, not joined per job).
+            tenants = {tenant.pk: tenant for tenant in _TENANTS.rows(sorted({j.tenant_id for j in self.jobs.values()}))}
+            for job in self.jobs.values():
+                job.tenant = tenants[job.tenant_id]
         uuids = sorted({a.device_uuid for place in plan.places for a in (*place.assignments, *place.reserved)})
-        devices = list(
-            Device.objects.select_for_update(of=("self",), no_key=True)
-            .filter(AnyOf("uuid", uuids))
-            .order_by("pk")
-            .values_list("pk", "uuid", "index", "node_id", "health", "flavor_id", "memory_mib")
+        devices = _DEVICES_LOCKED.rows(uuids) if uuids else []
+        nodes = (
+            {pk: (name, status) for pk, name, status in _NODES.rows(sorted({row[3] for row in devices}))}
+            if devices
+            else {}
         )
-        nodes = {
-            pk: (name, status)
-            for pk, name, status in Node.objects.filter(AnyOf("pk", {row[3] for row in devices})).values_list(
-                "pk", "name", "status"
-            )
-        }
         self.devices: dict[str, _DeviceRow] = {
             uuid: _DeviceRow(pk, uuid, index, node_id, *nodes[node_id], health, flavor_id, memory_mib)
             for pk, uuid, index, node_id, health, flavor_id, memory_mib in devices
@@ -191,32 +189,19 @@ class _Batch:
         self.used: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         # Per (device, service): what borrowers hold of the service's reservation there.
         self.lent: dict[tuple[int, int], list[int]] = defaultdict(lambda: [0, 0])
-        for row in (
-            Allocation.objects.active()
-            .filter(AnyOf("device_id", device_pks))
-            .values("device_id", "reservation_of_id")
-            .annotate(millis=Sum("millis"), memory=Sum("memory_mib"))
-        ):
-            if row["reservation_of_id"] is None:
-                target = self.used[row["device_id"]]
-            else:
-                target = self.lent[(row["device_id"], row["reservation_of_id"])]
-            target[0] += row["millis"] or 0
-            target[1] += row["memory"] or 0
+        for device_id, reservation_of_id, millis, memory in _DEVICE_USE.rows(device_pks) if device_pks else ():
+            target = self.used[device_id] if reservation_of_id is None else self.lent[(device_id, reservation_of_id)]
+            target[0] += millis or 0
+            target[1] += memory or 0
         self.reserved: dict[tuple[int, int], list[InferenceReservation]] = defaultdict(list)
-        for reservation in (
-            InferenceReservation.objects.select_for_update(of=("self",))
-            .filter(AnyOf("device_id", device_pks))
-            .order_by("pk")
-        ):
+        for reservation in _RESERVATIONS_LOCKED.rows(device_pks) if device_pks else ():
             self.reserved[(reservation.device_id, reservation.job_id)].append(reservation)
             self.used[reservation.device_id][0] += reservation.millis
             self.used[reservation.device_id][1] += reservation.memory_mib
         self.device_memory = {device.pk: device.memory_mib for device in self.devices.values()}
         self.by_pk = {device.pk: device for device in self.devices.values()}
-        self.flavors = {
-            flavor.name: flavor for flavor in ResourceFlavor.objects.filter(name__in={p.flavor for p in plan.places})
-        }
+        names = sorted({place.flavor for place in plan.places})
+        self.flavors = {flavor.name: flavor for flavor in _FLAVORS.rows(names)} if names else {}
         # Replicas that run now, per running inference service a place scales up (one query for them all).
         scaling_pks = [
             pk
@@ -224,10 +209,61 @@ class _Batch:
             if job.kind == JobKind.INFERENCE and job.state in (JobState.ADMITTED, JobState.RUNNING)
         ]
         self.running: dict[int, set[int]] = defaultdict(set)
-        for job_pk, replica in (
-            Allocation.objects.active().filter(AnyOf("job_id", scaling_pks)).values_list("job_id", "replica")
-        ):
+        for job_pk, replica in _REPLICAS_RUNNING.rows(scaling_pks) if scaling_pks else ():
             self.running[job_pk].add(replica)
+
+
+# The batch's reads and locks (see ``_Batch``), each compiled once; each argument is a list of values.
+_JOBS_LOCK = CompiledQuery(
+    lambda pks: (
+        Job.objects.select_for_update(of=("self",), no_key=True)
+        .filter(AnyOf("pk", pks))
+        .order_by("pk")
+        .values_list("pk")
+    ),
+    arguments=1,
+)
+_JOBS_LOCKED = CompiledQuery(
+    lambda pks: Job.objects.select_for_update(of=("self",), no_key=True).filter(AnyOf("pk", pks)).order_by("pk"),
+    arguments=1,
+    instances=True,
+)
+_JOBS = CompiledQuery(lambda pks: Job.objects.filter(AnyOf("pk", pks)), arguments=1, instances=True)
+_TENANTS = CompiledQuery(lambda pks: Tenant.objects.filter(AnyOf("pk", pks)), arguments=1, instances=True)
+_DEVICES_LOCKED = CompiledQuery(
+    lambda uuids: (
+        Device.objects.select_for_update(of=("self",), no_key=True)
+        .filter(AnyOf("uuid", uuids))
+        .order_by("pk")
+        .values_list("pk", "uuid", "index", "node_id", "health", "flavor_id", "memory_mib")
+    ),
+    arguments=1,
+)
+_NODES = CompiledQuery(
+    lambda pks: Node.objects.filter(AnyOf("pk", pks)).values_list("pk", "name", "status"), arguments=1
+)
+_DEVICE_USE = CompiledQuery(
+    lambda pks: (
+        Allocation.objects.active()
+        .filter(AnyOf("device_id", pks))
+        .values_list("device_id", "reservation_of_id")
+        .annotate(millis=Sum("millis"), memory=Sum("memory_mib"))
+        .order_by()
+    ),
+    arguments=1,
+)
+_RESERVATIONS_LOCKED = CompiledQuery(
+    lambda pks: (
+        InferenceReservation.objects.select_for_update(of=("self",)).filter(AnyOf("device_id", pks)).order_by("pk")
+    ),
+    arguments=1,
+    instances=True,
+)
+_FLAVORS = CompiledQuery(lambda names: ResourceFlavor.objects.filter(AnyOf("name", names)), arguments=1, instances=True)
+_REPLICAS_RUNNING = CompiledQuery(
+    lambda pks: Allocation.objects.active().filter(AnyOf("job_id", pks)).values_list("job_id", "replica"),
+    arguments=1,
+)
 
 
 def _check_place(place: core.Place, *, batch: _Batch, now: datetime) -> _PlaceWrite:
@@ -633,13 +669,17 @@ def persist_plan(
     *,
     now: datetime | None = None,
     stored_explanations: Mapping[int, StoredExplanation] | None = None,
+    holds_stored: bool = True,
 ) -> PersistOutcome:
     """Write ``plan``: allocations and ``workload.start`` for each place that still fits, ``workload.stop`` for
     each preemption, pending reasons for the rest (only those that changed; ``stored_explanations`` is what
-    the snapshot read, so they need not be read again). Runs in one transaction (the caller's, or its own)."""
+    the snapshot read, so they need not be read again). ``holds_stored=False`` says the snapshot found no
+    stored hold (read under the cycle lock, which every writer of holds holds): a plan without holds then
+    writes none. Runs in one transaction (the caller's, or its own)."""
     now = now or timezone.now()
     outcome = PersistOutcome()
-    with transaction.atomic():
+    # No savepoint inside the cycle's transaction: a failure here fails the whole cycle anyway.
+    with transaction.atomic(savepoint=False):
         explained = _changed_explanations(plan.explanations, stored=stored_explanations)
         batch = _Batch(plan, also_lock=[row[0] for row in explained])
         for preempt in plan.preemptions:
@@ -652,9 +692,12 @@ def persist_plan(
                 logger.info("place of job %s skipped: %s", place.job_id, exc)
                 _skipped(place.job_id, str(exc), outcome=outcome)
         starts = []
+        # Only a job placed before (preempted, requeued; a service scaling up) can have a log: its output comes
+        # from the nodes of its allocations. Read before the writes set this placement's admitted_at.
+        placed_before = {write.job.pk for write in accepted if write.scaling or write.job.admitted_at is not None}
         written = _write_places(accepted, now=now, outcome=outcome)
-        # A job that ran before (preempted, requeued) continues its log where the last run ended.
-        log_ends = job_log_ends(job_ids=[write.job.pk for write in written])
+        # A job that ran before continues its log where the last run ended.
+        log_ends = job_log_ends(job_ids=[write.job.pk for write in written if write.job.pk in placed_before])
         for write in written:
             replica_devices: dict[int, list[tuple[int, str, int, int]]] = defaultdict(list)
             replica_node: dict[int, int] = {}
@@ -672,6 +715,7 @@ def persist_plan(
                 starts.append((replica_node[replica], write.job, message))
             outcome.placed.append(write.job.pk)
         outbox.commands_bulk_create(starts)
-        _holds_replace(plan.holds, now=now)
+        if holds_stored or plan.holds:
+            _holds_replace(plan.holds, now=now)
         outcome.explained = _write_explanations(explained)
     return outcome

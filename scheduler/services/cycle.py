@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 CYCLE_DIRTY_KEY = "scheduler:cycle:dirty"
 CYCLE_CLAIM_KEY = "scheduler:cycle:claimed"
 # How long a claim outlives its task: a worker that dies mid-cycle blocks prompt cycles this long at most (beat
-# still runs one every few seconds, and a restarted worker clears the claim at once). Renewed every cycle.
+# still runs one every few seconds, and a restarted worker clears the claim at once). Renewed before a cycle
+# once a quarter of it has gone by (not before every cycle: each cache call costs the worker a fraction of a
+# millisecond, and a busy one runs a cycle per submit and per finish).
 CYCLE_CLAIM_TTL_S = 60
 # A task that keeps finding new requests hands over to a fresh task after this long (other tasks get a turn).
 CYCLE_LOOP_MAX_S = 30.0
@@ -88,8 +90,11 @@ def run_requested_cycles(*, max_s: float = CYCLE_LOOP_MAX_S, lock_wait_s: float 
 
     deadline = monotonic() + max_s
     result = RequestedCycles()
+    renewed_at: float | None = None
     while True:
-        cache.set(CYCLE_CLAIM_KEY, 1, timeout=CYCLE_CLAIM_TTL_S)  # renewed: this task is alive and looping
+        if renewed_at is None or monotonic() - renewed_at >= CYCLE_CLAIM_TTL_S / 4:
+            cache.set(CYCLE_CLAIM_KEY, 1, timeout=CYCLE_CLAIM_TTL_S)  # renewed: this task is alive and looping
+            renewed_at = monotonic()
         cache.delete(CYCLE_DIRTY_KEY)
         try:
             ran = run_cycle(lock_wait_s=lock_wait_s).ran
@@ -107,6 +112,7 @@ def run_requested_cycles(*, max_s: float = CYCLE_LOOP_MAX_S, lock_wait_s: float 
             return result
         cache.delete(CYCLE_CLAIM_KEY)
         if cache.get(CYCLE_DIRTY_KEY) and cache.add(CYCLE_CLAIM_KEY, 1, timeout=CYCLE_CLAIM_TTL_S):
+            renewed_at = monotonic()
             continue
         return result
 
@@ -164,7 +170,7 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
         planning = perf_counter()
         plan = snapshot.plan_for(snap)
         persisting = perf_counter()
-        outcome = persist.persist_plan(plan, now=now, stored_explanations=stored)
+        outcome = persist.persist_plan(plan, now=now, stored_explanations=stored, holds_stored=bool(snap.holds))
         done = perf_counter()
         # Kept for the next cycle's decay; losing it (cache flush) only restarts the average.
         record = {"at": snap.now, "usage": {t: dict(f) for t, f in snap.usage.items()}}
