@@ -908,8 +908,8 @@ def main() -> int:
     parser.add_argument(
         "--db-pool-max-size",
         type=int,
-        default=4,
-        help="GPUPOOL_DB_POOL_MAX_SIZE of the web processes (default 4, the shipped setting: a pool of connections "
+        default=10,
+        help="GPUPOOL_DB_POOL_MAX_SIZE of the web processes (default 10, the shipped setting: a pool of connections "
         "per process; 0: no pool, a connection per request unless --db-conn-max-age)",
     )
     parser.add_argument(

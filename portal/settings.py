@@ -126,7 +126,7 @@ IS_POSTGRES = "postgresql" in DATABASE_ENGINE
 # authenticated and set up each time), and a longer GPUPOOL_DB_CONN_MAX_AGE left one idle connection behind per
 # finished request's thread under ASGI. The pool hands a connection back when the request (or call) ends.
 # GPUPOOL_DB_POOL_MAX_SIZE: connections a process may hold at once (0: no pool, a connection per request).
-DB_POOL_MAX_SIZE = env_int("GPUPOOL_DB_POOL_MAX_SIZE", 4) if IS_POSTGRES else 0
+DB_POOL_MAX_SIZE = env_int("GPUPOOL_DB_POOL_MAX_SIZE", 10) if IS_POSTGRES else 0
 if DB_POOL_MAX_SIZE > 0:
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses persistent connections beside a pool
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
