@@ -166,13 +166,25 @@ class Cycle:
     placed: int | None  # None when the result was cut short in the event
 
 
+@dataclass(frozen=True)
+class RequestedCycles:
+    """One ``scheduler.cycle_requested`` task: the cycles changes asked for, run back to back."""
+
+    at: float
+    seconds: float
+    cycles: int
+
+
 class CycleEvents:
     """The scheduling cycles the Celery workers run, as they report them: task events (runtime and result of each
-    ``scheduler.run_cycle``), switched on with the ``enable_events`` remote-control command and received in a
-    thread of this process. The workers' logs cannot tell: the project's logging keeps ``celery`` at WARNING."""
+    ``scheduler.run_cycle``, beat's safety net, and of each ``scheduler.cycle_requested``, which runs the cycles
+    that submits and finishes ask for, several per task), switched on with the ``enable_events`` remote-control
+    command and received in a thread of this process. The workers' logs cannot tell: the project's logging keeps
+    ``celery`` at WARNING."""
 
     def __init__(self) -> None:
         self.cycles: list[Cycle] = []
+        self.requested: list[RequestedCycles] = []
         self.failed = 0
         self._names: dict[str, str] = {}
         self._receiver = None
@@ -202,7 +214,18 @@ class CycleEvents:
         self._names[event["uuid"]] = event.get("name", "")
 
     def _succeeded(self, event: dict) -> None:
-        if self._names.pop(event["uuid"], "") != "scheduler.run_cycle":
+        name = self._names.pop(event["uuid"], "")
+        if name == "scheduler.cycle_requested":
+            count = str(event.get("result", "")).strip("'\"")
+            self.requested.append(
+                RequestedCycles(
+                    at=float(event.get("timestamp", time.time())),
+                    seconds=float(event.get("runtime", 0.0)),
+                    cycles=int(count) if count.isdigit() else 0,
+                )
+            )
+            return
+        if name != "scheduler.run_cycle":
             return
         result = str(event.get("result", ""))
         ran = RAN.search(result)
@@ -223,6 +246,9 @@ class CycleEvents:
 
     def between(self, start: float, end: float) -> list[Cycle]:
         return [cycle for cycle in list(self.cycles) if start <= cycle.at <= end]
+
+    def requested_between(self, start: float, end: float) -> list[RequestedCycles]:
+        return [task for task in list(self.requested) if start <= task.at <= end]
 
     def stop(self) -> None:
         if self._receiver is not None:

@@ -57,6 +57,7 @@ from benchmarks._stack import (  # noqa: E402
     CpuMeter,
     Cycle,
     CycleEvents,
+    RequestedCycles,
     ServedCluster,
     descendants,
     machine_cpu,
@@ -88,6 +89,7 @@ class Phase:
     cpu: dict[str, float] = field(default_factory=dict)
     machine_busy_pct: float = 0.0
     cycles: list[Cycle] = field(default_factory=list)
+    requested: list[RequestedCycles] = field(default_factory=list)
     xacts: int = 0
     steps: str = ""
 
@@ -657,6 +659,7 @@ def run_phase(system, *, jobs: int, clients: int, tag: str, finish_timeout_s: fl
         time.sleep(1.0)  # PostgreSQL publishes its counters about once a second
         phase.xacts = system.pg_stat()["xacts"] - xacts_before
         phase.cycles = system.cycle_events.between(wall_start, time.time())
+        phase.requested = system.cycle_events.requested_between(wall_start, time.time())
         phase.steps = system.job_timings(phase.ids)
     return phase
 
@@ -828,15 +831,21 @@ def where_the_time_goes(results: list[SystemResult], profile: list[str]) -> None
             cpu = ", ".join(f"{name} {1000 * seconds / jobs:.1f}" for name, seconds in by_cpu)
             print(f"    CPU ms per job: {cpu}  (the whole machine was {phase.machine_busy_pct:.0f} % busy)")
             print(f"    job steps: {phase.steps}")
+            if phase.requested:
+                print(
+                    f"    cycles asked for by submits and finishes: {sum(t.cycles for t in phase.requested)} in "
+                    f"{len(phase.requested)} cycle_requested tasks, {sum(t.seconds for t in phase.requested):.1f} s "
+                    "in all"
+                )
             ran = [cycle for cycle in phase.cycles if cycle.ran]
             if not ran:
-                print("    scheduling cycles: none reported by the worker")
+                print("    beat's scheduling cycles: none reported by the worker")
                 continue
             times = [cycle.seconds for cycle in ran]
             placed = [cycle.placed for cycle in ran if cycle.placed is not None]
             placements = f", placed median {statistics.median(placed):.0f} / max {max(placed)} jobs" if placed else ""
             print(
-                f"    scheduling cycles: {len(ran)} ran ({len(phase.cycles) - len(ran)} found the lock taken), "
+                f"    beat's scheduling cycles: {len(ran)} ran ({len(phase.cycles) - len(ran)} found the lock taken), "
                 f"median {ms(statistics.median(times))}, max {ms(max(times))}, {sum(times):.1f} s in all{placements}"
             )
 
