@@ -75,6 +75,48 @@ def insert_instances(instances: Sequence[Model], *, returning_ids: bool = False)
         instance._state.db = connection.alias
 
 
+def insert_instance_with_children(parent: Model, children: Sequence[Model], *, link: str) -> None:
+    """``insert_instances([parent], returning_ids=True)`` then ``insert_instances(children)`` with each child's
+    foreign key ``link`` (an attname such as ``job_id``) set to the parent's new id. On PostgreSQL that is one
+    statement (the parent's INSERT in a WITH, the children's selecting its id): one round trip less on a path
+    that runs for every submit. Elsewhere, two."""
+    if connection.vendor != "postgresql" or not children:
+        insert_instances([parent], returning_ids=True)
+        for child in children:
+            setattr(child, link, parent.pk)
+        insert_instances(children)
+        return
+    quote = connection.ops.quote_name
+    parent_meta, child_meta = parent._meta, children[0]._meta
+    parent_fields = [field for field in parent_meta.concrete_fields if not field.primary_key]
+    child_fields = [field for field in child_meta.concrete_fields if not field.primary_key and field.attname != link]
+    link_column = quote(child_meta.get_field(link.removesuffix("_id")).column)
+    values: list[Any] = [field.get_db_prep_save(field.pre_save(parent, True), connection) for field in parent_fields]
+    # Each value cast to its column's type: in a VALUES list PostgreSQL would otherwise type a text literal as
+    # text, which a JSON or date column refuses.
+    row = "(" + ", ".join(f"%s::{field.cast_db_type(connection)}" for field in child_fields) + ")"
+    for child in children:
+        values += [field.get_db_prep_save(field.pre_save(child, True), connection) for field in child_fields]
+    names = [f"c{index}" for index in range(len(child_fields))]
+    sql = (
+        f"WITH parent AS (INSERT INTO {quote(parent_meta.db_table)} "
+        f"({', '.join(quote(field.column) for field in parent_fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(parent_fields))}) RETURNING {quote(parent_meta.pk.column)} AS id) "
+        f"INSERT INTO {quote(child_meta.db_table)} ({link_column}, "
+        f"{', '.join(quote(field.column) for field in child_fields)}) "
+        f"SELECT parent.id, {', '.join(f'v.{name}' for name in names)} FROM parent CROSS JOIN "
+        f"(VALUES {', '.join([row] * len(children))}) AS v({', '.join(names)}) RETURNING {link_column}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        parent.pk = cursor.fetchone()[0]
+    for instance in (parent, *children):
+        instance._state.adding = False
+        instance._state.db = connection.alias
+    for child in children:
+        setattr(child, link, parent.pk)
+
+
 def update_instance(instance: Model, fields: Iterable[str]) -> None:
     """``instance.save(update_fields=fields)`` as one UPDATE; raises as ``save`` does when the row is gone."""
     meta = instance._meta
