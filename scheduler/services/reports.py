@@ -14,6 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from nodeagent import protocol
+from portal.db.bulk import update_instance
 from scheduler import outbox
 from scheduler.models import ACTIVE_JOB_STATES, AgentCommand, Allocation, Job, JobKind, Node
 from scheduler.services.cycle import request_cycle
@@ -246,7 +247,7 @@ def _job_locked(job_id: int) -> Job | None:
 
 def _save_changed(job: Job, changed: list[str]) -> None:
     if changed:
-        job.save(update_fields=[*changed, "updated_at"])
+        update_instance(job, [*changed, "updated_at"])
         changed.clear()
 
 

@@ -9,12 +9,11 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, connection
-from django.db.models import Model
 from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import ConflictError, NotFoundError
+from portal.db.bulk import insert_instances, update_instance
 from scheduler import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,
@@ -96,20 +95,22 @@ def job_transition(
     if job.pk is None:
         job.save()
     else:
-        _update_row(job, update)
+        update_instance(job, update)  # one plain UPDATE: Model.save composed it anew on every transition
     if to_state not in ACTIVE_JOB_STATES and job.kind == JobKind.INFERENCE:
         # Requeued, finished or cancelled: a service keeps no idle capacity (a new placement reserves anew).
         reservations_release(job=job)
-    _insert_row(
-        JobEvent(
-            job=job,
-            from_state=from_state,
-            to_state=to_state,
-            reason=reason[:40],
-            message=message[:500],
-            actor=actor if getattr(actor, "pk", None) else None,
-            details=details or {},
-        )
+    insert_instances(
+        [
+            JobEvent(
+                job=job,
+                from_state=from_state,
+                to_state=to_state,
+                reason=reason[:40],
+                message=message[:500],
+                actor=actor if getattr(actor, "pk", None) else None,
+                details=details or {},
+            )
+        ]
     )
     audit_record(
         action="job.transition",
@@ -120,41 +121,6 @@ def job_transition(
         request=request,
     )
     return job
-
-
-# --- writing a transition's rows -------------------------------------------------------------------------------
-#
-# ``Model.save`` composes its statement through the ORM each time: about half a millisecond of CPU per row, and a
-# job's agent reports write two transitions (four rows). These write the same values — ``auto_now`` fields set,
-# every value prepared by its field as ``save`` does — as plain statements. The models have no save signals.
-
-
-def _update_row(instance: Model, fields: Iterable[str]) -> None:
-    """``instance.save(update_fields=fields)`` as one UPDATE; raises as ``save`` does when the row is gone."""
-    meta = instance._meta
-    quote = connection.ops.quote_name
-    assignments, values = [], []
-    for name in sorted(set(fields)):
-        field = meta.get_field(name)
-        assignments.append(f"{quote(field.column)} = %s")
-        values.append(field.get_db_prep_save(field.pre_save(instance, False), connection))
-    sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(assignments)} WHERE {quote(meta.pk.column)} = %s"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*values, instance.pk])
-        if cursor.rowcount == 0:
-            raise DatabaseError("Save with update_fields did not affect any rows.")
-
-
-def _insert_row(instance: Model) -> None:
-    """``instance.save()`` of a new row whose id nobody reads, as one INSERT (no ``RETURNING``)."""
-    meta = instance._meta
-    quote = connection.ops.quote_name
-    fields = [field for field in meta.concrete_fields if not field.primary_key]
-    values = [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
-    columns = ", ".join(quote(field.column) for field in fields)
-    sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({', '.join(['%s'] * len(fields))})"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, values)
 
 
 def _lock_job(job: Job | int) -> Job:
