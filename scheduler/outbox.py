@@ -190,16 +190,11 @@ def announce_after_commit(commands: Iterable[AgentCommand]) -> None:
 
 
 def _announce(items: list[tuple[int, int]]) -> None:
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
+    from portal.channel_send import run_with_channel_layer
 
-    layer = get_channel_layer()
-    if layer is None:
-        return
-
-    async def send_all() -> None:
-        # All in one trip into the event loop: one ``async_to_sync`` per command cost ~4 ms of thread hand-off
-        # each, seconds after a cycle that starts thousands of workloads.
+    async def send_all(layer) -> None:
+        # All in one trip into the event loop: one trip per command cost ~4 ms of thread hand-off each, seconds
+        # after a cycle that starts thousands of workloads.
         for node_id, command_id in items:
             try:
                 await layer.group_send(f"agent.node.{node_id}", {"type": "agent.command", "command_id": command_id})
@@ -208,6 +203,6 @@ def _announce(items: list[tuple[int, int]]) -> None:
                 logger.warning("could not announce command %s to node %s", command_id, node_id, exc_info=True)
 
     try:
-        async_to_sync(send_all)()
+        run_with_channel_layer(send_all)
     except Exception:
         logger.warning("could not announce %d commands", len(items), exc_info=True)

@@ -4,9 +4,9 @@ scheduling cycle after commit.
 
 from __future__ import annotations
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
+
+from portal.channel_send import group_send
 
 
 def agent_group(node_id: int) -> str:
@@ -22,9 +22,4 @@ def _request_cycle() -> None:
 
 
 def _group_send_on_commit(group: str, event: dict) -> None:
-    def send() -> None:
-        layer = get_channel_layer()
-        if layer is not None:
-            async_to_sync(layer.group_send)(group, event)
-
-    transaction.on_commit(send)
+    transaction.on_commit(lambda: group_send(group, event))
