@@ -129,6 +129,9 @@ IS_POSTGRES = "postgresql" in DATABASE_ENGINE
 DB_POOL_MAX_SIZE = env_int("GPUPOOL_DB_POOL_MAX_SIZE", 10) if IS_POSTGRES else 0
 if DB_POOL_MAX_SIZE > 0:
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django refuses persistent connections beside a pool
+    # Each connection handed out is checked first (an empty query): after a PostgreSQL restart the pool's
+    # connections are dead, and without the check each would fail one request before being dropped.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": DB_POOL_MAX_SIZE,
