@@ -368,8 +368,13 @@ def _link_and_insert(db: Any, payloads: list[_Pending], after_commit: Any) -> No
             record.hash = chain.record_hash(head.hash, header, record.ciphertext)
             head.seq, head.hash = record.seq, record.hash
         records = [p.record for p in payloads]
-        _insert_records(records)
-        _move_heads(list(heads.values()))
+        if connection.vendor == "postgresql" and len(records) < _COPY_FROM:
+            # One round trip: the heads' UPDATE runs as a WITH of the records' INSERT (neither reads the other's
+            # rows; no trigger on the heads looks at the records).
+            insert_instances(records, returning_ids=True, with_first=_move_heads_statement(list(heads.values())))
+        else:
+            _insert_records(records)
+            _move_heads(list(heads.values()))
     except Exception as exc:
         raise_alert(
             event="audit.write_failed",
@@ -409,17 +414,23 @@ def _insert_records(records: list[AuditRecord]) -> None:
         record._state.db = connection.alias
 
 
+def _move_heads_statement(heads: list[ChainHead]) -> tuple[str, list]:
+    """The PostgreSQL UPDATE that moves ``heads`` to their new (seq, hash), with its parameters."""
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    sql = (
+        f"UPDATE {ChainHead._meta.db_table} AS h SET seq = v.seq, hash = v.hash, updated_at = %s FROM (VALUES "
+        + ", ".join(["(%s, %s::bigint, %s)"] * len(heads))
+        + ") AS v(stream, seq, hash) WHERE h.stream = v.stream"
+    )
+    return sql, [now, *[value for head in heads for value in (head.stream, head.seq, head.hash)]]
+
+
 def _move_heads(heads: list[ChainHead]) -> None:
     table = ChainHead._meta.db_table
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                f"UPDATE {table} AS h SET seq = v.seq, hash = v.hash, updated_at = %s FROM (VALUES "
-                + ", ".join(["(%s, %s::bigint, %s)"] * len(heads))
-                + ") AS v(stream, seq, hash) WHERE h.stream = v.stream",
-                [now, *[value for head in heads for value in (head.stream, head.seq, head.hash)]],
-            )
+            cursor.execute(*_move_heads_statement(heads))
         else:
             for head in heads:
                 cursor.execute(

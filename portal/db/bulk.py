@@ -47,9 +47,12 @@ def insert_rows(model: type[Model], columns: Sequence[str], rows: Sequence[Seque
             copy.write_row([Jsonb(v) if isinstance(v, dict | list) else v for v in row])
 
 
-def insert_instances(instances: Sequence[Model], *, returning_ids: bool = False) -> None:
+def insert_instances(instances: Sequence[Model], *, returning_ids: bool = False, with_first: tuple = ()) -> None:
     """Insert unsaved ``instances`` of one model in one INSERT, as ``save()`` would (ids from the database);
-    with ``returning_ids`` each instance gets its new id (``RETURNING``, PostgreSQL and SQLite ≥ 3.35)."""
+    with ``returning_ids`` each instance gets its new id (``RETURNING``, PostgreSQL and SQLite ≥ 3.35).
+
+    ``with_first`` = (sql, params): a statement that runs in the same round trip, as a ``WITH`` before the INSERT
+    (PostgreSQL only; e.g. an UPDATE of another table whose rows the INSERT does not read)."""
     if not instances:
         return
     meta = instances[0]._meta
@@ -65,6 +68,9 @@ def insert_instances(instances: Sequence[Model], *, returning_ids: bool = False)
     )
     if returning_ids:
         sql += f" RETURNING {quote(meta.pk.column)}"
+    if with_first:
+        first_sql, first_params = with_first
+        sql, values = f"WITH first_statement AS ({first_sql}) {sql}", [*first_params, *values]
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         ids = [row[0] for row in cursor.fetchall()] if returning_ids else [None] * len(instances)
