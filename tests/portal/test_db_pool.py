@@ -3,6 +3,7 @@ restarted, or an admin ended the backend), and a forked child does not inherit t
 
 from __future__ import annotations
 
+import copy
 import os
 
 import psycopg
@@ -14,27 +15,33 @@ from django.db.backends.postgresql.base import DatabaseWrapper as PostgresWrappe
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _backend_pid() -> int:
-    with connection.cursor() as cursor:
+def _backend_pid(db=connection) -> int:
+    with db.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         return cursor.fetchone()[0]
 
 
 def test_a_pooled_connection_the_server_ended_is_replaced_not_handed_out(postgres):
     assert connection.pool is not None and settings.DB_POOL_MAX_SIZE > 0
-    first = _backend_pid()
-    connection.close()  # back to the pool, as at the end of a request
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    with psycopg.connect(**params, autocommit=True) as admin:  # ends every pooled connection of this database
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
-        )
-    # The next request borrows from the pool: the ended connection is checked and dropped, a new one serves.
-    second = _backend_pid()
-    assert second != first
+    # A pool of one connection of its own (the shipped options otherwise), so that the one the server ends is
+    # the one the pool would hand out next, whatever other tests left checked out of the shared pool.
+    own = copy.deepcopy(connection.settings_dict)
+    own["OPTIONS"]["pool"] = {**own["OPTIONS"]["pool"], "min_size": 1, "max_size": 1}
+    db = PostgresWrapper(own, alias="pool_check")
+    try:
+        first = _backend_pid(db)
+        db.close()  # back to the pool, as at the end of a request
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**params, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [first])
+        # The next request borrows from the pool: the ended connection is checked and dropped, a new one serves.
+        second = _backend_pid(db)
+        assert second != first
+    finally:
+        db.close()
+        db.close_pool()
 
 
 def test_a_forked_child_starts_its_own_pool(postgres):
