@@ -14,12 +14,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from nodeagent import protocol
-from portal.db.bulk import update_instance
+from portal.db.bulk import AnyOf, update_instance
 from scheduler import outbox
 from scheduler.models import ACTIVE_JOB_STATES, AgentCommand, Allocation, Job, JobKind, Node
 from scheduler.services.cycle import request_cycle
 from scheduler.services.scaling import _scale_down_replica_stopped
 from scheduler.services.transitions import S, _end_allocations, _lock_job, _requeue, job_transition
+from scheduler.snapshot import CompiledQuery
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ _NO_NEWER_START = 2**62
 #: id; a scale-down's stop (``_scale_down_replica_stopped``) reads ``replicas`` too.
 _REPORT_JOB_FIELDS = (
     "id",
-    "tenant_id",
+    "tenant",
     "kind",
     "state",
     "replicas",
@@ -216,33 +217,21 @@ _REPORT_JOB_FIELDS = (
     "last_checkpoint_at",
     "scaling_down_replicas",
 )
-_JOB_LOCK_SQL: dict[str, str] = {}
+#: The job row FOR NO KEY UPDATE with those columns, compiled once per process (``CompiledQuery``: composing it
+#: through the ORM cost more CPU than the database spends answering it).
+_JOB_LOCKED = CompiledQuery(
+    lambda pks: (
+        Job.objects.select_for_update(of=("self",), no_key=True).filter(AnyOf("pk", pks)).only(*_REPORT_JOB_FIELDS)
+    ),
+    arguments=1,
+    instances=True,
+)
 
 
 def _job_locked(job_id: int) -> Job | None:
     """The job row, FOR NO KEY UPDATE where the database has it, with the columns a report uses."""
-    fields = [field for field in Job._meta.concrete_fields if field.attname in _REPORT_JOB_FIELDS]
-    table = Job._meta.db_table
-    sql = _JOB_LOCK_SQL.get(connection.vendor)
-    if sql is None:
-        columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-        lock = " FOR NO KEY UPDATE" if connection.features.has_select_for_no_key_update else ""
-        sql = _JOB_LOCK_SQL[connection.vendor] = (
-            f"SELECT {columns} FROM {connection.ops.quote_name(table)} WHERE id = %s{lock}"
-        )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [job_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    values = []
-    for field, value in zip(fields, row, strict=True):
-        # As the ORM converts a column (SQLite's datetimes, JSON text); this connection's, not a cached one's.
-        column = field.get_col(table)
-        for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
-            value = convert(value, column, connection)
-        values.append(value)
-    return Job.from_db(connection.alias, [field.attname for field in fields], values)
+    rows = _JOB_LOCKED.rows([job_id])
+    return rows[0] if rows else None
 
 
 def _save_changed(job: Job, changed: list[str]) -> None:
