@@ -45,7 +45,7 @@ from audit.models import (
 from audit.signing import get_signer
 from portal.api import ConflictError, DomainError
 from portal.db import precommit
-from portal.db.bulk import insert_instances, insert_rows, reserve_ids
+from portal.db.bulk import insert_instances, insert_rows, mark_saved, reserve_ids
 
 logger = logging.getLogger(__name__)
 alert_logger = logging.getLogger("audit.alert")
@@ -409,9 +409,7 @@ def _insert_records(records: list[AuditRecord]) -> None:
         record.pk = pk
     columns = [field.attname for field in AuditRecord._meta.concrete_fields]
     insert_rows(AuditRecord, columns, [[getattr(record, column) for column in columns] for record in records])
-    for record in records:
-        record._state.adding = False
-        record._state.db = connection.alias
+    mark_saved(records)
 
 
 def _move_heads_statement(heads: list[ChainHead]) -> tuple[str, list]:

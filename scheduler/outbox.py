@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from nodeagent import protocol
-from portal.db.bulk import insert_rows, reserve_ids
+from portal.db.bulk import insert_rows, mark_saved, reserve_ids
 from scheduler.logs import job_log_ends
 from scheduler.models import AgentCommand, Allocation, Job, Node
 
@@ -115,9 +115,7 @@ def commands_bulk_create(items: list[tuple[int, Job | None, protocol.Message]]) 
             ("id", "node_id", "job_id", "command_type", "payload", "created_at", "error", "attempts"),
             [(c.pk, c.node_id, c.job_id, c.command_type, c.payload, now, "", 0) for c in commands],
         )
-        for command in commands:  # they are rows now
-            command._state.adding = False
-            command._state.db = connection.alias
+        mark_saved(commands)  # they are rows now
     else:
         commands = AgentCommand.objects.bulk_create(
             AgentCommand(node_id=node_id, job=job, command_type=message.type, payload={})

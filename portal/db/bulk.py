@@ -58,9 +58,7 @@ def insert_instances(instances: Sequence[Model], *, returning_ids: bool = False,
     meta = instances[0]._meta
     quote = connection.ops.quote_name
     fields = [field for field in meta.concrete_fields if not field.primary_key]
-    values: list[Any] = []
-    for instance in instances:
-        values += [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+    values = [value for instance in instances for value in _values_for_insert(instance, fields)]
     row = f"({', '.join(['%s'] * len(fields))})"
     sql = (
         f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(field.column) for field in fields)}) "
@@ -77,6 +75,17 @@ def insert_instances(instances: Sequence[Model], *, returning_ids: bool = False,
     for instance, new_id in zip(instances, ids, strict=True):
         if new_id is not None:
             instance.pk = new_id
+    mark_saved(instances)
+
+
+def _values_for_insert(instance: Model, fields: Sequence) -> list[Any]:
+    """``instance``'s values for ``fields`` as ``save()`` sends them on an INSERT (``auto_now_add`` set)."""
+    return [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+
+
+def mark_saved(instances: Iterable[Model]) -> None:
+    """What ``save()`` records on an instance it inserted: no longer adding, and which database holds it."""
+    for instance in instances:
         instance._state.adding = False
         instance._state.db = connection.alias
 
@@ -97,12 +106,12 @@ def insert_instance_with_children(parent: Model, children: Sequence[Model], *, l
     parent_fields = [field for field in parent_meta.concrete_fields if not field.primary_key]
     child_fields = [field for field in child_meta.concrete_fields if not field.primary_key and field.attname != link]
     link_column = quote(child_meta.get_field(link.removesuffix("_id")).column)
-    values: list[Any] = [field.get_db_prep_save(field.pre_save(parent, True), connection) for field in parent_fields]
+    values = _values_for_insert(parent, parent_fields)
     # Each value cast to its column's type: in a VALUES list PostgreSQL would otherwise type a text literal as
     # text, which a JSON or date column refuses.
     row = "(" + ", ".join(f"%s::{field.cast_db_type(connection)}" for field in child_fields) + ")"
     for child in children:
-        values += [field.get_db_prep_save(field.pre_save(child, True), connection) for field in child_fields]
+        values += _values_for_insert(child, child_fields)
     names = [f"c{index}" for index in range(len(child_fields))]
     sql = (
         f"WITH parent AS (INSERT INTO {quote(parent_meta.db_table)} "
@@ -116,9 +125,7 @@ def insert_instance_with_children(parent: Model, children: Sequence[Model], *, l
     with connection.cursor() as cursor:
         cursor.execute(sql, values)
         parent.pk = cursor.fetchone()[0]
-    for instance in (parent, *children):
-        instance._state.adding = False
-        instance._state.db = connection.alias
+    mark_saved((parent, *children))
     for child in children:
         setattr(child, link, parent.pk)
 
