@@ -30,7 +30,7 @@ from .capacity import Cluster
 from .explain import Pending, explanations
 from .fragment import Fragmentation
 from .holds import Holds
-from .order import FairShare, ordered
+from .order import FairShare, aged_gang, ordered
 from .placement import Failure, Placer, Take, rollback
 from .preempt import Preemptor, VictimChoice
 from .quota import Admission, QuotaBook, cards
@@ -170,6 +170,7 @@ class _Cycle:
                 restart_cost_s=policy.restart_cost_s,
                 max_doublings=policy.max_protection_doublings,
                 reclaim_by_usage=policy.reclaim_by_usage,
+                relocate=policy.relocate_for_guarantee,
             )
             if policy.preemption
             else None
@@ -563,7 +564,12 @@ class _Cycle:
         devices (``unfit``, in order); only if it was admitted on none, a search among its own quota's work."""
         if diagnosis.unfit:
             return any(self._preempt_for(job, attempt) for attempt in unfit)
-        return diagnosis.quota_refused() and self._preempt_for_quota(job)
+        # An aged gang that nobody lends to may still take its tenant's guarantee back from newer own jobs.
+        refused = diagnosis.quota_refused() or (
+            any(r.code == PendingReason.NO_LENDABLE_CAPACITY for r in diagnosis.refused)
+            and aged_gang(job, self.p, self.s.now)
+        )
+        return refused and self._preempt_for_quota(job)
 
     def _preempt_for_quota(self, job: PendingJob) -> bool:
         """A job its own quota refuses may stop lower-priority work charged to the same quota node."""
@@ -586,6 +592,10 @@ class _Cycle:
             choice = self.preemptor.search_quota(
                 job=job, flavor=flavor, count=count, accounted_to=node, admitted=admitted
             )
+            if choice is None and aged_gang(job, self.p, self.s.now):
+                choice = self.preemptor.search_newer_own(
+                    job=job, flavor=flavor, count=count, accounted_to=node, admitted=admitted
+                )
             if self.preemptor.quota_searches > before:  # there were candidates: it counts as a search
                 self.searches += 1
                 self.stats["preemption_searches"] += 1
@@ -643,11 +653,20 @@ class _Cycle:
         # The preemptor's quota is taken now so that jobs behind it cannot spend it while victims stop.
         self.book.charge(node=node, flavor=flavor, millis=req.millis * count)
         for victim, reason in choice.victims:
-            why = (
-                f"its tenant {victim.tenant} borrowed capacity that {job.tenant} needs back"
-                if reason == PreemptReason.RECLAIM_BORROWED
-                else f"higher-priority job {job.job_id} (priority {int(job.priority)}) needs the capacity"
-            )
+            if reason == PreemptReason.RECLAIM_BORROWED:
+                why = f"its tenant {victim.tenant} borrowed capacity that {job.tenant} needs back"
+            elif reason == PreemptReason.NEWER_OWN:
+                why = (
+                    f"job {job.job_id}, a gang of {cards(req.millis * count)} {flavor} cards of the same tenant "
+                    "waiting since before this job started, needs the tenant's guarantee"
+                )
+            elif reason == PreemptReason.RELOCATE:
+                why = (
+                    f"job {job.job_id} of {job.tenant}, within its guarantee, needs {cards(req.millis * count)} "
+                    f"{flavor} cards on one node; this job restarts on capacity reclaimed for it elsewhere"
+                )
+            else:
+                why = f"higher-priority job {job.job_id} (priority {int(job.priority)}) needs the capacity"
             self._stop(victim.job_id, victim.tenant, job, reason, why)
         self._wait(
             job,

@@ -143,20 +143,50 @@ class Fragmentation:
             if d is not None:
                 by_node.setdefault(n, []).append(d)
         best: tuple[tuple, int] | None = None
+        shapes = self.shapes
         for n, devs in by_node.items():
             frees, total, full = self.node_terms(n, flavor)
             cpu0, mem0 = c.node_free_cpu[n], c.node_free_host_mem[n]
-            before = self.frag(frees, total, full, cpu0, mem0)
+            # Per fractional shape, the free millis of cards too small for it; a candidate changes one card,
+            # so its "after" is this less that card's old share plus its new one (not a rescan of the node).
+            # Only partly used cards can strand a fraction (a full card fits any, a busy one has nothing).
+            partial = [f for f in frees if 0 < f < MILLIS_PER_DEVICE]
+            stranded = [
+                0 if whole or not partial else sum(f for f in partial if f < m) for (m, whole, _, _), _ in shapes
+            ]
+            before = _fragmentation(shapes, stranded, total, full, cpu0, mem0)
             index = [d for d in c.node_devs[n].get(flavor, ()) if c.indexed(d)]
             for d in devs:
-                i = index.index(d)
-                free = frees[i]
-                frees[i] = free - millis
-                delta = self.frag(
-                    frees, total - millis, full - (1 if free >= MILLIS_PER_DEVICE else 0), cpu0 - cpu, mem0 - mem
+                free = frees[index.index(d)]
+                left = free - millis
+                after_stranded = [
+                    0 if whole else x - (free if free < m else 0) + (left if left < m else 0)
+                    for ((m, whole, _, _), _), x in zip(shapes, stranded, strict=True)
+                ]
+                after = _fragmentation(
+                    shapes,
+                    after_stranded,
+                    total - millis,
+                    full - (1 if free >= MILLIS_PER_DEVICE else 0),
+                    cpu0 - cpu,
+                    mem0 - mem,
                 )
-                frees[i] = free
-                key = (round(delta - before, 6), free - millis, d)
+                key = (round(after - before, 6), left, d)
                 if best is None or key < best[0]:
                     best = (key, d)
         return None if best is None else best[1]
+
+
+def _fragmentation(
+    shapes: list[tuple[Shape, float]], stranded: list[int], total: int, full: int, cpu: int, mem: int
+) -> float:
+    """``expected_unusable_millis`` with each fractional shape's stranded millis already summed."""
+    out = 0.0
+    for ((_, whole, s_cpu, s_mem), p), x in zip(shapes, stranded, strict=True):
+        if cpu < s_cpu or mem < s_mem:
+            out += p * total
+        elif whole:
+            out += p * (total if full < whole else total - full * MILLIS_PER_DEVICE)
+        else:
+            out += p * x
+    return out

@@ -84,6 +84,8 @@ class FairShare:
         self.held: dict[str, dict[str, float]] = {}  # millis held now (and placed this cycle), rolled up
         self.decayed: dict[str, dict[str, float]] = {}  # the caller's decayed usage, rolled up
         self.charged: dict[str, dict[str, float]] = {}  # max of the two: what the share counts
+        # Per quota-tree node, its share as last computed; ``add`` drops the entries of the nodes it changes.
+        self._node_shares: dict[str, float] = {}
         for tenant, per_flavor in sorted(snapshot.usage.items()):
             for flavor, millis in sorted(per_flavor.items()):
                 self._roll_up(self.decayed, tenant, flavor, float(millis))
@@ -106,11 +108,19 @@ class FairShare:
         return cached
 
     def _node_share(self, name: str) -> float:
+        cached = self._node_shares.get(name)
+        if cached is not None:
+            return cached
         per_flavor = self.charged.get(name)
         if not per_flavor:
-            return 0.0
-        dominant = max(millis / self.capacity.get(flavor, MILLIS_PER_DEVICE) for flavor, millis in per_flavor.items())
-        return dominant / self.weight.get(name, 1.0)
+            value = 0.0
+        else:
+            dominant = max(
+                millis / self.capacity.get(flavor, MILLIS_PER_DEVICE) for flavor, millis in per_flavor.items()
+            )
+            value = dominant / self.weight.get(name, 1.0)
+        self._node_shares[name] = value
+        return value
 
     def share(self, tenant: str) -> tuple[float, ...]:
         return tuple(self._node_share(name) for name in self.path(tenant))
@@ -123,6 +133,7 @@ class FairShare:
             bucket[flavor] = held
             decayed = self.decayed.get(name, {}).get(flavor, 0.0)
             self.charged.setdefault(name, {})[flavor] = held if held > decayed else decayed
+            self._node_shares.pop(name, None)
 
     def _roll_up(self, table: dict[str, dict[str, float]], tenant: str, flavor: str, millis: float) -> None:
         for name in self.path(tenant):
@@ -165,17 +176,20 @@ def _round_robin_by_share(
     share: Callable[[str], tuple[float, ...]],
     within: Callable[[PendingJob], bool] | None = None,
 ) -> Iterator[PendingJob]:
+    # ``group`` is in submit order (``job_key``), so a job's position in it stands for its key in the heap.
     queues: dict[str, list[PendingJob]] = {}
-    for job in group:
+    positions: dict[str, list[int]] = {}
+    for position, job in enumerate(group):
         queues.setdefault(job.tenant, []).append(job)
+        positions.setdefault(job.tenant, []).append(position)
 
     def rank(job: PendingJob) -> tuple[int, tuple[float, ...]]:
         # 0: fits in its tenant's unused guarantee; 1: would borrow. Both only grow as the cycle places jobs.
         borrows = 0 if within is None or within(job) else 1
         return (borrows, share(job.tenant))
 
-    # heap of ((borrows, share), head submit time, tenant, index of the tenant's next job)
-    heap = [(rank(q[0]), job_key(q[0]), t, 0) for t, q in queues.items()]
+    # heap of ((borrows, share), position of the head in submit order, tenant, index of the tenant's next job)
+    heap = [(rank(q[0]), positions[t][0], t, 0) for t, q in queues.items()]
     heapq.heapify(heap)
     while heap:
         stored, key, tenant, i = heapq.heappop(heap)
@@ -189,4 +203,4 @@ def _round_robin_by_share(
         yield queue[i]  # the consumer may place it, which raises the tenant's share
         i += 1
         if i < len(queue):
-            heapq.heappush(heap, (rank(queue[i]), job_key(queue[i]), tenant, i))
+            heapq.heappush(heap, (rank(queue[i]), positions[tenant][i], tenant, i))

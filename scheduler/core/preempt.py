@@ -16,7 +16,14 @@ Who may be a victim of job J (all must hold):
     all sit on nodes a whole-node gang cannot use. Without it only jobs flagged as borrowing qualify;
   * **priority** (``PRIORITY``): the victim has a strictly lower priority and is either borrowing or charged
     to J's own quota node. Work within another tenant's guarantee is never taken by priority, and nothing is
-    ever preempted for a job of equal or lower priority within a guarantee.
+    ever preempted for a job of equal or lower priority within a guarantee;
+  * **relocate** (``RELOCATE``, ``Policy.relocate_for_guarantee``): only when J is within its guarantee and
+    reclaim alone frees no node for it — every node that reclaim could empty also holds a small job within
+    another tenant's guarantee (one card or less, never preempted, priority no higher than J's). Such jobs may
+    join the set, at most half of what J needs on that node, and only as many cards as the excess of
+    tenants over their guarantees still leaves after this set's reclaims: the room each relocated job will
+    reclaim for itself at once, since its tenant is then below its guarantee. Fragmentation by one tenant's
+    one-card jobs otherwise keeps a whole-node job of another starving within its guarantee for hours.
 
 Victim sets are compared by ``(highest victim priority, victims not borrowing, earlier preemptions of the
 victims, GPU-seconds lost, number of victims)`` — lowest priority first, borrowed first, jobs preempted
@@ -46,6 +53,8 @@ MAX_NODES = 48
 MAX_PRUNE_CHECKS = 32
 # A job within its guarantee reclaiming borrowed capacity looks further: the reclaim must be complete.
 MAX_RECLAIM_NODES = 96
+# Relocation (see the module docstring): a relocated job holds at most one card.
+RELOCATE_MAX_MILLIS = MILLIS_PER_DEVICE
 
 
 @dataclass(slots=True)
@@ -65,10 +74,7 @@ class Victim:
     # (device id, millis, memory, host cpu millicores, host memory MiB) held now
     rows: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     nodes: list[int] = field(default_factory=list)
-
-    @property
-    def millis(self) -> int:
-        return sum(m for _, m, _, _, _ in self.rows)
+    millis: int = 0  # the sum over ``rows``, set once they are known (read in every search's inner loops)
 
     def cost(self) -> tuple:
         return (
@@ -143,8 +149,8 @@ def build_victims(snapshot: Snapshot, cluster: Cluster, restart_cost_s: float = 
             if n not in v.nodes:
                 v.nodes.append(n)
     for v in victims.values():
-        card_count = sum(m for _, m, _, _, _ in v.rows) / MILLIS_PER_DEVICE
-        v.lost_gpu_s = (v.work_since_checkpoint_s + restart_cost_s) * card_count
+        v.millis = sum(m for _, m, _, _, _ in v.rows)
+        v.lost_gpu_s = (v.work_since_checkpoint_s + restart_cost_s) * v.millis / MILLIS_PER_DEVICE
     return victims
 
 
@@ -161,6 +167,7 @@ class Preemptor:
         restart_cost_s: float = 0.0,
         max_doublings: int = 0,
         reclaim_by_usage: bool = False,
+        relocate: bool = False,
     ) -> None:
         self.now = snapshot.now
         self.c = cluster
@@ -180,6 +187,9 @@ class Preemptor:
         self.by_account: dict[str, dict[str | None, list[Victim]]] = {}
         self.stopping = stopping  # already preempted and stopping (``holds.py``): not a victim again
         self.by_usage = reclaim_by_usage
+        self.relocate = relocate
+        self._movable: dict[str, list[Victim]] = {}  # per flavor: jobs relocation may ever move, cheapest first
+        self._spare = 0  # during a relocation search: the excess that relocated jobs may reclaim for themselves
         # Per (quota node, flavor): millis that will leave it soon — victims stopping, and chosen this cycle —
         # so a node's excess over its guarantee is not reclaimed twice.
         self.leaving: dict[tuple[str, str], int] = {}
@@ -261,9 +271,72 @@ class Preemptor:
         if not cands:
             return None
         max_nodes = MAX_NODES if borrowing else MAX_RECLAIM_NODES
-        if count == 1 or job.topology == Topology.SAME_NODE:
-            return self._search_per_node(job, flavor, count, cands, max_nodes)
-        return self._search_gang(job, flavor, count, cands, max_nodes)
+
+        def find(cands: list[tuple[Victim, PreemptReason]]) -> VictimChoice | None:
+            if count == 1 or job.topology == Topology.SAME_NODE:
+                return self._search_per_node(job, flavor, count, cands, max_nodes)
+            return self._search_gang(job, flavor, count, cands, max_nodes)
+
+        choice = find(cands)
+        if choice is not None or borrowing or not (self.relocate and self.by_usage):
+            return choice
+        movable = self._relocatable(job, flavor, accounted_to, {v.job_id for v, _ in cands})
+        if not movable:
+            return None
+        self._spare = self._total_excess(flavor, accounted_to)
+        try:
+            return find(cands + movable)  # relocations last: the cheapest reclaim set is always tried first
+        finally:
+            self._spare = 0
+
+    def _relocatable(
+        self, job: PendingJob, flavor: str, accounted_to: str, listed: set[str]
+    ) -> list[tuple[Victim, PreemptReason]]:
+        """Small jobs of other quota nodes, within their guarantee, that a relocation may move (cheapest first)."""
+        movable = self._movable.get(flavor)
+        if movable is None:
+            movable = sorted(
+                (
+                    v
+                    for victims in self.by_account.get(flavor, {}).values()
+                    for v in victims
+                    if v.preemptions == 0
+                    and len(v.rows) == 1
+                    and v.millis <= RELOCATE_MAX_MILLIS
+                    and v.kind != JobKind.INFERENCE
+                    and v.reservation_of is None
+                ),
+                key=Victim.cost,
+            )
+            self._movable[flavor] = movable
+        priority = int(job.priority)
+        return [
+            (v, PreemptReason.RELOCATE)
+            for v in movable
+            if v.priority <= priority
+            and v.job_id not in listed
+            and v.job_id not in self.taken
+            and v.job_id not in job.preempted_by
+            and (account := self._victim_account(v)) is not None
+            and not self.book.in_subtree(account, accounted_to)
+        ]
+
+    def _total_excess(self, flavor: str, accounted_to: str) -> int:
+        """Millis that quota nodes other than the preemptor's hold above their guarantees on ``flavor`` and that
+        are not already leaving."""
+        accounts = {self._victim_account(v) for v in self.victims.values() if v.flavor == flavor}
+        return sum(
+            max(0, self.excess(account, flavor))
+            for account in accounts
+            if account is not None and not self.book.in_subtree(account, accounted_to)
+        )
+
+    def _may_relocate(self, v: Victim, chosen: list[tuple[Victim, PreemptReason]], need_millis: int) -> bool:
+        """``v`` may join ``chosen`` as a relocation: the relocated jobs stay within half of what the preemptor
+        needs on the node, and within the excess left after the set's reclaims (where they restart)."""
+        moved = v.millis + sum(x.millis for x, r in chosen if r == PreemptReason.RELOCATE)
+        reclaimed = sum(x.millis for x, r in chosen if r == PreemptReason.RECLAIM_BORROWED)
+        return 2 * moved <= need_millis and moved <= self._spare - reclaimed
 
     def search_quota(
         self,
@@ -294,7 +367,7 @@ class Preemptor:
             for v, r in cands:
                 account = self._victim_account(v)
                 assert account is not None
-                millis = sum(m for _, m, _, _, _ in v.rows)
+                millis = v.millis
                 self.book.charge(node=account, flavor=flavor, millis=-millis, jobs=-1)
                 uncharged.append((account, millis))
                 chosen.append((v, r))
@@ -314,6 +387,83 @@ class Preemptor:
             return None
         return VictimChoice(tuple(chosen), tuple(devices))
 
+    def search_newer_own(
+        self,
+        *,
+        job: PendingJob,
+        flavor: str,
+        count: int,
+        accounted_to: str,
+        admitted: Callable[[], bool],
+    ) -> VictimChoice | None:
+        """An aged gang its own quota refuses — its tenant's guarantee is taken by the tenant's own jobs that
+        started after the gang was submitted, and nobody lends — may stop those newer jobs of its quota node at
+        its priority (never preempted before, each smaller than the gang), node by node as for any victim set,
+        so that it starts within the guarantee (as Kueue's ``LowerOrNewerEqualPriority`` within a queue). The
+        tenant's guarantee goes to its oldest work instead of to whatever small job came last."""
+        priority = int(job.priority)
+        size = job.request.millis * count
+        cands = sorted(
+            (
+                v
+                for v in self.victims.values()
+                if v.flavor == flavor
+                and v.priority == priority
+                and v.started_at > job.submitted_at
+                and v.preemptions == 0
+                and v.millis < size
+                and v.kind != JobKind.INFERENCE
+                and v.reservation_of is None
+                and v.preemptible
+                and self.now - v.started_at >= self.min_runtime_s
+                and v.job_id not in self.taken
+                and v.job_id not in self.stopping
+                and v.job_id not in job.preempted_by
+                and v.job_id != job.job_id
+                and (account := self._victim_account(v)) is not None
+                and self.book.in_subtree(account, accounted_to)
+            ),
+            key=Victim.cost,
+        )
+        if not cands:
+            return None
+        self.quota_searches += 1
+        pairs = [(v, PreemptReason.NEWER_OWN) for v in cands]
+
+        def uncharge(victims: list[Victim], sign: int) -> None:
+            for v in victims:
+                account = self._victim_account(v)
+                assert account is not None
+                self.book.charge(node=account, flavor=flavor, millis=-sign * v.millis, jobs=-sign)
+
+        uncharge(cands, 1)
+        try:
+            if not admitted():
+                return None  # even all of them would not make room in the guarantee
+            if count == 1 or job.topology == Topology.SAME_NODE:
+                choice = self._search_per_node(job, flavor, count, pairs, MAX_RECLAIM_NODES)
+            else:
+                choice = self._search_gang(job, flavor, count, pairs, MAX_RECLAIM_NODES)
+        finally:
+            uncharge(cands, -1)
+        if choice is None:
+            return None
+        # The devices are found; the quota may need more of the newer jobs to stop (cheapest first).
+        chosen = list(choice.victims)
+        uncharge([v for v, _ in chosen], 1)
+        try:
+            picked = {v.job_id for v, _ in chosen}
+            rest = iter(v for v in cands if v.job_id not in picked)
+            while not admitted():
+                v = next(rest, None)
+                if v is None:
+                    return None
+                uncharge([v], 1)
+                chosen.append((v, PreemptReason.NEWER_OWN))
+        finally:
+            uncharge([v for v, _ in chosen], -1)
+        return VictimChoice(tuple(chosen), choice.devices)
+
     # -- what-if helpers -------------------------------------------------------------------------------------
 
     def _free(self, victims: list[Victim]) -> list[tuple[int, int, int, int, int]]:
@@ -327,6 +477,12 @@ class Preemptor:
     def _unfree(self, given: list[tuple[int, int, int, int, int]]) -> None:
         for row in reversed(given):
             self.c.take(*row)
+
+    def _free_millis(self, n: int, flavor: str) -> int:
+        """Free millis of node ``n``'s usable ``flavor`` cards (held ones included: an upper bound)."""
+        free = self.c.dev_free_millis
+        usable = self.c.dev_usable
+        return sum(free[d] for d in self.c.node_devs[n].get(flavor, ()) if usable[d])
 
     def _fits(self, job: PendingJob, flavor: str, count: int, only_node: int | None) -> list[int] | None:
         """Devices the job would get now (then rolled back), or None."""
@@ -432,8 +588,10 @@ class Preemptor:
         max_nodes: int = MAX_NODES,
         prior: list[tuple[Victim, PreemptReason]] | None = None,
     ) -> VictimChoice | None:
+        need_millis = job.request.millis * (count if job.topology == Topology.SAME_NODE else 1)
+        need_here = job.request.millis * count  # ``_fits`` puts all ``count`` replicas on the one node
         per_node: dict[int, list[tuple[Victim, PreemptReason]]] = {}
-        for v, r in cands:  # cheapest first, so each node's list is sorted
+        for v, r in cands:  # cheapest first, so each node's list is sorted (relocations after the rest)
             for n in v.nodes:
                 per_node.setdefault(n, []).append((v, r))
         nodes = sorted(
@@ -457,10 +615,18 @@ class Preemptor:
 
             chosen: list[tuple[Victim, PreemptReason]] = []
             devices = None
+            # The full what-if (``check``) is the costly part; it is only tried once the node's free millis
+            # plus what the chosen victims free on it could hold the job at all (a necessary condition).
+            free_here = self._free_millis(n, flavor)
             for v, r in cands:
                 if not self._within_excess(v, r, (prior or []) + chosen):
                     continue
+                if r == PreemptReason.RELOCATE and not self._may_relocate(v, (prior or []) + chosen, need_millis):
+                    continue
                 chosen.append((v, r))
+                free_here += sum(m for d, m, _, _, _ in v.rows if self.c.dev_node[d] == n)
+                if free_here < need_here:
+                    continue
                 devices = check([x for x, _ in chosen])
                 if devices is not None:
                     break

@@ -72,6 +72,12 @@ class PreemptReason(StrEnum):
     RECLAIM_BORROWED = "reclaim_borrowed"  # the lender needs its guarantee back
     PRIORITY = "priority"  # a higher-priority job needs the capacity
     RESERVATION_RECLAIM = "reservation_reclaim"  # an inference service scales up into its reservation
+    # A small job within its own tenant's guarantee restarts elsewhere so that a job within another tenant's
+    # guarantee gets the whole node it needs (``Policy.relocate_for_guarantee``).
+    RELOCATE = "relocate"
+    # An aged gang takes its tenant's guarantee back from the tenant's own jobs that started after it was
+    # submitted (``Policy.gang_aging_s``).
+    NEWER_OWN = "newer_own"
 
 
 # A node that does not state its CPU or host memory is not limited on that dimension.
@@ -337,12 +343,17 @@ class Policy:
     # Reclaim churn: a job preempted k times may not borrow (start above its tenant's guarantee) until
     # ``borrow_backoff_s * 2**(k-1)`` after its last preemption (``PendingJob.last_preempted_at``); within its
     # tenant's guarantee it may start at once. None: off.
-    borrow_backoff_s: float | None = 1800.0
+    borrow_backoff_s: float | None = 7200.0
     # Reclaim by usage: a job within its guarantee may reclaim *any* preemptible job of a quota node that holds
     # more than its guarantee (as far as that node's excess goes, counting victims already stopping), not
     # only the jobs flagged as borrowed when they started — which may sit on other nodes than the ones a gang
     # needs whole. False: only flagged borrowers.
     reclaim_by_usage: bool = True
+    # Relocation: when reclaim alone frees no node for a job within its guarantee (each node it could empty
+    # also holds a one-card job within another tenant's guarantee), such small jobs may be stopped too — at
+    # most half of what the job needs there, and no more than the excess of borrowing tenants leaves for them
+    # to reclaim at once. Needs ``reclaim_by_usage``. False: the job waits for those jobs to end.
+    relocate_for_guarantee: bool = True
     # Gangs: a job of at least ``gang_aging_cards`` cards that has waited ``gang_aging_s`` is served first in
     # its priority class and gets capacity held for it even when it is not the head of its flavor's queue.
     gang_aging_cards: int = 16

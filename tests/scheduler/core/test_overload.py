@@ -287,3 +287,96 @@ def test_reclaim_by_usage_takes_no_more_than_the_tenants_excess():
     result = plan(s, Policy())
 
     assert result.preemptions == ()
+
+
+# -- relocation: a whole-node job within its guarantee against one-card jobs scattered over every node -------
+
+
+def _scattered(team_c_guarantee: int, **job_kw):
+    """Two nodes of 8 cards. team-b (guarantee 2) has one one-card job on each node, within its guarantee; team-c
+    fills the other 14 cards with one-card jobs (7 per node) above its guarantee. team-a's 8-card job fits in
+    its idle guarantee, but reclaim alone can empty no node: team-b's job stays on each."""
+    allocations = []
+    for n in ("n1", "n2"):
+        allocations.append(alloc(f"{n}-b", f"{n}-gpu0", "team-b", started_at=0.0))
+        allocations += [alloc(f"{n}-c{i}", f"{n}-gpu{i}", "team-c", started_at=0.0) for i in range(1, 8)]
+    return snapshot(
+        [node("n1", 8), node("n2", 8)],
+        allocations=allocations,
+        pending=[job("a8", "team-a", cards=8, **job_kw)],
+        quotas=[quota("team-a", 8), quota("team-b", 2), quota("team-c", team_c_guarantee)],
+        now=NOW,
+    )
+
+
+def test_a_one_card_job_within_its_guarantee_is_relocated_so_a_whole_node_job_within_its_own_gets_a_node():
+    s = _scattered(team_c_guarantee=6)  # team-c holds 14, 8 above its guarantee: room for the relocated job
+
+    result = plan(s, Policy())
+
+    reasons = {p.job_id: p.reason for p in result.preemptions}
+    node_name = next(iter(reasons))[:2]
+    assert reasons == {
+        f"{node_name}-b": PreemptReason.RELOCATE,
+        **{f"{node_name}-c{i}": PreemptReason.RECLAIM_BORROWED for i in range(1, 8)},
+    }
+    moved = next(p for p in result.preemptions if p.reason == PreemptReason.RELOCATE)
+    assert "a8 of team-a, within its guarantee, needs 8" in moved.message
+    (why,) = result.explanations
+    assert why.job_id == "a8" and why.code == PendingReason.WAITING_FOR_PREEMPTION
+    # Without relocation the job waits for team-b's jobs to end, however long they run.
+    assert plan(s, Policy(relocate_for_guarantee=False)).preemptions == ()
+
+
+def test_no_job_is_relocated_when_the_borrowers_leave_no_room_for_it_to_restart():
+    s = _scattered(team_c_guarantee=7)  # team-c is 7 above its guarantee: all of it goes to team-a's job
+
+    assert plan(s, Policy()).preemptions == ()
+
+
+def test_relocation_never_moves_a_job_of_higher_priority_or_one_preempted_before():
+    higher = _scattered(team_c_guarantee=6, priority=100)  # team-a's job has a lower priority than team-b's
+    assert plan(higher, Policy()).preemptions == ()
+
+    s = _scattered(team_c_guarantee=6)
+    once = tuple(replace(a, preemptions=1) if a.tenant == "team-b" else a for a in s.allocations)
+    assert plan(replace(s, allocations=once), Policy()).preemptions == ()
+
+
+# -- an aged gang takes its tenant's guarantee back from the tenant's newer jobs -----------------------------
+
+
+def _guarantee_taken_by_newer_jobs(started_at: float, gang_submitted_at: float = NOW - 4000):
+    """team-a (guarantee 16) fills both nodes with four 4-card jobs; its 16-card gang waits, and nobody lends."""
+    allocations = [
+        alloc(f"a-{n}-{half}", f"{n}-gpu{4 * half + i}", "team-a", started_at=started_at)
+        for n in ("n1", "n2")
+        for half in (0, 1)
+        for i in range(4)
+    ]
+    return snapshot(
+        [node("n1", 8), node("n2", 8)],
+        allocations=allocations,
+        pending=[job("gang", "team-a", cards=8, replicas=2, submitted_at=gang_submitted_at)],
+        quotas=[quota("team-a", 16), quota("team-b", 0)],
+        now=NOW,
+    )
+
+
+def test_an_aged_gang_stops_its_tenants_jobs_that_started_after_it_was_submitted():
+    result = plan(_guarantee_taken_by_newer_jobs(started_at=NOW - 1000), Policy())
+
+    assert sorted(p.job_id for p in result.preemptions) == ["a-n1-0", "a-n1-1", "a-n2-0", "a-n2-1"]
+    assert {p.reason for p in result.preemptions} == {PreemptReason.NEWER_OWN}
+    assert "waiting since before this job started" in result.preemptions[0].message
+    (why,) = result.explanations
+    assert why.code == PendingReason.WAITING_FOR_PREEMPTION
+
+
+def test_an_aged_gang_leaves_older_jobs_and_a_young_gang_stops_nothing():
+    older = _guarantee_taken_by_newer_jobs(started_at=NOW - 5000)  # started before the gang was submitted
+    young = _guarantee_taken_by_newer_jobs(started_at=NOW - 1000, gang_submitted_at=NOW - 1200)  # not aged yet
+
+    assert plan(older, Policy()).preemptions == ()
+    assert plan(young, Policy()).preemptions == ()
+    assert plan(_guarantee_taken_by_newer_jobs(started_at=NOW - 1000), Policy(gang_aging_s=None)).preemptions == ()
