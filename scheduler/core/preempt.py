@@ -322,14 +322,17 @@ class Preemptor:
         ]
 
     def _total_excess(self, flavor: str, accounted_to: str) -> int:
-        """Millis that quota nodes other than the preemptor's hold above their guarantees on ``flavor`` and that
-        are not already leaving."""
-        accounts = {self._victim_account(v) for v in self.victims.values() if v.flavor == flavor}
-        return sum(
-            max(0, self.excess(account, flavor))
-            for account in accounts
-            if account is not None and not self.book.in_subtree(account, accounted_to)
-        )
+        """Millis that quota nodes other than the preemptor's hold above their guarantees on ``flavor``, are not
+        already leaving and could be reclaimed: each node's excess, at most its preemptible work (a relocated job
+        cannot take back what a non-preemptible job holds)."""
+        preemptible: dict[str, int] = {}
+        for v in self.victims.values():
+            if v.flavor != flavor or not v.preemptible or v.job_id in self.stopping or v.job_id in self.taken:
+                continue
+            account = self._victim_account(v)
+            if account is not None and not self.book.in_subtree(account, accounted_to):
+                preemptible[account] = preemptible.get(account, 0) + v.millis
+        return sum(max(0, min(self.excess(account, flavor), held)) for account, held in preemptible.items())
 
     def _may_relocate(self, v: Victim, chosen: list[tuple[Victim, PreemptReason]], need_millis: int) -> bool:
         """``v`` may join ``chosen`` as a relocation: the relocated jobs stay within half of what the preemptor

@@ -380,3 +380,14 @@ def test_an_aged_gang_leaves_older_jobs_and_a_young_gang_stops_nothing():
     assert plan(older, Policy()).preemptions == ()
     assert plan(young, Policy()).preemptions == ()
     assert plan(_guarantee_taken_by_newer_jobs(started_at=NOW - 1000), Policy(gang_aging_s=None)).preemptions == ()
+
+
+def test_no_job_is_relocated_when_the_borrowers_excess_is_held_by_work_that_cannot_be_preempted():
+    s = _scattered(team_c_guarantee=6)
+    # team-c's jobs on n2 cannot be preempted: the one card of excess left after n1's reclaims is not there to
+    # take back, so team-b's job would be stopped with nowhere to restart.
+    fixed = tuple(
+        replace(a, preemptible=False) if a.node == "n2" and a.tenant == "team-c" else a for a in s.allocations
+    )
+
+    assert plan(replace(s, allocations=fixed), Policy()).preemptions == ()
