@@ -142,3 +142,18 @@ def test_the_preempt_path_locks_the_job_row_only(member, node):
     locks = [q["sql"] for q in seen if "FOR" in q["sql"] and "UPDATE" in q["sql"]]
     assert locks and all("tenants_tenant" not in sql.split(" FOR ", 1)[1] for sql in locks), locks
     assert all("FOR NO KEY UPDATE OF" in sql for sql in locks if "scheduler_job" in sql), locks
+
+
+@pytest.mark.parametrize("reason", [core.PreemptReason.RELOCATE, core.PreemptReason.NEWER_OWN])
+def test_a_relocation_or_an_aged_gangs_preemption_is_recorded_with_its_reason_and_message(member, node, reason):
+    job = job_submit(actor=member, spec=SPEC)
+    persist_plan(core.Plan(places=_places([job], node)))
+    message = "job 7 of team-x, within its guarantee, needs 8 gpu cards on one node"
+    preempt = core.Preempt(job_id=str(job.pk), victim_of="7", reason=reason, grace_s=5, message=message)
+
+    assert persist_plan(core.Plan(preemptions=(preempt,))).preempted == [job.pk]
+
+    job.refresh_from_db()
+    event = JobEvent.objects.filter(job=job).latest("pk")
+    assert (job.state, job.preemption_count) == (JobState.PREEMPTING, 1)
+    assert (event.reason, event.message) == (str(reason), message)
