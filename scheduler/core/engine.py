@@ -577,11 +577,13 @@ class _Cycle:
             return False
         req = job.request
         count = job.gang_min
+        aged = aged_gang(job, self.p, self.s.now)
         for flavor in job.request.flavors:
             node = self.book.account(job.tenant, flavor)
             if node is None or not self.cluster.has_flavor(flavor):
                 continue
-            key = ("quota", flavor, node, int(job.priority), req.millis * count, job.preempted_by)
+            # An aged gang searches more (newer own jobs): a failed search of another job says nothing of it.
+            key = ("quota", flavor, node, int(job.priority), req.millis * count, job.preempted_by, aged)
             if key in self.failed_searches:
                 continue
 
@@ -590,12 +592,13 @@ class _Cycle:
 
             before = self.preemptor.quota_searches
             choice = self.preemptor.search_quota(
-                job=job, flavor=flavor, count=count, accounted_to=node, admitted=admitted
+                job=job,
+                flavor=flavor,
+                count=count,
+                accounted_to=node,
+                admitted=admitted,
+                aged_gang=aged,
             )
-            if choice is None and aged_gang(job, self.p, self.s.now):
-                choice = self.preemptor.search_newer_own(
-                    job=job, flavor=flavor, count=count, accounted_to=node, admitted=admitted
-                )
             if self.preemptor.quota_searches > before:  # there were candidates: it counts as a search
                 self.searches += 1
                 self.stats["preemption_searches"] += 1

@@ -349,10 +349,19 @@ class Preemptor:
         count: int,
         accounted_to: str,
         admitted: Callable[[], bool],
+        aged_gang: bool = False,
     ) -> VictimChoice | None:
         """The job is refused by its own quota (limit, guarantee or max jobs): stop lower-priority preemptible
-        work charged to the same quota node (cheapest first) until the job is admitted and fits."""
+        work charged to the same quota node (cheapest first) until the job is admitted and fits. An
+        ``aged_gang`` that this does not help may then stop its quota node's newer jobs (``_search_newer_own``)."""
+        choice = self._search_lower_own(job, flavor, count, accounted_to, admitted)
+        if choice is None and aged_gang:
+            choice = self._search_newer_own(job, flavor, count, accounted_to, admitted)
+        return choice
 
+    def _search_lower_own(
+        self, job: PendingJob, flavor: str, count: int, accounted_to: str, admitted: Callable[[], bool]
+    ) -> VictimChoice | None:
         def eligible(v: Victim) -> PreemptReason | None:
             reason = self.rule(v, job, flavor, accounted_to, borrowing=True)
             account = self._victim_account(v)
@@ -390,14 +399,8 @@ class Preemptor:
             return None
         return VictimChoice(tuple(chosen), tuple(devices))
 
-    def search_newer_own(
-        self,
-        *,
-        job: PendingJob,
-        flavor: str,
-        count: int,
-        accounted_to: str,
-        admitted: Callable[[], bool],
+    def _search_newer_own(
+        self, job: PendingJob, flavor: str, count: int, accounted_to: str, admitted: Callable[[], bool]
     ) -> VictimChoice | None:
         """An aged gang its own quota refuses — its tenant's guarantee is taken by the tenant's own jobs that
         started after the gang was submitted, and nobody lends — may stop those newer jobs of its quota node at
