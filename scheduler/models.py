@@ -32,6 +32,10 @@ class ResourceFlavor(models.Model):
     model = models.CharField(max_length=64)
     memory_mib = models.PositiveIntegerField()
     description = models.CharField(max_length=200, blank=True, default="")
+    # Host CPU and memory a job gets per card of this flavor when its spec states none (0: none); a job naming
+    # several flavors gets the largest, so it fits wherever it lands.
+    cpu_millicores_per_card = models.PositiveIntegerField(default=0)
+    host_memory_mib_per_card = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["name"]

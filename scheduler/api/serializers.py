@@ -25,7 +25,16 @@ from scheduler.services.arrays import JobArray, JobArrayCancelled
 class FlavorSerializer(serializers.ModelSerializer):
     class Meta:
         model = ResourceFlavor
-        fields = ["id", "name", "vendor", "model", "memory_mib", "description"]
+        fields = [
+            "id",
+            "name",
+            "vendor",
+            "model",
+            "memory_mib",
+            "description",
+            "cpu_millicores_per_card",
+            "host_memory_mib_per_card",
+        ]
 
 
 class FlavorCreateSerializer(JsonTypedSerializer):
@@ -34,6 +43,11 @@ class FlavorCreateSerializer(JsonTypedSerializer):
     model = serializers.CharField(max_length=64)
     memory_mib = serializers.IntegerField(min_value=1, max_value=16 * 1024 * 1024)
     description = serializers.CharField(max_length=200, required=False, default="", allow_blank=True)
+    # Host CPU and memory per card for jobs that state none (0: none).
+    cpu_millicores_per_card = serializers.IntegerField(min_value=0, max_value=1024 * 1000, required=False, default=0)
+    host_memory_mib_per_card = serializers.IntegerField(
+        min_value=0, max_value=64 * 1024 * 1024, required=False, default=0
+    )
 
 
 class DeviceSerializer(serializers.ModelSerializer):
@@ -187,6 +201,8 @@ class JobSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
             "millis_per_replica",
             "gpus_per_replica",
             "memory_mib_per_replica",
+            "cpu_millicores_per_replica",
+            "host_memory_mib_per_replica",
             "topology",
             "state",
             "state_message",

@@ -15,7 +15,7 @@ from portal.api import DomainError, NotFoundError, PermissionDeniedError
 from scheduler.jobspec import JobSpecError, check_checkpoint_dir, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job, JobEvent
 from scheduler.services.cycle import request_cycle
-from scheduler.services.jobs import _admission, _new_job, _resolve_tenant, job_cancel
+from scheduler.services.jobs import _admission, _new_job, _resolve_tenant, job_cancel, with_flavor_host_defaults
 from scheduler.services.transitions import S
 from tenants.permissions import can_manage_job
 
@@ -116,7 +116,8 @@ def job_array_submit(
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is None:
         raise JobSpecError('array: say how many jobs to create, e.g. "array": {"count": 100}.', field="array")
-    tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    tenant, per_card = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    parsed = with_flavor_host_defaults(parsed, per_card)
     check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     if state == S.PENDING_APPROVAL:

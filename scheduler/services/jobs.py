@@ -4,6 +4,8 @@ admission request is decided.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -17,6 +19,7 @@ from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeni
 from portal.db.bulk import insert_instance_with_children
 from portal.policy import Action, principals_for
 from scheduler import outbox
+from scheduler.core.types import MILLIS_PER_DEVICE
 from scheduler.jobspec import JobSpec, JobSpecError, check_checkpoint_dir, check_flavors, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobEvent, PriorityClass, ResourceFlavor
 from scheduler.services.cycle import request_cycle
@@ -32,10 +35,13 @@ from tenants.policy import reaches_all
 _TENANT_SUBMIT_FIELDS = ("id", "name", "slug", "kind", "parent_id", "depth", "job_approval_threshold_millis")
 
 
-def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[str] = ()):
+def _resolve_tenant(
+    *, actor: Any | None, slug: str | None, flavors: Sequence[str] = ()
+) -> tuple[Any, list[tuple[int, int]]]:
     """The tenant a job goes to, checked in one query: the tenant (``slug``, or else the actor's only tenant
     where they may submit) with its ancestors loaded on it (the approval threshold walks them), whether
-    ``actor`` holds a role on it or above it, and whether each of ``flavors`` exists.
+    ``actor`` holds a role on it or above it, and whether each of ``flavors`` exists. Returns the tenant and,
+    per flavor, its host defaults per card (CPU millicores, host memory MiB; ``with_flavor_host_defaults``).
 
     Refuses, in this order: an unknown flavor (``JobSpecError``, a spec error like any other), a tenant the
     actor cannot see (``NotFoundError``, the same as a missing one), a tenant where they may not submit.
@@ -51,11 +57,12 @@ def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[st
         raise DomainError("tenant: say which tenant the job belongs to.", code="invalid_job_spec", field="tenant")
     # The tenant roles the access policy lets submit (job.submit), read from the table.
     submit_roles = [role for role in principals_for(Action.JOB_SUBMIT) if role in MembershipRole.values]
-    chains, flavor_exists = _tenant_chains(user=user, slug=slug, submit_roles=submit_roles, flavors=flavors)
+    chains, per_card = _tenant_chains(user=user, slug=slug, submit_roles=submit_roles, flavors=flavors)
 
-    if flavors and not (chains and all(flavor_exists)):
+    if flavors and not (chains and all(row is not None for row in per_card)):
         # Only a refused spec pays for this second read: the message lists the flavors that exist.
         check_flavors(flavors, set(ResourceFlavor.objects.values_list("name", flat=True)))
+    defaults = [row for row in per_card if row is not None]
     if slug is None:
         if len(chains) != 1:
             raise DomainError(
@@ -63,27 +70,43 @@ def _resolve_tenant(*, actor: Any | None, slug: str | None, flavors: Sequence[st
                 code="invalid_job_spec",
                 field="tenant",
             )
-        return chains[0]
+        return chains[0], defaults
     tenant = chains[0] if chains else None
     if user is None:
         if tenant is None:
             raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
-        return tenant
+        return tenant, defaults
     if tenant is None or not (tenant.holds_role or reaches_all(user, Action.TENANT_VIEW)):
         raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
     if not tenant.may_submit:
         raise PermissionDeniedError(
             f"You may not submit jobs to {slug}: members and tenant admins may; ask a tenant admin for the member role."
         )
-    return tenant
+    return tenant, defaults
+
+
+def with_flavor_host_defaults(parsed: JobSpec, per_card: Sequence[tuple[int, int]]) -> JobSpec:
+    """``parsed`` with the host CPU and memory its flavors give per card (``ResourceFlavor.*_per_card``, the
+    largest over the flavors it names, so it fits wherever it lands) where its spec states none, times its
+    cards per replica (a fraction gets its share, rounded up)."""
+    cards = parsed.millis_per_replica / MILLIS_PER_DEVICE
+    cpu, memory = parsed.cpu_millicores_per_replica, parsed.host_memory_mib_per_replica
+    if not cpu:
+        cpu = math.ceil(max((c for c, _ in per_card), default=0) * cards)
+    if not memory:
+        memory = math.ceil(max((m for _, m in per_card), default=0) * cards)
+    if (cpu, memory) == (parsed.cpu_millicores_per_replica, parsed.host_memory_mib_per_replica):
+        return parsed
+    return dataclasses.replace(parsed, cpu_millicores_per_replica=cpu, host_memory_mib_per_replica=memory)
 
 
 def _tenant_chains(
     *, user: Any | None, slug: str | None, submit_roles: list[str], flavors: Sequence[str]
-) -> tuple[list[Any], list[bool]]:
+) -> tuple[list[Any], list[tuple[int, int] | None]]:
     """One statement for ``_resolve_tenant``: the candidate tenants (the one named ``slug``, or up to two where
     ``user`` may submit), each with its ancestors linked as ``parent`` and ``holds_role`` / ``may_submit``
-    set on it (a role on the tenant or any ancestor), and whether each of ``flavors`` exists.
+    set on it (a role on the tenant or any ancestor), and each of ``flavors``' host defaults per card (None: no
+    such flavor).
 
     Hand-written SQL (a recursive walk up the tree, which both PostgreSQL and SQLite run) rather than the ORM:
     compiling the equivalent queryset (four levels of ``select_related`` and two ``Exists`` over the ancestor
@@ -121,8 +144,10 @@ def _tenant_chains(
         )
         params += [user.pk, *submit_roles]
     for name in flavors:
-        flags.append(f"EXISTS (SELECT 1 FROM {flavor_table} WHERE name = %s)")
-        params.append(name)
+        for column in ("cpu_millicores_per_card", "host_memory_mib_per_card"):  # NULL: no such flavor
+            field = quote(ResourceFlavor._meta.get_field(column).column)
+            flags.append(f"(SELECT {field} FROM {flavor_table} WHERE name = %s)")
+            params.append(name)
     sql = (
         f"WITH RECURSIVE start AS ({start}), chain AS ("
         f"SELECT {columns('t')}, 0 AS level, t.id AS start_id FROM {tenants} t JOIN start ON t.id = start.id "
@@ -135,14 +160,17 @@ def _tenant_chains(
 
     width = len(_TENANT_SUBMIT_FIELDS)
     chains: dict[int, list[Any]] = {}
-    flavor_exists: list[bool] = []
+    per_card: list[tuple[int, int] | None] = []
     for row in rows:
         tenant = Tenant.from_db(connection.alias, list(_TENANT_SUBMIT_FIELDS), row[:width])
         extra = row[width + 1 :]
         if user is not None:
             tenant.holds_role, tenant.may_submit = bool(extra[0]), bool(extra[1])
             extra = extra[2:]
-        flavor_exists = [bool(value) for value in extra]
+        per_card = [
+            None if cpu is None or memory is None else (int(cpu), int(memory))
+            for cpu, memory in zip(extra[0::2], extra[1::2], strict=True)
+        ]
         chains.setdefault(row[width], []).append(tenant)
     starts = []
     for chain in chains.values():
@@ -150,7 +178,7 @@ def _tenant_chains(
         for child, parent in zip(chain, [*chain[1:], None], strict=True):
             child._state.fields_cache["parent"] = parent
         starts.append(chain[0])
-    return starts, flavor_exists
+    return starts, per_card
 
 
 APPROVAL_MESSAGE = "Waiting for approval by an administrator."
@@ -256,7 +284,8 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         raise JobSpecError(
             'array: submit job arrays through POST /api/v1/jobs/; here remove "array" to submit one job.', field="array"
         )
-    tenant = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    tenant, per_card = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    parsed = with_flavor_host_defaults(parsed, per_card)
     check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     submitter = actor if getattr(actor, "pk", None) else None

@@ -77,18 +77,33 @@ def node_uncordon(*, node: Node, actor: Any | None) -> Node:
 
 @transaction.atomic
 def flavor_create(
-    *, actor: Any | None, name: str, vendor: str, model: str, memory_mib: int, description: str = ""
+    *,
+    actor: Any | None,
+    name: str,
+    vendor: str,
+    model: str,
+    memory_mib: int,
+    description: str = "",
+    cpu_millicores_per_card: int = 0,
+    host_memory_mib_per_card: int = 0,
 ) -> ResourceFlavor:
+    """A new flavor. ``cpu_millicores_per_card`` / ``host_memory_mib_per_card``: the host CPU and memory a job
+    that states none gets per card of this flavor (0: none)."""
     _require_allowed(actor, Action.FLAVOR_CREATE)
     if ResourceFlavor.objects.filter(name=name).exists():
         raise ConflictError(f"A flavor named {name!r} already exists.", code="duplicate")
     flavor = ResourceFlavor.objects.create(
-        name=name, vendor=vendor, model=model, memory_mib=memory_mib, description=description
+        name=name,
+        vendor=vendor,
+        model=model,
+        memory_mib=memory_mib,
+        description=description,
+        cpu_millicores_per_card=cpu_millicores_per_card,
+        host_memory_mib_per_card=host_memory_mib_per_card,
     )
-    audit_record(
-        action="flavor.create",
-        actor=actor,
-        target=f"flavor:{flavor.pk}",
-        details={"after": {"name": name, "vendor": vendor, "model": model, "memory_mib": memory_mib}},
-    )
+    after: dict[str, Any] = {"name": name, "vendor": vendor, "model": model, "memory_mib": memory_mib}
+    if cpu_millicores_per_card or host_memory_mib_per_card:
+        after["cpu_millicores_per_card"] = cpu_millicores_per_card
+        after["host_memory_mib_per_card"] = host_memory_mib_per_card
+    audit_record(action="flavor.create", actor=actor, target=f"flavor:{flavor.pk}", details={"after": after})
     return flavor
