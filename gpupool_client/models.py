@@ -134,6 +134,8 @@ class Job(Model):
     millis_per_replica: int = 0
     gpus_per_replica: float = 0.0
     memory_mib_per_replica: int = 0
+    cpu_millicores_per_replica: int = 0  # host CPU per replica (stated, or the flavor's default per card)
+    host_memory_mib_per_replica: int = 0
     topology: str = "none"
     state: str = ""
     state_message: str = ""
@@ -299,6 +301,8 @@ class Flavor(Model):
     model: str = ""
     memory_mib: int = 0
     description: str = ""
+    cpu_millicores_per_card: int = 0  # host CPU a job that states none gets per card (0: none)
+    host_memory_mib_per_card: int = 0
 
 
 @dataclass(frozen=True)
