@@ -3,15 +3,19 @@
 Each workload runs in its own process group (``start_new_session``) and its own directory under the agent's
 work dir, with its output in ``output.log`` there. A tiny ``/bin/sh`` wrapper records the command's exit code
 in ``exit_code`` next to the log, so an agent that was restarted while the workload ran can still tell how it
-ended. ``state.json`` in the work dir lists every workload with its pid and the kernel's start time of that
-pid; a restarted agent reads it and re-adopts the processes that still run (same pid *and* start time, so a
-recycled pid is not mistaken for ours), and reports the others as finished (exit code file present) or lost.
+ended. ``state.json`` in the work dir lists every active workload with its pid and the kernel's start time of
+that pid; a restarted agent reads it and re-adopts the processes that still run (same pid *and* start time, so
+a recycled pid is not mistaken for ours), and reports the others as finished (exit code file present) or lost.
+Finished workloads (kept a day, so a repeated start is recognised) are appended to ``finished.jsonl`` instead,
+a line per change, the newest line of a run winning; it is compacted when it holds twice the lines it needs.
+So the file rewritten at every start and end stays as small as the node's running work, not a day of it.
 
 The runner never sleeps: :meth:`WorkloadRunner.poll` does one step (reap exits, enforce ``max_runtime_s``,
 escalate SIGTERM to SIGKILL after the grace period) and the agent calls it every tick. Status changes go to
 the durable :attr:`WorkloadRunner.outbox` (``nodeagent.outbox``) until the portal acknowledges them. A final
-status is journalled there before ``state.json`` records the workload as finished, so an agent killed in
-between re-settles the workload and reports it again rather than never.
+status is journalled there before the workload's finished line is appended to ``finished.jsonl``, and that
+line before ``state.json`` drops the workload, so an agent killed in between re-settles the workload and
+reports it again rather than never, or finds it finished.
 
 A workload that cannot start — a bad environment variable name, a working dir that cannot be made, a
 missing interpreter, permission denied — is recorded as ``failed`` with the reason and reported like any
@@ -58,13 +62,15 @@ from nodeagent.sandbox import ROOT_ENV, Sandbox, SandboxError, SandboxMode, Serv
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
+FINISHED_FILE = "finished.jsonl"
+_NONE: tuple[tuple, str, None] = ((), "", None)  # no saved line yet
 EXIT_CODE_FILE = "exit_code"
 LOG_FILE = "output.log"
 #: Grace between SIGTERM and SIGKILL when a workload exceeds its ``max_runtime_s``.
 MAX_RUNTIME_GRACE_S = 30.0
 #: How often a running workload's checkpoint dir is looked at for a newer checkpoint to report.
 CHECKPOINT_SCAN_S = 5.0
-#: Finished workloads stay in the state file this long, so a repeated start for them is recognised.
+#: Finished workloads are kept (``finished.jsonl``) this long, so a repeated start for them is recognised.
 FINISHED_RETENTION_S = 24 * 3600.0
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 16 * 1024
@@ -290,8 +296,10 @@ class WorkloadRunner:
         self._deferred: dict[tuple[int, int], protocol.WorkloadStart] = {}
         self.records: dict[tuple[int, int], WorkloadRecord] = {}
         self._popen: dict[tuple[int, int], subprocess.Popen | ServedProcess] = {}
-        #: Each record's line of ``state.json`` with the field values it was encoded from (:meth:`_save`).
-        self._state_lines: dict[tuple[int, int], tuple[tuple, str]] = {}
+        #: Each record's line (in ``state.json`` or ``finished.jsonl``) with the field values it was encoded from.
+        self._state_lines: dict[tuple[int, int], tuple[tuple, str, WorkloadRecord | None]] = {}
+        self._journal_lines = 0  # lines in finished.jsonl now (compacted when twice what it needs)
+        self._active_keys: set[tuple[int, int]] = set()  # records whose saved line is in state.json
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
         self.outbox = ReportOutbox(self.work_dir / OUTBOX_FILE, clock=clock)
         self._adopt()
@@ -311,31 +319,93 @@ class WorkloadRunner:
         return self.work_dir / STATE_FILE
 
     def save(self) -> None:
-        """Write ``state.json`` now (the agent calls it when acknowledged log offsets moved)."""
-        self._save()
+        """Write the state now, every workload looked at (the agent calls it when acknowledged log offsets of
+        finished workloads moved)."""
+        self._save(everything=True)
 
-    def _save(self) -> None:
-        """Write ``state.json``: ``{"version": 1, "workloads": [...]}`` with one workload per line.
+    def _save(self, *, everything: bool = False) -> None:
+        """Write ``state.json`` (``{"version": 1, "workloads": [...]}``, one active workload per line) after
+        appending to ``finished.jsonl`` the finished workloads that changed since the last save.
 
-        The file is written at every start and end of a workload and lists a day of finished ones, so each
-        record's line is kept and encoded again only when one of its fields changed (fields are replaced,
-        never changed in place: lists included), and the C encoder is used (``indent`` would bypass it).
+        Each record's line is kept and encoded again only when one of its fields changed (fields are replaced,
+        never changed in place: lists included), and the C encoder is used (``indent`` would bypass it). Only
+        the active workloads and new ones are looked at, unless ``everything``: the runner changes a finished
+        one only through :meth:`save` (log offsets) and :meth:`_forget_old`, so a start or an end costs the same
+        whatever a day of finished workloads holds.
         """
-        lines = {}
-        for key, record in self.records.items():
+        lines = self._state_lines
+        active = self._active_keys
+        if everything:
+            for key in [key for key in lines if key not in self.records]:
+                del lines[key]
+                active.discard(key)
+            keys = list(self.records)
+        else:
+            # A record replaced by a new run of the same replica is another object: looked at too.
+            keys = [
+                key for key, record in self.records.items() if key in active or lines.get(key, _NONE)[2] is not record
+            ]
+        appended = []
+        for key in keys:
+            record = self.records[key]
             values = tuple(vars(record).values())
-            cached = self._state_lines.get(key)
-            if cached is None or cached[0] != values:
-                cached = (values, json.dumps(vars(record)))
-            lines[key] = cached
-        self._state_lines = lines
-        body = ",\n".join(line for _, line in lines.values())
+            cached = lines.get(key)
+            if cached is None or cached[2] is not record or cached[0] != values:
+                lines[key] = (values, json.dumps(vars(record)), record)
+                if not record.active:
+                    appended.append(lines[key][1])
+            if record.active:
+                active.add(key)
+            else:
+                active.discard(key)
+        if appended:
+            # Before state.json drops them: killed in between, the next agent finds them here, finished.
+            with self.finished_path.open("a", encoding="utf-8") as journal:
+                journal.write("\n".join(appended) + "\n")
+            self._journal_lines += len(appended)
+        if self._journal_lines > 2 * (len(lines) - len(active)) + 64:
+            self._compact_journal()
+        body = ",\n".join(lines[key][1] for key in sorted(active))
         temporary = self.state_path.with_suffix(".tmp")
         temporary.write_text(f'{{"version": 1, "workloads": [\n{body}\n]}}\n', encoding="utf-8")
         os.replace(temporary, self.state_path)
 
+    @property
+    def finished_path(self) -> Path:
+        return self.work_dir / FINISHED_FILE
+
+    def _compact_journal(self) -> None:
+        """Rewrite ``finished.jsonl`` with one line per finished workload kept."""
+        body = "".join(line + "\n" for key, (_, line, _) in self._state_lines.items() if key not in self._active_keys)
+        temporary = self.finished_path.with_suffix(".tmp")
+        temporary.write_text(body, encoding="utf-8")
+        os.replace(temporary, self.finished_path)
+        self._journal_lines = body.count("\n")
+
+    def _load_journal(self) -> None:
+        """The finished workloads of ``finished.jsonl``, the newest line of each replica winning."""
+        try:
+            text = self.finished_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.error("workloads: cannot read %s (%s); finished workloads forgotten", self.finished_path, exc)
+            return
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            self._journal_lines += 1
+            try:
+                record = WorkloadRecord(**json.loads(line))
+            except (ValueError, TypeError) as exc:  # a line cut short by a crash while appending
+                log.warning("workloads: skipping a bad line of %s (%s)", self.finished_path, exc)
+                continue
+            self.records[record.key] = record
+            self._state_lines[record.key] = (tuple(vars(record).values()), line, record)
+
     def _adopt(self) -> None:
         """Load the state file of a previous run: re-adopt live workloads, settle the ones that ended."""
+        self._load_journal()
         try:
             data = json.loads(self.state_path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -345,14 +415,17 @@ class WorkloadRunner:
             return
         for raw in data.get("workloads", []):
             record = WorkloadRecord(**raw)
+            known = self.records.get(record.key)
+            if known is not None and known.command_id == record.command_id and not known.active:
+                continue  # the agent stopped between appending its end to the journal and rewriting state.json
             self.records[record.key] = record
             if not record.active:
-                continue
+                continue  # a state.json of an older agent, which listed finished workloads too
             if record.pid is not None and process_start_time(record.pid) == record.pid_start_time:
                 log.info("workloads: re-adopted job %s replica %s (pid %s)", record.job_id, record.replica, record.pid)
                 continue
             self._settle(record, lost_message="the process vanished while the agent was not running")
-        self._save()
+        self._save(everything=True)
 
     # --- commands from the portal ------------------------------------------------------------------------
 
@@ -849,7 +922,7 @@ class WorkloadRunner:
         for key in old:
             del self.records[key]
         if old:
-            self._save()
+            self._save(everything=True)
 
     # --- reports -----------------------------------------------------------------------------------------
 

@@ -316,10 +316,17 @@ def test_repeated_start_of_a_finished_command_reports_instead_of_rerunning(runne
     assert runner.outbox[-1].state == "succeeded"
 
 
-def test_the_state_file_has_a_line_per_workload_and_follows_every_change(runner: WorkloadRunner) -> None:
+def _journal(runner: WorkloadRunner) -> list[dict]:
+    return [json.loads(line) for line in (runner.work_dir / "finished.jsonl").read_text().splitlines()]
+
+
+def test_state_json_lists_the_active_workloads_and_the_journal_each_change_of_a_finished_one(
+    runner: WorkloadRunner,
+) -> None:
     for job_id in (1, 2):
         runner.start(_start(job_id, command=_python("print('hi')")))
         _run_until_final(runner, job_id)
+    runner.start(_start(3, command=["sleep", "60"]))
     first = runner.records[(1, 0)]
     first.log_acked = 3  # a field of a finished workload changes (the portal acknowledged its log)
     runner.save()
@@ -328,12 +335,63 @@ def test_the_state_file_has_a_line_per_workload_and_follows_every_change(runner:
     lines = state_path.read_text().splitlines()
     saved = {(raw["job_id"], raw["replica"]): raw for raw in json.loads(state_path.read_text())["workloads"]}
 
-    assert len(lines) == 2 + len(runner.records)
-    assert saved[(1, 0)]["log_acked"] == 3 and saved[(2, 0)]["log_acked"] == 0
-    assert saved[(1, 0)]["state"] == saved[(2, 0)]["state"] == "succeeded"
+    assert len(lines) == 2 + 1 and list(saved) == [(3, 0)]  # only the running workload, a line each
+    journal = _journal(runner)
+    assert [(raw["job_id"], raw["state"], raw["log_acked"]) for raw in journal] == [
+        (1, "succeeded", 0),
+        (2, "succeeded", 0),
+        (1, "succeeded", 3),  # appended when it changed; the newest line wins
+    ]
     first.message, first.devices = "changed", [{"uuid": H100_A, "millis": 1000, "memory_mib": None}]
     runner.save()
-    assert WorkloadRunner(work_dir=runner.work_dir).records[(1, 0)] == first
+    again = WorkloadRunner(work_dir=runner.work_dir)
+    assert again.records[(1, 0)] == first and again.records[(2, 0)] == runner.records[(2, 0)]
+    assert again.records[(3, 0)].active
+    assert len(_journal(again)) == 4  # reading it back appends nothing
+
+
+def test_an_agent_stopped_between_the_journal_and_state_json_finds_the_workload_finished(
+    runner: WorkloadRunner,
+) -> None:
+    runner.start(_start(command=_python("print('hi')")))
+    state_before_the_end = (runner.work_dir / "state.json").read_text()  # still lists it as running
+    _run_until_final(runner)
+    (runner.work_dir / "state.json").write_text(state_before_the_end)  # as if killed before the rewrite
+    reports = len(runner.outbox)
+
+    again = WorkloadRunner(work_dir=runner.work_dir)
+
+    assert again.records[(1, 0)].state == "succeeded"
+    assert len(again.outbox) == reports  # settled from the journal: not reported a second time
+
+
+def test_a_new_run_of_a_finished_replica_is_in_state_json_and_adopted_after_a_restart(
+    runner: WorkloadRunner,
+) -> None:
+    runner.start(_start(command=_python("print('first run')")))
+    _run_until_final(runner)
+    runner.start(_start(command=["sleep", "60"], command_id=201))  # rescheduled here after a preemption
+
+    saved = json.loads((runner.work_dir / "state.json").read_text())["workloads"]
+    again = WorkloadRunner(work_dir=runner.work_dir)
+
+    assert [(raw["command_id"], raw["state"]) for raw in saved] == [(201, "running")]
+    assert again.records[(1, 0)].command_id == 201 and again.records[(1, 0)].active
+
+
+def test_the_journal_is_compacted_and_a_line_cut_short_is_skipped(runner: WorkloadRunner) -> None:
+    runner.start(_start(command=_python("print('hi')")))
+    _run_until_final(runner)
+    record = runner.records[(1, 0)]
+    for offset in range(1, 80):
+        record.log_acked = offset
+        runner.save()
+    assert len(_journal(runner)) < 70  # compacted: a line per finished workload, plus what came since
+
+    with (runner.work_dir / "finished.jsonl").open("a") as journal:
+        journal.write('{"command_id": 9, "job_id"')  # a crash while appending
+    again = WorkloadRunner(work_dir=runner.work_dir)
+    assert again.records[(1, 0)].log_acked == 79
 
 
 def test_loads_describe_running_workloads_for_the_simulator(runner: WorkloadRunner) -> None:
