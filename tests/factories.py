@@ -12,6 +12,7 @@ import functools
 import factory
 from django.contrib.auth.hashers import make_password
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, Tenant, TenantKind, TokenScope, User
 
@@ -101,3 +102,10 @@ class ApiTokenFactory(factory.django.DjangoModelFactory):
 def bearer(token: ApiToken) -> dict[str, str]:
     """Headers for an API call with ``token`` (``client.get(url, headers=bearer(token))``)."""
     return {"Authorization": f"Bearer {token.secret}"}
+
+
+def client_for(user: User) -> APIClient:
+    """An API client signed in as ``user`` (no token: ``force_authenticate``)."""
+    client = APIClient()
+    client.force_authenticate(user)
+    return client

@@ -4,6 +4,7 @@ from rest_framework.test import APIClient
 from scheduler.core import types as core
 from scheduler.models import Job, JobState, Node, ResourceFlavor
 from scheduler.persist import persist_plan
+from tests.factories import client_for
 from tests.scheduler.factories import (
     JobFactory,
     MembershipFactory,
@@ -13,12 +14,6 @@ from tests.scheduler.factories import (
 )
 
 SPEC = {"name": "train", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["python"]}
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 @pytest.fixture

@@ -7,15 +7,10 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from scheduler.models import Job, ResourceFlavor
+from tests.factories import client_for
 from tests.scheduler.factories import FlavorFactory, SystemAdminFactory
 
 SPEC = {"name": "train", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 2}, "command": ["python"]}
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 @pytest.fixture
