@@ -565,19 +565,19 @@ class _Cycle:
         if diagnosis.unfit:
             return any(self._preempt_for(job, attempt) for attempt in unfit)
         # An aged gang that nobody lends to may still take its tenant's guarantee back from newer own jobs.
+        aged = aged_gang(job, self.p, self.s.now)
         refused = diagnosis.quota_refused() or (
-            any(r.code == PendingReason.NO_LENDABLE_CAPACITY for r in diagnosis.refused)
-            and aged_gang(job, self.p, self.s.now)
+            aged and any(r.code == PendingReason.NO_LENDABLE_CAPACITY for r in diagnosis.refused)
         )
-        return refused and self._preempt_for_quota(job)
+        return refused and self._preempt_for_quota(job, aged)
 
-    def _preempt_for_quota(self, job: PendingJob) -> bool:
-        """A job its own quota refuses may stop lower-priority work charged to the same quota node."""
+    def _preempt_for_quota(self, job: PendingJob, aged: bool) -> bool:
+        """A job its own quota refuses may stop lower-priority work charged to the same quota node (an ``aged``
+        gang also newer work of its priority)."""
         if self.preemptor is None or self.searches >= self.p.max_preemption_searches:
             return False
         req = job.request
         count = job.gang_min
-        aged = aged_gang(job, self.p, self.s.now)
         for flavor in job.request.flavors:
             node = self.book.account(job.tenant, flavor)
             if node is None or not self.cluster.has_flavor(flavor):

@@ -271,13 +271,7 @@ class Preemptor:
         if not cands:
             return None
         max_nodes = MAX_NODES if borrowing else MAX_RECLAIM_NODES
-
-        def find(cands: list[tuple[Victim, PreemptReason]]) -> VictimChoice | None:
-            if count == 1 or job.topology == Topology.SAME_NODE:
-                return self._search_per_node(job, flavor, count, cands, max_nodes)
-            return self._search_gang(job, flavor, count, cands, max_nodes)
-
-        choice = find(cands)
+        choice = self._search_sets(job, flavor, count, cands, max_nodes)
         if choice is not None or borrowing or not (self.relocate and self.by_usage):
             return choice
         movable = self._relocatable(job, flavor, accounted_to, {v.job_id for v, _ in cands})
@@ -285,9 +279,25 @@ class Preemptor:
             return None
         self._spare = self._total_excess(flavor, accounted_to)
         try:
-            return find(cands + movable)  # relocations last: the cheapest reclaim set is always tried first
+            # Relocations last: the cheapest reclaim set is always tried first.
+            return self._search_sets(job, flavor, count, cands + movable, max_nodes)
         finally:
             self._spare = 0
+
+    def _search_sets(
+        self, job: PendingJob, flavor: str, count: int, cands: list[tuple[Victim, PreemptReason]], max_nodes: int
+    ) -> VictimChoice | None:
+        """The cheapest victim set among ``cands``: on one node, or replica by replica for a gang across nodes."""
+        if count == 1 or job.topology == Topology.SAME_NODE:
+            return self._search_per_node(job, flavor, count, cands, max_nodes)
+        return self._search_gang(job, flavor, count, cands, max_nodes)
+
+    def _uncharge(self, victims: list[Victim], flavor: str, sign: int = 1) -> None:
+        """Take ``victims`` off their quota nodes' books (``sign`` -1: put them back), for a what-if admission."""
+        for v in victims:
+            account = self._victim_account(v)
+            assert account is not None
+            self.book.charge(node=account, flavor=flavor, millis=-sign * v.millis, jobs=-sign)
 
     def _relocatable(
         self, job: PendingJob, flavor: str, accounted_to: str, listed: set[str]
@@ -373,15 +383,10 @@ class Preemptor:
             return None
         self.quota_searches += 1
         chosen: list[tuple[Victim, PreemptReason]] = []
-        uncharged: list[tuple[str, int]] = []
         devices = None
         try:
             for v, r in cands:
-                account = self._victim_account(v)
-                assert account is not None
-                millis = v.millis
-                self.book.charge(node=account, flavor=flavor, millis=-millis, jobs=-1)
-                uncharged.append((account, millis))
+                self._uncharge([v], flavor)
                 chosen.append((v, r))
                 if not admitted():
                     continue
@@ -393,8 +398,7 @@ class Preemptor:
                 if devices is not None:
                     break
         finally:
-            for account, millis in reversed(uncharged):
-                self.book.charge(node=account, flavor=flavor, millis=millis, jobs=1)
+            self._uncharge([v for v, _ in reversed(chosen)], flavor, -1)
         if devices is None:
             return None
         return VictimChoice(tuple(chosen), tuple(devices))
@@ -435,28 +439,18 @@ class Preemptor:
             return None
         self.quota_searches += 1
         pairs = [(v, PreemptReason.NEWER_OWN) for v in cands]
-
-        def uncharge(victims: list[Victim], sign: int) -> None:
-            for v in victims:
-                account = self._victim_account(v)
-                assert account is not None
-                self.book.charge(node=account, flavor=flavor, millis=-sign * v.millis, jobs=-sign)
-
-        uncharge(cands, 1)
+        self._uncharge(cands, flavor)
         try:
             if not admitted():
                 return None  # even all of them would not make room in the guarantee
-            if count == 1 or job.topology == Topology.SAME_NODE:
-                choice = self._search_per_node(job, flavor, count, pairs, MAX_RECLAIM_NODES)
-            else:
-                choice = self._search_gang(job, flavor, count, pairs, MAX_RECLAIM_NODES)
+            choice = self._search_sets(job, flavor, count, pairs, MAX_RECLAIM_NODES)
         finally:
-            uncharge(cands, -1)
+            self._uncharge(cands, flavor, -1)
         if choice is None:
             return None
         # The devices are found; the quota may need more of the newer jobs to stop (cheapest first).
         chosen = list(choice.victims)
-        uncharge([v for v, _ in chosen], 1)
+        self._uncharge([v for v, _ in chosen], flavor)
         try:
             picked = {v.job_id for v, _ in chosen}
             rest = iter(v for v in cands if v.job_id not in picked)
@@ -464,10 +458,10 @@ class Preemptor:
                 v = next(rest, None)
                 if v is None:
                     return None
-                uncharge([v], 1)
+                self._uncharge([v], flavor)
                 chosen.append((v, PreemptReason.NEWER_OWN))
         finally:
-            uncharge([v for v, _ in chosen], -1)
+            self._uncharge([v for v, _ in chosen], flavor, -1)
         return VictimChoice(tuple(chosen), choice.devices)
 
     # -- what-if helpers -------------------------------------------------------------------------------------
@@ -594,7 +588,6 @@ class Preemptor:
         max_nodes: int = MAX_NODES,
         prior: list[tuple[Victim, PreemptReason]] | None = None,
     ) -> VictimChoice | None:
-        need_millis = job.request.millis * (count if job.topology == Topology.SAME_NODE else 1)
         need_here = job.request.millis * count  # ``_fits`` puts all ``count`` replicas on the one node
         per_node: dict[int, list[tuple[Victim, PreemptReason]]] = {}
         for v, r in cands:  # cheapest first, so each node's list is sorted (relocations after the rest)
@@ -627,7 +620,7 @@ class Preemptor:
             for v, r in cands:
                 if not self._within_excess(v, r, (prior or []) + chosen):
                     continue
-                if r == PreemptReason.RELOCATE and not self._may_relocate(v, (prior or []) + chosen, need_millis):
+                if r == PreemptReason.RELOCATE and not self._may_relocate(v, (prior or []) + chosen, need_here):
                     continue
                 chosen.append((v, r))
                 free_here += sum(m for d, m, _, _, _ in v.rows if self.c.dev_node[d] == n)

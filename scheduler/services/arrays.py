@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import DomainError, NotFoundError, PermissionDeniedError
-from scheduler.jobspec import JobSpecError, check_checkpoint_dir, validate_job_spec
+from scheduler.jobspec import JobSpecError, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job, JobEvent
 from scheduler.services.cycle import request_cycle
-from scheduler.services.jobs import _admission, _new_job, _resolve_tenant, job_cancel, with_flavor_host_defaults
+from scheduler.services.jobs import _admission, _new_job, _resolve_submit, job_cancel
 from scheduler.services.transitions import S
 from tenants.permissions import can_manage_job
 
@@ -116,9 +116,7 @@ def job_array_submit(
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is None:
         raise JobSpecError('array: say how many jobs to create, e.g. "array": {"count": 100}.', field="array")
-    tenant, per_card = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
-    parsed = with_flavor_host_defaults(parsed, per_card)
-    check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
+    tenant, parsed = _resolve_submit(actor=actor, parsed=parsed)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     if state == S.PENDING_APPROVAL:
         raise DomainError(

@@ -41,7 +41,7 @@ def _resolve_tenant(
     """The tenant a job goes to, checked in one query: the tenant (``slug``, or else the actor's only tenant
     where they may submit) with its ancestors loaded on it (the approval threshold walks them), whether
     ``actor`` holds a role on it or above it, and whether each of ``flavors`` exists. Returns the tenant and,
-    per flavor, its host defaults per card (CPU millicores, host memory MiB; ``with_flavor_host_defaults``).
+    per flavor, its host defaults per card (CPU millicores, host memory MiB; ``_with_flavor_host_defaults``).
 
     Refuses, in this order: an unknown flavor (``JobSpecError``, a spec error like any other), a tenant the
     actor cannot see (``NotFoundError``, the same as a missing one), a tenant where they may not submit.
@@ -85,7 +85,16 @@ def _resolve_tenant(
     return tenant, defaults
 
 
-def with_flavor_host_defaults(parsed: JobSpec, per_card: Sequence[tuple[int, int]]) -> JobSpec:
+def _resolve_submit(*, actor: Any | None, parsed: JobSpec) -> tuple[Any, JobSpec]:
+    """The tenant a submit goes to (``_resolve_tenant``) and ``parsed`` with its flavors' host defaults, its
+    checkpoint dir checked against the tenant: what a single submit and an array share before admission."""
+    tenant, per_card = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    parsed = _with_flavor_host_defaults(parsed, per_card)
+    check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
+    return tenant, parsed
+
+
+def _with_flavor_host_defaults(parsed: JobSpec, per_card: Sequence[tuple[int, int]]) -> JobSpec:
     """``parsed`` with the host CPU and memory its flavors give per card (``ResourceFlavor.*_per_card``, the
     largest over the flavors it names, so it fits wherever it lands) where its spec states none, times its
     cards per replica (a fraction gets its share, rounded up)."""
@@ -284,9 +293,7 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         raise JobSpecError(
             'array: submit job arrays through POST /api/v1/jobs/; here remove "array" to submit one job.', field="array"
         )
-    tenant, per_card = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
-    parsed = with_flavor_host_defaults(parsed, per_card)
-    check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
+    tenant, parsed = _resolve_submit(actor=actor, parsed=parsed)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     submitter = actor if getattr(actor, "pk", None) else None
     job = _new_job(parsed=parsed, tenant=tenant, submitter=submitter, state=state, message=message, now=timezone.now())
