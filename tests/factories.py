@@ -104,8 +104,9 @@ def bearer(token: ApiToken) -> dict[str, str]:
     return {"Authorization": f"Bearer {token.secret}"}
 
 
-def client_for(user: User) -> APIClient:
-    """An API client signed in as ``user`` (no token: ``force_authenticate``)."""
+def client_for(user: User | None) -> APIClient:
+    """An API client signed in as ``user`` (no token: ``force_authenticate``); anonymous for None."""
     client = APIClient()
-    client.force_authenticate(user)
+    if user is not None:
+        client.force_authenticate(user)
     return client

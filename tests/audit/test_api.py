@@ -22,16 +22,11 @@ from tests.factories import (
     SystemAdminFactory,
     TenantFactory,
     UserFactory,
+    client_for,
 )
 
 pytestmark = pytest.mark.django_db
 RECORDS = "/api/v1/audit/records/"
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 def tenant_admin():

@@ -7,10 +7,10 @@ import json
 import zipfile
 
 import pytest
-from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from tenants.models import MembershipRole, PlatformRole
+from tests.factories import client_for
 from tests.scheduler.factories import MembershipFactory, SystemAdminFactory, UserFactory
 from tests.scheduler.history import job_history
 
@@ -21,13 +21,6 @@ PROPOSAL = {"days": 1, "set": {"preemption": False, "min_runtime_before_preempt_
 @pytest.fixture(autouse=True)
 def _quiet(no_cycle_requests):
     return no_cycle_requests
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        client.force_authenticate(user)
-    return client
 
 
 @pytest.fixture
