@@ -8,13 +8,14 @@ nodes with their CPU and memory) and the default pod list; tasks are sampled fro
 replacement, one sequence per seed), arrive one after another and never leave, until the GPUs asked for reach
 ``--max-load`` x the cluster's GPUs; a task that does not fit is dropped. Host CPU and memory constrain placement
 (``--no-host`` ignores them); CPU-only tasks are included (``--gpu-only`` leaves them out) and placed by the
-Kubernetes default rule (``LeastAllocated``) for every strategy. The figure is the share of GPU capacity left
+rule matching each strategy (``scheduler/sim/fragmentation.py``). The figure is the share of GPU capacity left
 unallocated when the arrived GPU requests reach 100 % and 130 %, the median of ``--seeds`` seeds, printed beside
 the paper artifact's figures (expected_results/analysis_allo_discrete.csv, median of 10 seeds).
 
-Two columns per level: ``asked`` counts what the tasks asked for (fractions as the trace states them, the
-paper's measure); ``rounded`` counts the engine's allocation, fractions rounded up to 100-millis steps (the
-rounding is then counted as allocated, which flatters). Figures, not assertions.
+Two columns per level: ``asked`` counts what the tasks asked for, on both axes (fractions as the trace states
+them, the paper's measure); ``rounded`` counts the engine's allocation against the engine's arrivals, fractions
+rounded up to 100-millis steps (the rounding is then counted as allocated, which flatters). Figures, not
+assertions.
 """
 
 from __future__ import annotations

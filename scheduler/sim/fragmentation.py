@@ -51,7 +51,9 @@ class FragmentationCurve:
     capacity_gpus: int
     arrived: list[float] = field(default_factory=list)  # requested GPUs so far / capacity, after each batch
     unallocated: list[float] = field(default_factory=list)  # unallocated share of GPU capacity at that point
-    # the same, counting only what the trace's tasks asked for (fractions before rounding up to 100 millis)
+    # the same two, counting what the trace's tasks asked for (fractions before rounding up to 100 millis):
+    # the paper's measure on both axes
+    arrived_trace: list[float] = field(default_factory=list)
     unallocated_trace: list[float] = field(default_factory=list)
     tasks: int = 0
     placed: int = 0
@@ -60,7 +62,10 @@ class FragmentationCurve:
     def at(self, load: float, *, trace: bool = False) -> float:
         """Unallocated share when the arrived load first reaches ``load`` (linear between batches); with
         ``trace``, counting the trace's unrounded requests as allocated."""
-        points = list(zip(self.arrived, self.unallocated_trace if trace else self.unallocated, strict=True))
+        if trace:
+            points = list(zip(self.arrived_trace, self.unallocated_trace, strict=True))
+        else:
+            points = list(zip(self.arrived, self.unallocated, strict=True))
         prev = (0.0, 1.0)
         for x, y in points:
             if x >= load:
@@ -109,12 +114,13 @@ def fill_cluster(
     allocated = 0
     allocated_trace = 0
     arrived = 0
+    arrived_trace = 0
     asked: dict[str, int] = {}
     n = 0
     host = _HostBook(nodes, str(FractionalStrategy(strategy)), random.Random(seed + 1), tasks)
-    while arrived < max_load * capacity:
+    while arrived_trace < max_load * capacity:
         pending = []
-        while len(pending) < batch and arrived < max_load * capacity:
+        while len(pending) < batch and arrived_trace < max_load * capacity:
             task = tasks[rng.randrange(len(tasks))] if sample else tasks[n % len(tasks)]
             n += 1
             if task.millis <= 0:  # CPU-only: placed now by the fixed rule, before the batch's GPU tasks
@@ -124,6 +130,7 @@ def fill_cluster(
                 continue
             arrived += task.charged_millis
             asked[f"t{n}"] = task.replicas * (task.trace_millis or task.millis)
+            arrived_trace += asked[f"t{n}"]
             pending.append(
                 PendingJob(
                     job_id=f"t{n}",
@@ -166,6 +173,7 @@ def fill_cluster(
         curve.tasks = n
         curve.arrived.append(arrived / capacity)
         curve.unallocated.append(1.0 - allocated / capacity)
+        curve.arrived_trace.append(arrived_trace / capacity)
         curve.unallocated_trace.append(1.0 - allocated_trace / capacity)
         asked.clear()
     curve.wall_s = wallclock.perf_counter() - started
@@ -185,11 +193,11 @@ class _HostBook:
         self.free_mem = {n.name: n.host_memory_mib for n in self.nodes}
         self.card = {d.uuid: (n.name, i) for n in self.nodes for i, d in enumerate(n.devices)}
         self.card_free = {n.name: [MILLIS_PER_DEVICE] * len(n.devices) for n in self.nodes}
-        shapes: dict[tuple[int, int, int, int], int] = {}
+        shapes: dict[tuple[int, int, int], int] = {}
         for t in tasks:
             if t.millis > 0:
                 whole = 0 if t.millis < MILLIS_PER_DEVICE else t.millis // MILLIS_PER_DEVICE
-                key = (min(t.millis, MILLIS_PER_DEVICE), whole, t.cpu_millicores, t.host_memory_mib)
+                key = (min(t.millis, MILLIS_PER_DEVICE), whole, t.cpu_millicores)
                 shapes[key] = shapes.get(key, 0) + 1
         top = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
         total = sum(c for _, c in top) or 1
@@ -204,9 +212,9 @@ class _HostBook:
             name, i = self.card[device_uuid]
             self.card_free[name][i] -= millis
 
-    def _frag(self, frees: list[int], cpu: int, mem: int) -> float:
+    def _frag(self, frees: list[int], cpu: int) -> float:
         full = sum(1 for f in frees if f >= MILLIS_PER_DEVICE)
-        return expected_unusable_millis(self.shapes, frees, sum(frees), full, cpu, mem)
+        return expected_unusable_millis(self.shapes, frees, sum(frees), full, cpu)
 
     def _key(self, n: Node, cpu: int, mem: int) -> tuple:
         fc, fm = self.free_cpu[n.name], self.free_mem[n.name]
@@ -216,7 +224,7 @@ class _HostBook:
         if self.strategy == "worst_fit":
             return (-share,)
         frees = self.card_free[n.name]
-        return (self._frag(frees, fc - cpu, fm - mem) - self._frag(frees, fc, fm), share)
+        return (self._frag(frees, fc - cpu) - self._frag(frees, fc), share)
 
     def place(self, job_id: str, cpu: int, mem: int) -> Allocation | None:
         fitting = [

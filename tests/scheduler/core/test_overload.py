@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scheduler.core import plan
+from scheduler.core.fragment import expected_unusable_millis
 from scheduler.core.types import FractionalStrategy, Ordering, PendingReason, Policy, PreemptReason
 
 from .builders import FLAVOR, alloc, job, node, quota, snapshot
@@ -201,6 +202,33 @@ def test_fragmentation_puts_a_fraction_where_the_cards_are_stranded_already():
 
     assert fgd.assignments[0].node == "n2"  # its cards were unusable anyway
     assert best.assignments[0].node == "n1"  # best fit only looks at the cards
+
+
+def test_fragmentation_keeps_cpu_beside_cards_the_usual_jobs_will_need():
+    # The usual job here takes one card and 11 cores. A 15-core job on the 4-card, 45-core node would leave
+    # 30 cores beside 3 cards: one more usual job fits (FGD's one-task test sees no harm), but only two do,
+    # so a card strands.
+    tight = with_host(node("tight", 4), cpu_cores=45)
+    roomy = with_host(node("roomy", 8), cpu_cores=200)
+    others = [with_host(node(f"m{i}", 1), cpu_cores=11) for i in range(3)]
+    usual = [alloc(f"u{i}", f"m{i}-gpu0", cpu_millicores=11000) for i in range(3)]
+    s = snapshot([tight, roomy, *others], allocations=usual, pending=[host_job("big", cpu_cores=15)])
+
+    (fgd,) = plan(s, Policy(fractional_strategy=FractionalStrategy.FRAGMENTATION)).places
+    (best,) = plan(s, Policy(fractional_strategy=FractionalStrategy.BEST_FIT)).places
+
+    assert fgd.assignments[0].node == "roomy"
+    assert best.assignments[0].node == "tight"  # best fit: the node with the fewest free cards
+
+
+def test_fragmentation_counts_how_many_usual_jobs_a_node_can_still_hold():
+    shapes = [((500, 0, 8000), 1.0)]  # the usual job: a half card with 8 cores
+    # two free cards hold four halves; 24 cores hold only three of them: one half card (500 millis) strands
+    assert expected_unusable_millis(shapes, [1000, 1000], 2000, 2, 24000) == 500
+    assert expected_unusable_millis(shapes, [1000, 1000], 2000, 2, 32000) == 0
+    assert expected_unusable_millis(shapes, [1000, 400], 1400, 1, 32000) == 400  # 400 millis hold no half
+    whole = [((1000, 2, 0), 1.0)]  # two whole cards
+    assert expected_unusable_millis(whole, [1000, 1000, 1000], 3000, 3, 0) == 1000
 
 
 # -- reclaim churn: borrowing back-off, reclaim by usage -----------------------------------------------------

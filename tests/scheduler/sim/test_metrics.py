@@ -59,3 +59,18 @@ def test_a_batch_places_what_one_by_one_arrivals_would():
 
     assert one.unallocated[-1] == many.unallocated[-1]
     assert one.placed == many.placed
+
+
+def test_the_asked_curve_reads_both_axes_as_the_tasks_asked():
+    # 460 millis asked, 500 allocated (100-millis steps): four of them fill two cards as the engine counts,
+    # but the tasks asked for only 1,840 of 2,000 millis.
+    tasks = [SimJob(f"f{i}", "t", 0, 1, millis=500, memory_mib=1, trace_millis=460) for i in range(5)]
+    curve = fragmentation.fill_cluster(uniform_nodes(1, 2), tasks, "best_fit", max_load=1.0, batch=1, sample=False)
+
+    assert curve.placed == 4
+    assert curve.arrived_trace[3] == pytest.approx(0.92)
+    assert curve.arrived[3] == pytest.approx(1.0)
+    assert curve.at(1.0) == pytest.approx(0.0)  # rounded: full at 100 % arrived
+    # asked: the fifth task (460) is dropped; 1,840 of 2,000 millis allocated as asked, read at 100 % asked
+    assert curve.arrived_trace[-1] >= 1.0
+    assert curve.at(1.0, trace=True) == pytest.approx(0.08)
