@@ -23,6 +23,7 @@ did not fit once will not fit later in the same cycle, which lets the cycle skip
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .backfill import HeadReservations
@@ -312,7 +313,7 @@ class _Cycle:
         """Step 2 for ``replicas`` of the job on ``flavor`` (changes nothing). ``new_job=False``: more replicas
         of a job already counted; ``borrow=False``: only within the guarantee. A job in its borrowing back-off
         (``_borrow_backoff_until``) is admitted only within its tenant's guarantee."""
-        until = self._borrow_backoff_until(job)
+        until = self._borrow_backoff_until(job, flavor)
         return self.book.admit(
             tenant=job.tenant,
             flavor=flavor,
@@ -323,17 +324,29 @@ class _Cycle:
             no_borrowing=(
                 "borrowing is off"
                 if until is None
+                else f"preempted {job.preemptions} time(s), it no longer borrows idle capacity: it starts as soon "
+                "as its tenant's guarantee has room"
+                if until == math.inf
                 else f"preempted {job.preemptions} time(s), it may borrow idle capacity again in "
                 f"{_minutes(until - self.s.now)} min, or start as soon as its tenant's guarantee has room"
             ),
         )
 
-    def _borrow_backoff_until(self, job: PendingJob) -> float | None:
+    def _borrow_backoff_until(self, job: PendingJob, flavor: str) -> float | None:
         """When a preempted job may borrow again (``Policy.borrow_backoff_s``): the back-off doubles with each
         preemption, so a job larger than its tenant's unused guarantee is not started on loan only to be
-        reclaimed minutes later, again and again. None: it may borrow now."""
+        reclaimed minutes later, again and again. None: it may borrow now. A job preempted
+        ``Policy.borrow_preemption_limit`` times that fits in its tenant's guarantee never borrows again
+        (``math.inf``): it waits for the guarantee, which is its own."""
         base = self.p.borrow_backoff_s
-        if base is None or job.preemptions <= 0 or job.last_preempted_at is None:
+        if job.preemptions <= 0 or job.last_preempted_at is None:
+            return None
+        limit = self.p.borrow_preemption_limit
+        if limit is not None and job.preemptions >= limit:
+            account = self.book.account(job.tenant, flavor)
+            if account is not None and job.request.millis * job.gang_min <= self.book.guaranteed(account, flavor):
+                return math.inf
+        if base is None:
             return None
         until = job.last_preempted_at + base * 2 ** min(job.preemptions - 1, 16)
         return until if self.s.now < until else None

@@ -344,6 +344,9 @@ class Policy:
     # ``borrow_backoff_s * 2**(k-1)`` after its last preemption (``PendingJob.last_preempted_at``); within its
     # tenant's guarantee it may start at once. None: off.
     borrow_backoff_s: float | None = 7200.0
+    # A job preempted this many times that fits in its tenant's guarantee no longer borrows: it starts within
+    # the guarantee (jobs larger than the guarantee keep the doubling back-off). None: off.
+    borrow_preemption_limit: int | None = 3
     # Reclaim by usage: a job within its guarantee may reclaim *any* preemptible job of a quota node that holds
     # more than its guarantee (as far as that node's excess goes, counting victims already stopping), not
     # only the jobs flagged as borrowed when they started — which may sit on other nodes than the ones a gang

@@ -271,6 +271,28 @@ def test_the_borrowing_backoff_doubles_with_each_preemption():
     assert not borrows(3, 4000)  # 4000 s < 7200 s
 
 
+def test_a_job_preempted_three_times_that_fits_its_guarantee_stops_borrowing():
+    # team-b's one-card guarantee is busy with its own job; team-a lends two idle cards.
+    def case(preemptions: int, cards: int = 1, limit: int | None = 3):
+        j = job("b1", "team-b", cards=cards, preemptions=preemptions, last_preempted_at=NOW - 100_000)
+        s = snapshot(
+            [node("n1", 4)],
+            pending=[j],
+            allocations=[alloc("b0", "n1-gpu0", "team-b")],
+            quotas=[quota("team-a", 2), quota("team-b", 1)],
+            now=NOW,
+        )
+        return plan(s, Policy(borrow_backoff_s=1800, borrow_preemption_limit=limit))
+
+    waiting = case(3)
+    assert waiting.places == ()
+    (why,) = waiting.explanations
+    assert "preempted 3 time(s), it no longer borrows idle capacity" in why.message
+    assert [p.job_id for p in case(2).places] == ["b1"]  # back-off long over: it borrows
+    assert [p.job_id for p in case(3, cards=2).places] == ["b1"]  # larger than its guarantee: it may borrow
+    assert [p.job_id for p in case(3, limit=None).places] == ["b1"]  # knob off
+
+
 def test_a_job_in_its_backoff_still_starts_within_its_tenants_guarantee():
     j = job("b1", "team-b", preemptions=5, last_preempted_at=NOW - 10)
     s = snapshot([node("n1", 2)], pending=[j], quotas=[quota("team-a", 1), quota("team-b", 1)], now=NOW)

@@ -161,8 +161,8 @@ def test_same_seed_gives_the_same_figures():
 
 def test_a_preemptor_gets_the_capacity_its_victims_freed_before_they_can_take_it_back():
     jobs = [SimJob("a", "t1", 0, 200), SimJob("b", "t1", 0, 200), SimJob("c", "t2", 20, 50)]
-    # FIFO order puts the requeued victim b (submitted first) ahead of its preemptor c. The borrowing back-off
-    # and reclaim by usage are off, to show what the holds alone do: without holds and back-off, reclaim by
+    # FIFO order puts the requeued victim b (submitted first) ahead of its preemptor c. The borrowing back-off,
+    # its limit and reclaim by usage are off, to show what the holds alone do: without holds and back-off, reclaim by
     # usage would stop a and b in turn (each re-borrowing the card the other freed) and neither would finish.
     policy = policies.get(
         "gpupool",
@@ -170,6 +170,7 @@ def test_a_preemptor_gets_the_capacity_its_victims_freed_before_they_can_take_it
         min_runtime_before_preempt_s=10,
         grace_period_s=5,
         borrow_backoff_s=None,
+        borrow_preemption_limit=None,
         reclaim_by_usage=False,
     )
 
