@@ -59,6 +59,13 @@ def main() -> int:
         default="random,best_fit,default",
         help="comma list of FractionalStrategy values; 'default' is Policy()'s (gpupool's default)",
     )
+    parser.add_argument(
+        "--artifact-rules",
+        action="store_true",
+        help="also place the same task sequences by the artifact's own node scorers, reimplemented without the engine "
+        "(random, best fit, FGD; scheduler/sim/fragmentation.fill_cluster_node_rule): a check of this harness; and "
+        "gpupool's measure there, every node scored, fractions unrounded, with and without the engine's flavor order",
+    )
     parser.add_argument("--no-host", action="store_true", help="ignore CPU and host memory (cards only)")
     parser.add_argument("--gpu-only", action="store_true", help="leave the CPU-only tasks out")
     args = parser.parse_args()
@@ -98,6 +105,22 @@ def main() -> int:
         done[strategy] = medians
         rows.append((label, PUBLISHED_NAME.get(name), medians))
         print(f"  {label}: {args.seeds} seeds, {time.perf_counter() - started:.0f} s")
+    if args.artifact_rules:
+        for rule in fragmentation.ARTIFACT_RULES + fragmentation.MEASURE_RULES:
+            per_rule: dict[float, list[float]] = {lv: [] for lv in LEVELS}
+            started = time.perf_counter()
+            for seed in range(args.seeds):
+                curve = fragmentation.fill_cluster_node_rule(
+                    workload.nodes, tasks, rule, max_load=args.max_load, seed=seed
+                )
+                for lv in LEVELS:
+                    per_rule[lv].append(100 * curve.at(lv, trace=True))
+            medians = {}
+            for lv in LEVELS:
+                medians[(lv, True)] = medians[(lv, False)] = statistics.median(per_rule[lv])
+            published = {"artifact_random": "random", "artifact_best_fit": "best-fit", "artifact_fgd": "FGD"}.get(rule)
+            rows.append((f"{rule} (this harness)", published, medians))
+            print(f"  {rule}: {args.seeds} seeds, {time.perf_counter() - started:.0f} s")
     print("\nGPUs unallocated (% of capacity), median of seeds, when arrived GPU requests reach 100 % / 130 %")
     header = f"{'strategy':<28}{'100% asked':>11}{'100% rounded':>14}{'130% asked':>12}{'130% rounded':>14}"
     header += "  FGD artifact"

@@ -261,17 +261,45 @@ class _Cycle:
         return None
 
     def _find_fit(self, job: PendingJob, *, holder: bool) -> tuple[_Fit | None, _Diagnosis]:
-        """Steps 2 → 3 on each flavor in the job's order of preference, up to the first it fits on."""
+        """Steps 2 → 3 on each flavor in the job's order of preference, up to the first it fits on. A job whose
+        flavors are alternatives (``ReplicaRequest.any_flavor``) under the fragmentation strategy is tried on
+        all of them and goes where it borrows the least, then raises fragmentation the least (then in order)."""
         diagnosis = _Diagnosis()
-        for flavor in job.request.flavors:
+        frag = self.placer.fragmentation
+        compare = job.request.any_flavor and frag is not None and not holder and len(job.request.flavors) > 1
+        best: tuple[tuple[int, float, int], str] | None = None
+        for index, flavor in enumerate(job.request.flavors):
             outcome = self._try_flavor(job, flavor, holder=holder)
             if isinstance(outcome, _Fit):
-                return outcome, diagnosis
+                if not compare:
+                    return outcome, diagnosis
+                key = (outcome.admission.borrowed_millis, self._fragmentation_rise(outcome), index)
+                if best is None or key < best[0]:
+                    best = (key, flavor)
+                continue
             if isinstance(outcome, _Attempt):
                 diagnosis.unfit.append(outcome)
             else:
                 diagnosis.refused.append(outcome)
+        if best is not None:  # placed again on the chosen flavor: the same devices, the state being the same
+            outcome = self._try_flavor(job, best[1], holder=holder)
+            assert isinstance(outcome, _Fit)
+            return outcome, diagnosis
         return None, diagnosis
+
+    def _fragmentation_rise(self, fit: _Fit) -> float:
+        """How much ``fit`` raises the fragmentation of the nodes it takes from; gives its devices back."""
+        frag = self.placer.fragmentation
+        assert frag is not None
+        c = self.cluster
+        nodes = {c.dev_node[d] for _, d, *_ in fit.log}
+
+        def total() -> float:
+            return sum(frag.frag(*frag.node_terms(n, fit.flavor), c.node_free_cpu[n]) for n in nodes)
+
+        after = total()
+        rollback(c, fit.log)
+        return round(after - total(), 6)
 
     def _unschedulable(
         self, job: PendingJob, diagnosis: _Diagnosis, held: list[tuple[int, Hold]], waiting: tuple[str, ...]

@@ -225,6 +225,9 @@ class ReplicaRequest:
     memory_mib: int = 0  # required for a fraction; for whole cards the minimum card memory (0 = any)
     cpu_millicores: int = 0  # host CPU beside the replica's cards, on the same node (0: none asked)
     host_memory_mib: int = 0  # host memory beside the replica's cards, on the same node (0: none asked)
+    # The flavors are alternatives, not a preference (the submitter named no model): with the fragmentation
+    # strategy the job goes to the flavor where it raises fragmentation the least, not the first it fits on.
+    any_flavor: bool = False
 
     @property
     def fractional(self) -> bool:

@@ -21,6 +21,7 @@ matches the strategy (in FGD's simulator one policy places every pod): ``random`
 
 from __future__ import annotations
 
+import math
 import random
 import time as wallclock
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from scheduler.core.types import (
     Snapshot,
 )
 
+from .loaders import flavors_by_capacity
 from .workload import SimJob
 
 DEFAULT_LEVELS = (0.5, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3)
@@ -141,6 +143,7 @@ def fill_cluster(
                         memory_mib=task.memory_mib,
                         cpu_millicores=task.cpu_millicores,
                         host_memory_mib=task.host_memory_mib,
+                        any_flavor=task.any_flavor,
                     ),
                     submitted_at=float(n),
                     replicas=task.replicas,
@@ -193,15 +196,7 @@ class _HostBook:
         self.free_mem = {n.name: n.host_memory_mib for n in self.nodes}
         self.card = {d.uuid: (n.name, i) for n in self.nodes for i, d in enumerate(n.devices)}
         self.card_free = {n.name: [MILLIS_PER_DEVICE] * len(n.devices) for n in self.nodes}
-        shapes: dict[tuple[int, int, int], int] = {}
-        for t in tasks:
-            if t.millis > 0:
-                whole = 0 if t.millis < MILLIS_PER_DEVICE else t.millis // MILLIS_PER_DEVICE
-                key = (min(t.millis, MILLIS_PER_DEVICE), whole, t.cpu_millicores)
-                shapes[key] = shapes.get(key, 0) + 1
-        top = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
-        total = sum(c for _, c in top) or 1
-        self.shapes = [(k, c / total) for k, c in top]
+        self.shapes = _trace_shapes(tasks)
 
     def take(self, node: str, cpu: int, mem: int, device_uuid: str | None = None, millis: int = 0) -> None:
         if self.free_cpu.get(node) is not None:
@@ -276,3 +271,231 @@ def gpu_tasks(jobs: Sequence[SimJob]) -> list[SimJob]:
 def all_tasks(jobs: Sequence[SimJob]) -> list[SimJob]:
     """Every task, CPU-only ones (``millis == 0``) included."""
     return list(jobs)
+
+
+# -- the FGD artifact's node scorers, reimplemented as baselines ---------------------------------------------
+
+# The artifact's normalisation constants (pkg/type/open-gpu-share/utils: MaxSpecCpu, MaxSpecGpu).
+_ARTIFACT_MAX_CPU = 128_000
+_ARTIFACT_MAX_GPU = 8_000
+ARTIFACT_RULES = ("artifact_random", "artifact_best_fit", "artifact_fgd")
+# gpupool's measure (``scheduler/core/fragment.py``) in the same harness: every node scored, fractions as asked;
+# ``_flavor_order`` as the engine tries a job's flavors, one after the other (the first that fits wins).
+MEASURE_RULES = ("gpupool_measure", "gpupool_measure_flavor_order")
+
+
+def _artifact_typical(tasks: Sequence[SimJob], share: float = 0.95) -> list[tuple[tuple[int, int, int], float]]:
+    """FGD's typical pods: the most common (millis per card, whole cards, CPU) shapes of the pod list, CPU-only
+    ones included, until they cover ``share`` of the pods; weights renormalised over them."""
+    count: dict[tuple[int, int, int], int] = {}
+    for t in tasks:
+        whole = t.millis // MILLIS_PER_DEVICE if t.millis >= MILLIS_PER_DEVICE else 0
+        millis = 0 if t.millis <= 0 else MILLIS_PER_DEVICE if whole else (t.trace_millis or t.millis)
+        key = (millis, whole, t.cpu_millicores)
+        count[key] = count.get(key, 0) + 1
+    ranked = sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))
+    total = sum(count.values())
+    out, covered = [], 0
+    for key, c in ranked:
+        if covered >= share * total:
+            break
+        out.append((key, c))
+        covered += c
+    return [(k, c / covered) for k, c in out]
+
+
+def _artifact_frag(typical, cards: tuple[int, ...], cpu: int) -> float:
+    """FGD's node fragmentation (``NodeGpuShareFragAmountScore``): per typical pod, all free GPU when it cannot
+    run on the node (CPU, or too few cards), else the free millis of the cards smaller than its fraction."""
+    total = sum(cards)
+    out = 0.0
+    for (millis, whole, s_cpu), p in typical:
+        if millis == 0 or cpu < s_cpu:
+            out += p * total  # a CPU-only pod uses no GPU; a pod that cannot run strands all of it
+        elif whole:
+            if sum(1 for f in cards if f == MILLIS_PER_DEVICE) < whole:
+                out += p * total
+            else:
+                out += p * sum(f for f in cards if f < MILLIS_PER_DEVICE)
+        else:
+            if not any(f >= millis for f in cards):
+                out += p * total
+            else:
+                out += p * sum(f for f in cards if f < millis)
+    return out
+
+
+def fill_cluster_node_rule(
+    nodes: Sequence[Node],
+    tasks: Sequence[SimJob],
+    rule: str,
+    *,
+    max_load: float = 1.3,
+    seed: int = 0,
+) -> FragmentationCurve:
+    """The same experiment as ``fill_cluster`` (the same task sequence for the same seed), but every task — GPU
+    and CPU-only — is placed by one of the FGD artifact's Kubernetes score plugins, reimplemented here without
+    the engine, so that the harness itself can be compared with the artifact's published baselines:
+
+    - ``artifact_random``: a random node among those that fit, then a random card that fits;
+    - ``artifact_best_fit``: the node with the highest ``int(100 x (1 - score))`` where ``score`` is
+      0.5 x (free CPU - asked) / 128 cores + 0.5 x (free GPU millis - asked) / 8,000 (the artifact's
+      ``BestFitScore``), ties broken at random as the Kubernetes scheduler does; within the node the card that
+      fits with the least free millis (``gpuSelMethod: best``);
+    - ``artifact_fgd``: our reading of the artifact's ``FGDScore``: ``int(100 x sigmoid((before - after) /
+      1000))`` of the node's fragmentation over the typical pods (the shapes covering 95 % of the pod list,
+      CPU-only ones included), the card of the node that leaves the least, ties at random.
+
+    Fractions are placed as the trace asks (no rounding to the engine's steps), so both curves are "asked"."""
+    if rule not in ARTIFACT_RULES + MEASURE_RULES:
+        raise ValueError(f"unknown rule {rule!r}; expected one of {', '.join(ARTIFACT_RULES + MEASURE_RULES)}")
+    started = wallclock.perf_counter()
+    gpu_nodes = [n for n in nodes if n.devices]
+    capacity = sum(len(n.devices) for n in gpu_nodes) * MILLIS_PER_DEVICE
+    curve = FragmentationCurve(strategy=rule, capacity_gpus=capacity // MILLIS_PER_DEVICE)
+    rng = random.Random(seed)  # the task sequence: as in fill_cluster
+    pick_rng = random.Random(seed + 2)
+    free_cpu = [n.cpu_millicores for n in gpu_nodes]
+    free_mem = [n.host_memory_mib for n in gpu_nodes]
+    cards = [[MILLIS_PER_DEVICE] * len(n.devices) for n in gpu_nodes]
+    free_gpu = [MILLIS_PER_DEVICE * len(n.devices) for n in gpu_nodes]
+    arrived = allocated = 0
+    typical = _artifact_typical(tasks) if rule == "artifact_fgd" else []
+    measure = rule in MEASURE_RULES
+    shapes = _trace_shapes(tasks, trace=True) if measure else []
+    flavor_order = flavors_by_capacity(gpu_nodes) if rule == "gpupool_measure_flavor_order" else ()
+    node_flavor = [n.devices[0].flavor for n in gpu_nodes]
+    frag_cache: dict[tuple, float] = {}
+
+    def frag(card_state: tuple[int, ...], cpu_left: int) -> float:
+        key = (card_state, cpu_left)
+        value = frag_cache.get(key)
+        if value is None:
+            if measure:
+                full = sum(1 for f in card_state if f >= MILLIS_PER_DEVICE)
+                value = expected_unusable_millis(shapes, list(card_state), sum(card_state), full, cpu_left)
+            else:
+                value = _artifact_frag(typical, card_state, cpu_left)
+            frag_cache[key] = value
+        return value
+
+    while arrived < max_load * capacity:
+        task = tasks[rng.randrange(len(tasks))]
+        curve.tasks += 1
+        cpu, mem = task.cpu_millicores, task.host_memory_mib
+        whole = task.millis // MILLIS_PER_DEVICE if task.millis >= MILLIS_PER_DEVICE else 0
+        fraction = 0 if whole or task.millis <= 0 else (task.trace_millis or task.millis)
+        asked = whole * MILLIS_PER_DEVICE + fraction
+        best: list[int] = []
+        best_score: object = None
+        feasible = [
+            i
+            for i in range(len(gpu_nodes))
+            if free_cpu[i] >= cpu
+            and free_mem[i] >= mem
+            and not (whole and sum(1 for f in cards[i] if f == MILLIS_PER_DEVICE) < whole)
+            and not (fraction and not any(f >= fraction for f in cards[i]))
+        ]
+        if flavor_order and asked:
+            feasible = next(
+                (
+                    [i for i in feasible if node_flavor[i] == fl]
+                    for fl in flavor_order
+                    if fl in {node_flavor[i] for i in feasible}
+                ),
+                [],
+            )
+        for i in feasible:
+            if rule == "artifact_random":
+                best.append(i)
+                continue
+            if rule == "artifact_fgd" or measure:
+                # sigmoid((before - after) / 1000) x 100, the best card of the node for a fraction
+                state = tuple(cards[i])
+                before = frag(state, free_cpu[i])
+                if fraction:
+                    after = min(
+                        frag((*state[:d], f - fraction, *state[d + 1 :]), free_cpu[i] - cpu)
+                        for d, f in enumerate(state)
+                        if f >= fraction
+                    )
+                else:
+                    left, after_state = whole, list(state)
+                    for d, f in enumerate(after_state):
+                        if left and f == MILLIS_PER_DEVICE:
+                            after_state[d], left = 0, left - 1
+                    after = frag(tuple(after_state), free_cpu[i] - cpu)
+                if measure:  # the engine's order: the least rise, then (here) the artifact's best fit
+                    fit = (
+                        0.5 * (free_cpu[i] - cpu) / _ARTIFACT_MAX_CPU + 0.5 * (free_gpu[i] - asked) / _ARTIFACT_MAX_GPU
+                    )
+                    score = (-round(after - before, 6), -fit)
+                else:
+                    score = int(100 / (1 + math.exp(-(before - after) / 1000)))
+                if best_score is None or score > best_score:
+                    best, best_score = [i], score
+                elif score == best_score:
+                    best.append(i)
+                continue
+            score = int(
+                100
+                * (
+                    1.0
+                    - 0.5 * (free_cpu[i] - cpu) / _ARTIFACT_MAX_CPU
+                    - 0.5 * (free_gpu[i] - asked) / _ARTIFACT_MAX_GPU
+                )
+            )
+            if best_score is None or score > best_score:
+                best, best_score = [i], score
+            elif score == best_score:
+                best.append(i)
+        if best:
+            i = best[pick_rng.randrange(len(best))]
+            if whole:
+                left = whole
+                for d, f in enumerate(cards[i]):
+                    if left and f == MILLIS_PER_DEVICE:
+                        cards[i][d] = 0
+                        left -= 1
+            elif fraction:
+                fits = [d for d, f in enumerate(cards[i]) if f >= fraction]
+                if rule == "artifact_random":
+                    d = fits[pick_rng.randrange(len(fits))]
+                elif rule == "artifact_fgd" or measure:
+                    state = tuple(cards[i])
+                    d = min(
+                        fits,
+                        key=lambda d: (frag((*state[:d], state[d] - fraction, *state[d + 1 :]), free_cpu[i] - cpu), d),
+                    )
+                else:
+                    d = min(fits, key=lambda d: (cards[i][d], d))
+                cards[i][d] -= fraction
+            free_cpu[i] -= cpu
+            free_mem[i] -= mem
+            free_gpu[i] -= asked
+            allocated += asked
+            if asked:
+                curve.placed += 1
+        if asked:
+            arrived += asked
+            curve.arrived.append(arrived / capacity)
+            curve.arrived_trace.append(arrived / capacity)
+            curve.unallocated.append(1.0 - allocated / capacity)
+            curve.unallocated_trace.append(1.0 - allocated / capacity)
+    curve.wall_s = wallclock.perf_counter() - started
+    return curve
+
+
+def _trace_shapes(tasks: Sequence[SimJob], *, trace: bool = False) -> list[tuple[tuple[int, int, int], float]]:
+    """The most common (millis per card, whole cards, CPU) shapes of the GPU tasks, ``MAX_SHAPES`` of them, with
+    their weights (``trace``: fractions as the trace asked them, not rounded)."""
+    shapes: dict[tuple[int, int, int], int] = {}
+    for t in tasks:
+        if t.millis > 0:
+            whole = 0 if t.millis < MILLIS_PER_DEVICE else t.millis // MILLIS_PER_DEVICE
+            millis = MILLIS_PER_DEVICE if whole else ((t.trace_millis or t.millis) if trace else t.millis)
+            key = (millis, whole, t.cpu_millicores)
+            shapes[key] = shapes.get(key, 0) + 1
+    top = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
+    total = sum(c for _, c in top) or 1
+    return [(k, c / total) for k, c in top]

@@ -303,6 +303,7 @@ def alibaba_jobs(
                 trace_millis=gpu_milli if millis < MILLIS_PER_DEVICE else None,
                 cpu_millicores=cpu,
                 host_memory_mib=host_mem,
+                any_flavor=not spec,
             )
         )
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))

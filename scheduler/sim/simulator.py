@@ -397,6 +397,7 @@ class Simulator:
                 memory_mib=j.memory_mib,
                 cpu_millicores=j.cpu_millicores,
                 host_memory_mib=j.host_memory_mib,
+                any_flavor=j.any_flavor,
             ),
             preemptions=run.record.preemptions,
             last_preempted_at=run.preempted_at,

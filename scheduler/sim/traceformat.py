@@ -531,8 +531,8 @@ def load_trace(
     order = flavors_by_capacity(nodes)
     resolved = []
     for job in jobs:
-        if not job.flavors:
-            job = replace(job, flavors=order)
+        if not job.flavors:  # any flavor of the cluster: alternatives, not a preference
+            job = replace(job, flavors=order, any_flavor=True)
         elif not any(f in capacity for f in job.flavors):
             raise TraceFormatError(
                 f"{jobs_path} line {jobs_file.lines[job.job_id]}, column 'flavors': job {job.job_id!r} asks for "
@@ -596,7 +596,7 @@ def job_row(job: SimJob) -> dict[str, Any]:
         "memory_mib": job.memory_mib or None,
         "cpu_cores": _number(job.cpu_millicores / 1000) if job.cpu_millicores else None,
         "host_memory_mib": job.host_memory_mib or None,
-        "flavors": list(job.flavors),
+        "flavors": [] if job.any_flavor else list(job.flavors),
         "priority": priority,
         "preemptible": job.preemptible,
         "duration_s": _number(job.duration_s),

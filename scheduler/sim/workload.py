@@ -31,6 +31,7 @@ class SimJob:
     host_memory_mib: int = 0  # host memory per replica (0: none asked)
     topology: Topology = Topology.NONE
     runtime_estimate_s: float | None = None  # what the submitter said it would take (the engine's backfill uses it)
+    any_flavor: bool = False  # the flavors are alternatives, not a preference (the trace named no GPU model)
 
     @property
     def gpus(self) -> float:

@@ -221,6 +221,23 @@ def test_fragmentation_keeps_cpu_beside_cards_the_usual_jobs_will_need():
     assert best.assignments[0].node == "tight"  # best fit: the node with the fewest free cards
 
 
+def test_a_job_of_any_flavor_goes_to_the_flavor_it_fragments_least():
+    tight = with_host(node("tight", 4, flavor="model-a"), cpu_cores=45)
+    roomy = with_host(node("roomy", 8, flavor="model-b"), cpu_cores=200)
+    others = [with_host(node(f"m{i}", 1, flavor="model-a"), cpu_cores=11) for i in range(3)]
+    usual = [alloc(f"u{i}", f"m{i}-gpu0", flavor="model-a", cpu_millicores=11000) for i in range(3)]
+    big = host_job("big", cpu_cores=15, flavor=("model-a", "model-b"))
+
+    def node_of(any_flavor: bool) -> str:
+        j = replace(big, request=replace(big.request, any_flavor=any_flavor))
+        s = snapshot([tight, roomy, *others], allocations=usual, pending=[j], quotas=[])
+        (place,) = plan(s, Policy(fractional_strategy=FractionalStrategy.FRAGMENTATION, require_quota=False)).places
+        return place.assignments[0].node
+
+    assert node_of(False) == "tight"  # flavors in order of preference: the first one it fits on
+    assert node_of(True) == "roomy"  # alternatives: where it strands no card of the usual 11-core jobs
+
+
 def test_fragmentation_counts_how_many_usual_jobs_a_node_can_still_hold():
     shapes = [((500, 0, 8000), 1.0)]  # the usual job: a half card with 8 cores
     # two free cards hold four halves; 24 cores hold only three of them: one half card (500 millis) strands

@@ -74,3 +74,18 @@ def test_the_asked_curve_reads_both_axes_as_the_tasks_asked():
     # asked: the fifth task (460) is dropped; 1,840 of 2,000 millis allocated as asked, read at 100 % asked
     assert curve.arrived_trace[-1] >= 1.0
     assert curve.at(1.0, trace=True) == pytest.approx(0.08)
+
+
+def test_the_artifacts_rules_place_what_fits_and_stop_at_the_cpu():
+    from dataclasses import replace as with_
+
+    small = with_(uniform_nodes(1, 2, prefix="small")[0], cpu_millicores=3000, host_memory_mib=1 << 20)
+    big = with_(uniform_nodes(1, 2, prefix="big")[0], cpu_millicores=64000, host_memory_mib=1 << 20)
+    task = SimJob("t", "t", 0, 1, millis=1000, cpu_millicores=2000)
+    for rule in fragmentation.ARTIFACT_RULES:
+        curve = fragmentation.fill_cluster_node_rule([small, big], [task], rule, max_load=1.0, seed=3)
+        # the 3-core node runs one 2-core task; its second card strands: 3 of 4 cards allocated
+        assert curve.placed == 3, rule
+        assert curve.at(1.0, trace=True) == pytest.approx(0.25), rule
+    with pytest.raises(ValueError, match="unknown rule"):
+        fragmentation.fill_cluster_node_rule([small, big], [task], "packing")
