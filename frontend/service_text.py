@@ -270,10 +270,10 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("resources.flavors: must be a non-empty list of flavor names (any of them will do)."),
         gettext_noop("resources.flavors: may name at most %(max)s flavors."),
         gettext_noop(
-            'resources: ask for whole cards with "gpus": N, or a fraction of one card with "millis" (100..900) and '
+            'resources: ask for whole cards with "gpus": N, or a fraction of one card with "millis" (100..990) and '
             '"memory_mib".'
         ),
-        gettext_noop("resources.millis: must be a multiple of %(step)s (1/10 card), got %(value)s."),
+        gettext_noop("resources.millis: must be a multiple of %(step)s (1/100 card), got %(value)s."),
         gettext_noop("resources.memory_mib: is required for a fractional card: say how much device memory."),
         gettext_noop("resources.cpu_cores: must be a number between 0 and %(max)s."),
         gettext_noop("tenant: must be a tenant slug."),

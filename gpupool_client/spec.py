@@ -58,12 +58,12 @@ def parse_array(value: str) -> int:
 
 
 def fraction_millis(fraction: float) -> int:
-    """``0.3`` → 300 millis: a tenth of a card is the smallest step, up to 0.9 (a whole card is --gpus 1)."""
+    """``0.3`` → 300 millis: a tenth of a card at least, in hundredths, up to 0.99 (a whole card is --gpus 1)."""
     millis = round(fraction * MILLIS_PER_CARD)
-    if not 100 <= millis <= 900 or millis % 100 or abs(fraction * MILLIS_PER_CARD - millis) > 1e-6:
+    if not 100 <= millis <= 990 or millis % 10 or abs(fraction * MILLIS_PER_CARD - millis) > 1e-6:
         raise SpecError(
-            f"--fraction: {fraction:g} is not a tenth of a card between 0.1 and 0.9 (e.g. 0.3); for whole cards use "
-            "--gpus N."
+            f"--fraction: {fraction:g} is not a part of a card between 0.1 and 0.99 in hundredths (e.g. 0.3 or 0.47); "
+            "for whole cards use --gpus N."
         )
     return millis
 

@@ -19,7 +19,7 @@ A spec looks like this (only ``name``, ``resources`` and ``command`` are require
     }
 
 ``resources`` asks either for whole cards (``"gpus": N`` means N x 1000 millis, exclusive) or for a fraction of
-one card (``"millis": 100..900`` in steps of 100, with ``"memory_mib"``). Every error names the field and says
+one card (``"millis": 100..990`` in steps of 10, with ``"memory_mib"``). Every error names the field and says
 how to fix it; unknown fields are refused so a typo never goes unnoticed.
 
 ``env`` keys must be POSIX names (``[A-Za-z_][A-Za-z0-9_]*``) and values strings without NUL bytes: the agent
@@ -349,7 +349,7 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
     if has_gpus == has_millis:
         raise _fail(
             "resources",
-            'ask for whole cards with "gpus": N, or a fraction of one card with "millis" (100..900) and "memory_mib".',
+            'ask for whole cards with "gpus": N, or a fraction of one card with "millis" (100..990) and "memory_mib".',
         )
     if has_gpus:
         gpus = _int(value, "gpus", "resources.gpus", low=1, high=MAX_GPUS_PER_REPLICA)
@@ -360,7 +360,7 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
             value, "millis", "resources.millis", low=MIN_FRACTION_MILLIS, high=MILLIS_PER_DEVICE - FRACTION_STEP_MILLIS
         )
         if millis % FRACTION_STEP_MILLIS:
-            raise _fail("resources.millis", f"must be a multiple of {FRACTION_STEP_MILLIS} (1/10 card), got {millis}.")
+            raise _fail("resources.millis", f"must be a multiple of {FRACTION_STEP_MILLIS} (1/100 card), got {millis}.")
         if "memory_mib" not in value:
             raise _fail("resources.memory_mib", "is required for a fractional card: say how much device memory.")
         memory_mib = _int(value, "memory_mib", "resources.memory_mib", low=1, high=16 * 1024 * 1024)

@@ -150,7 +150,7 @@ FINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANC
 class Job(models.Model):
     """A unit of work: ``replicas`` (a gang: all or none) times one per-replica request.
 
-    The per-replica request is either a fraction of one card (``millis_per_replica`` 100..900 and
+    The per-replica request is either a fraction of one card (``millis_per_replica`` 100..990 and
     ``memory_mib_per_replica``) or N whole cards (``millis_per_replica`` = N * 1000, exclusive).
     """
 

@@ -51,7 +51,7 @@ MAX_DETAIL_LOOKUPS = 50
 @click.option("--name", help="Job name (default: from the command, e.g. train for python train.py).")
 @click.option("--tenant", help="Tenant slug (needed when you belong to several).")
 @click.option("--gpus", type=click.IntRange(1, 64), help="Whole cards per replica.")
-@click.option("--fraction", type=float, help="A part of one card per replica: 0.1 to 0.9 (needs --memory).")
+@click.option("--fraction", type=float, help="Part of one card per replica: 0.1 to 0.99 (needs --memory).")
 @click.option("--memory", metavar="SIZE", help="Device memory per replica, e.g. 8Gi (with --fraction).")
 @click.option("--flavor", "flavors", multiple=True, metavar="FLAVOR", help="Card flavor; repeat for any of several.")
 @click.option("--replicas", type=click.IntRange(1, 256), help="Gang size: all replicas start together or none.")

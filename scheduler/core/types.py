@@ -4,7 +4,7 @@ Plain frozen dataclasses, standard library only, no Django. The Django side conv
 ``Snapshot`` and the decisions of a ``Plan`` back into rows; the simulator feeds synthetic snapshots.
 
 Units, everywhere:
-- compute in *millis* (milli-devices): 1000 is one whole card, a fraction is 100..900 in steps of 100;
+- compute in *millis* (milli-devices): 1000 is one whole card, a fraction is 100..990 in steps of 10;
   a request of N whole cards is ``N * 1000`` and takes N cards exclusively;
 - device memory in MiB;
 - host CPU in *millicores* (1000 is one core) and host memory in MiB, per node and per replica; a node that
@@ -20,7 +20,7 @@ from enum import IntEnum, StrEnum
 
 MILLIS_PER_DEVICE = 1000
 MIN_FRACTION_MILLIS = 100
-FRACTION_STEP_MILLIS = 100
+FRACTION_STEP_MILLIS = 10  # a hundredth of a card: MPS takes its thread share in whole per cent
 
 
 class PriorityClass(IntEnum):
@@ -218,7 +218,7 @@ QuotaNode = Quota  # the name used in the issue
 
 @dataclass(frozen=True, slots=True)
 class ReplicaRequest:
-    """What one replica needs: a fraction of one card (100..900 millis + memory) or N whole cards (N*1000)."""
+    """What one replica needs: a fraction of one card (100..990 millis + memory) or N whole cards (N*1000)."""
 
     flavors: tuple[str, ...]  # any of these, in order of preference
     millis: int = MILLIS_PER_DEVICE

@@ -247,7 +247,8 @@ def read_alibaba_nodes(file: Path, *, host: bool = True):
 
 
 def fraction_millis(gpu_milli: int) -> int:
-    """The core takes fractions in steps of 100 millis: round the trace's value up (460 → 500)."""
+    """The core takes fractions of at least 100 millis in steps of 10: round the trace's value up (455 → 460,
+    50 → 100)."""
     step = FRACTION_STEP_MILLIS
     return min(MILLIS_PER_DEVICE, max(MIN_FRACTION_MILLIS, -(-gpu_milli // step) * step))
 

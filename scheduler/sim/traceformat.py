@@ -64,7 +64,7 @@ JOB_COLUMNS = (
     Column("tenant", True, "", "the tenant it ran for"),
     Column("replicas", False, "", "gang size: all replicas start together or none does (default 1)"),
     Column("cards", False, "cards", "whole cards per replica (give cards or millis)"),
-    Column("millis", False, "millis", "per replica: 100..900 (steps of 100) a fraction of a card, N*1000 N cards"),
+    Column("millis", False, "millis", "per replica: 100..990 (steps of 10) a fraction of a card, N*1000 N cards"),
     Column("memory_mib", False, "MiB", "device memory per replica: needed by a fraction; else least card memory"),
     Column("cpu_cores", False, "cores", "host CPU per replica, beside its cards on the same node (default 0)"),
     Column("host_memory_mib", False, "MiB", "host memory per replica, on the same node (default 0)"),

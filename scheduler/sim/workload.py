@@ -20,13 +20,13 @@ class SimJob:
     tenant: str
     submit_s: float
     duration_s: float
-    millis: int = MILLIS_PER_DEVICE  # per replica: a fraction (100..900) or N*1000 whole cards
+    millis: int = MILLIS_PER_DEVICE  # per replica: a fraction (100..990) or N*1000 whole cards
     replicas: int = 1
     flavors: tuple[str, ...] = ("gpu",)
     memory_mib: int = 0
     priority: int = PriorityClass.NORMAL
     preemptible: bool = True
-    trace_millis: int | None = None  # per replica as the trace asked, before rounding to the core's 100 steps
+    trace_millis: int | None = None  # per replica as the trace asked, before rounding to the core's 10-millis steps
     cpu_millicores: int = 0  # host CPU per replica (0: none asked)
     host_memory_mib: int = 0  # host memory per replica (0: none asked)
     topology: Topology = Topology.NONE

@@ -76,3 +76,13 @@ def test_completion_offers_the_commands():
     env = {"_GPUPOOL_CLI_COMPLETE": "bash_complete", "COMP_WORDS": "gpupool-cli su", "COMP_CWORD": "1"}
     result = CliRunner().invoke(cli, [], prog_name="gpupool-cli", env=env)
     assert "submit" in result.stdout
+
+
+def test_a_fraction_is_a_tenth_of_a_card_at_least_in_hundredths():
+    from gpupool_client.spec import fraction_millis
+
+    assert fraction_millis(0.47) == 470
+    assert fraction_millis(0.99) == 990
+    for bad in (0.05, 0.475, 1.0):
+        with pytest.raises(SpecError, match=r"between 0\.1 and 0\.99"):
+            fraction_millis(bad)

@@ -19,17 +19,23 @@ def test_whole_cards_become_n_times_1000_millis():
     assert parsed.normalised["resources"]["gpus"] == 2
 
 
-def test_fraction_needs_memory_and_a_step_of_100():
+def test_fraction_needs_memory_and_a_step_of_10():
     parsed = validate_job_spec(
-        spec(resources={"flavor": "ascend-910b", "millis": 300, "memory_mib": 8192}), known_flavors=FLAVORS
+        spec(resources={"flavor": "ascend-910b", "millis": 470, "memory_mib": 8192}), known_flavors=FLAVORS
     )
-    assert (parsed.millis_per_replica, parsed.memory_mib_per_replica, parsed.flavors) == (300, 8192, ("ascend-910b",))
+    assert (parsed.millis_per_replica, parsed.memory_mib_per_replica, parsed.flavors) == (470, 8192, ("ascend-910b",))
     with pytest.raises(JobSpecError, match="memory_mib: is required"):
         validate_job_spec(spec(resources={"flavors": ["ascend-910b"], "millis": 300}), known_flavors=FLAVORS)
-    with pytest.raises(JobSpecError, match="multiple of 100"):
+    with pytest.raises(JobSpecError, match=r"multiple of 10 \(1/100 card\)"):
         validate_job_spec(
-            spec(resources={"flavors": ["ascend-910b"], "millis": 250, "memory_mib": 1}), known_flavors=FLAVORS
+            spec(resources={"flavors": ["ascend-910b"], "millis": 255, "memory_mib": 1}), known_flavors=FLAVORS
         )
+    assert (
+        validate_job_spec(
+            spec(resources={"flavors": ["ascend-910b"], "millis": 990, "memory_mib": 1}), known_flavors=FLAVORS
+        ).millis_per_replica
+        == 990
+    )
     for millis in (0, 50, 1000, 1500):
         with pytest.raises(JobSpecError, match=r"resources\.millis"):
             validate_job_spec(

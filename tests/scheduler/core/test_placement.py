@@ -198,11 +198,11 @@ def test_same_node_fractions_share_one_node():
 
 
 def test_invalid_fraction_is_explained():
-    bad = job("j", millis=250, memory_mib=100)
+    bad = job("j", millis=255, memory_mib=100)
     result = plan(snapshot([node("n1", 1)], pending=[bad]), Policy())
     explain = _explained(result, "j")
     assert explain.code == PendingReason.INVALID_REQUEST
-    assert "multiple of 100" in explain.message
+    assert "multiple of 10 millis" in explain.message
 
 
 def test_inference_places_between_min_and_wanted_replicas_and_reserves_up_to_max():

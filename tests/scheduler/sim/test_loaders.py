@@ -61,7 +61,8 @@ def test_alibaba_tasks_become_fractions_rounded_up_or_whole_cards_with_their_mod
     assert [n.name for n in w.nodes] == ["node-0", "node-1"]  # the node without GPUs is left out
     assert {d.flavor for d in w.nodes[1].devices} == {"V100M32"}
     assert "a2" not in jobs  # CPU-only task
-    assert (jobs["a1"].millis, jobs["a1"].memory_mib) == (500, 1)  # 460 millis → 500
+    assert (jobs["a1"].millis, jobs["a1"].memory_mib) == (460, 1)  # 460 millis: a step of 10, kept
+    assert (loaders.fraction_millis(455), loaders.fraction_millis(50)) == (460, 100)  # up to a step, at least 100
     assert jobs["a1"].duration_s == 450 and jobs["a1"].tenant == "be"
     assert jobs["a1"].flavors == ("V100M32", "T4")  # no gpu_spec: any model, the largest pool first
     assert (jobs["a3"].millis, jobs["a3"].flavors) == (2000, ("V100M32",))
@@ -111,4 +112,4 @@ def test_real_alibaba_cluster_has_1213_nodes_of_7_models():
     assert len(w.nodes) == 1213
     assert w.meta["gpus"] == 6212
     assert len({d.flavor for n in w.nodes for d in n.devices}) == 7
-    assert all(j.millis % 100 == 0 for j in w.jobs)
+    assert all(j.millis % 10 == 0 for j in w.jobs)

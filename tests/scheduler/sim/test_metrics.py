@@ -62,7 +62,7 @@ def test_a_batch_places_what_one_by_one_arrivals_would():
 
 
 def test_the_asked_curve_reads_both_axes_as_the_tasks_asked():
-    # 460 millis asked, 500 allocated (100-millis steps): four of them fill two cards as the engine counts,
+    # 460 millis asked, 500 allocated (as with steps of 100 millis): four of them fill two cards as the engine counts,
     # but the tasks asked for only 1,840 of 2,000 millis.
     tasks = [SimJob(f"f{i}", "t", 0, 1, millis=500, memory_mib=1, trace_millis=460) for i in range(5)]
     curve = fragmentation.fill_cluster(uniform_nodes(1, 2), tasks, "best_fit", max_load=1.0, batch=1, sample=False)

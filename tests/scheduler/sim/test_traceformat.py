@@ -103,7 +103,7 @@ def test_bundled_alibaba_trace_keeps_fractions_host_resources_and_models(tmp_pat
 
     converted = tf.load_trace(files["jobs"], files["cluster"], files["tenants"])
 
-    # The format keeps the request as the engine takes it (460 millis rounded up to 500), not the raw value.
+    # The format keeps the request as the engine takes it (455 millis would be rounded up to 460), not the raw value.
     assert converted.jobs == tuple(replace(j, trace_millis=None) for j in alibaba.jobs)
     assert converted.nodes == alibaba.nodes
     assert converted.guarantees == alibaba.guarantees
@@ -113,7 +113,7 @@ BAD_JOBS = [
     ("job_id,submit_s,tenant,cards,duration_s\na,0,t,1,10\nb,soon,t,1,10\n", "line 3, column 'submit_s'"),
     ("job_id,submit_s,tenant,cards,duration_s\na,0,t,,10\n", "line 2, column 'cards': give the cards"),
     ("job_id,submit_s,tenant,millis,duration_s\na,0,t,300,10\n", "line 2, column 'millis'"),
-    ("job_id,submit_s,tenant,millis,duration_s\na,0,t,350,10\n", "multiple of 100"),
+    ("job_id,submit_s,tenant,millis,duration_s\na,0,t,355,10\n", "multiple of 10"),
     ("job_id,submit_s,tenant,cards,duration_s\na,0,t,1,10\na,1,t,1,10\n", "line 3, column 'job_id'"),
     ("job_id,submit_s,tenant,cards,duration_s,preemptable\na,0,t,1,10,no\n", "line 1: unknown column 'preemptable'"),
     ("job_id,submit_s,tenant,cards\na,0,t,1\n", "line 1: the header lacks the required column 'duration_s'"),
