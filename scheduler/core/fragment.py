@@ -52,9 +52,26 @@ def target_workload(snapshot: Snapshot) -> list[tuple[Shape, float]]:
         req = job.request
         whole = 0 if req.fractional else req.device_count
         count[(req.millis if req.fractional else MILLIS_PER_DEVICE, whole, req.cpu_millicores)] += job.replicas
+    return most_common_shapes(count)
+
+
+def most_common_shapes(count: Counter[Shape]) -> list[tuple[Shape, float]]:
+    """The ``MAX_SHAPES`` most common shapes of ``count`` (ties in shape order), weighted by their share of them."""
     top = sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
     total = sum(c for _, c in top) or 1
     return [(shape, c / total) for shape, c in top]
+
+
+def take_whole(frees: list[int], n_cards: int) -> list[int]:
+    """``frees`` (free millis per card) after ``n_cards`` fully free cards are taken, the first ones first."""
+    after = list(frees)
+    for i, f in enumerate(after):
+        if not n_cards:
+            break
+        if f >= MILLIS_PER_DEVICE:
+            after[i] = 0
+            n_cards -= 1
+    return after
 
 
 def fraction_slots(shapes: list[tuple[Shape, float]], frees: list[int]) -> list[int]:
@@ -122,14 +139,8 @@ class Fragmentation:
         frees, total, full = self.node_terms(n, flavor)
         cpu0 = c.node_free_cpu[n]
         before = self.frag(frees, total, full, cpu0)
-        after_frees = list(frees)
-        left = n_cards
-        for i, f in enumerate(after_frees):
-            if left and f >= MILLIS_PER_DEVICE:
-                after_frees[i] = 0
-                left -= 1
         taken = n_cards * MILLIS_PER_DEVICE
-        after = self.frag(after_frees, total - taken, full - n_cards, cpu0 - host[0])
+        after = self.frag(take_whole(frees, n_cards), total - taken, full - n_cards, cpu0 - host[0])
         return round(after - before, 6)
 
     def pick(

@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 import random
 import time as wallclock
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduler.core import plan
-from scheduler.core.fragment import MAX_SHAPES, expected_unusable_millis
+from scheduler.core.fragment import expected_unusable_millis, most_common_shapes, take_whole
 from scheduler.core.types import (
     MILLIS_PER_DEVICE,
     Allocation,
@@ -287,12 +288,7 @@ MEASURE_RULES = ("gpupool_measure", "gpupool_measure_flavor_order")
 def _artifact_typical(tasks: Sequence[SimJob], share: float = 0.95) -> list[tuple[tuple[int, int, int], float]]:
     """FGD's typical pods: the most common (millis per card, whole cards, CPU) shapes of the pod list, CPU-only
     ones included, until they cover ``share`` of the pods; weights renormalised over them."""
-    count: dict[tuple[int, int, int], int] = {}
-    for t in tasks:
-        whole = t.millis // MILLIS_PER_DEVICE if t.millis >= MILLIS_PER_DEVICE else 0
-        millis = 0 if t.millis <= 0 else MILLIS_PER_DEVICE if whole else (t.trace_millis or t.millis)
-        key = (millis, whole, t.cpu_millicores)
-        count[key] = count.get(key, 0) + 1
+    count = _shape_counts(tasks, trace=True, cpu_only=True)
     ranked = sorted(count.items(), key=lambda kv: (-kv[1], kv[0]))
     total = sum(count.values())
     out, covered = [], 0
@@ -358,14 +354,13 @@ def fill_cluster_node_rule(
     free_cpu = [n.cpu_millicores for n in gpu_nodes]
     free_mem = [n.host_memory_mib for n in gpu_nodes]
     cards = [[MILLIS_PER_DEVICE] * len(n.devices) for n in gpu_nodes]
-    free_gpu = [MILLIS_PER_DEVICE * len(n.devices) for n in gpu_nodes]
-    arrived = allocated = 0
-    typical = _artifact_typical(tasks) if rule == "artifact_fgd" else []
+    node_flavor = [n.devices[0].flavor for n in gpu_nodes]
     measure = rule in MEASURE_RULES
+    scored_by_frag = measure or rule == "artifact_fgd"
+    typical = _artifact_typical(tasks) if rule == "artifact_fgd" else []
     shapes = _trace_shapes(tasks, trace=True) if measure else []
     flavor_order = flavors_by_capacity(gpu_nodes) if rule == "gpupool_measure_flavor_order" else ()
-    node_flavor = [n.devices[0].flavor for n in gpu_nodes]
-    frag_cache: dict[tuple, float] = {}
+    frag_cache: dict[tuple[tuple[int, ...], int], float] = {}
 
     def frag(card_state: tuple[int, ...], cpu_left: int) -> float:
         key = (card_state, cpu_left)
@@ -379,6 +374,7 @@ def fill_cluster_node_rule(
             frag_cache[key] = value
         return value
 
+    arrived = allocated = 0
     while arrived < max_load * capacity:
         task = tasks[rng.randrange(len(tasks))]
         curve.tasks += 1
@@ -386,8 +382,6 @@ def fill_cluster_node_rule(
         whole = task.millis // MILLIS_PER_DEVICE if task.millis >= MILLIS_PER_DEVICE else 0
         fraction = 0 if whole or task.millis <= 0 else (task.trace_millis or task.millis)
         asked = whole * MILLIS_PER_DEVICE + fraction
-        best: list[int] = []
-        best_score: object = None
         feasible = [
             i
             for i in range(len(gpu_nodes))
@@ -396,55 +390,40 @@ def fill_cluster_node_rule(
             and not (whole and sum(1 for f in cards[i] if f == MILLIS_PER_DEVICE) < whole)
             and not (fraction and not any(f >= fraction for f in cards[i]))
         ]
-        if flavor_order and asked:
-            feasible = next(
-                (
-                    [i for i in feasible if node_flavor[i] == fl]
-                    for fl in flavor_order
-                    if fl in {node_flavor[i] for i in feasible}
-                ),
-                [],
-            )
+        if flavor_order and asked:  # the first flavor, in the engine's order, with a node that fits
+            present = {node_flavor[i] for i in feasible}
+            first = next((fl for fl in flavor_order if fl in present), None)
+            feasible = [i for i in feasible if node_flavor[i] == first]
+        best: list[int] = []
+        best_score: object = None
+        card_of: dict[int, int] = {}  # the card a fraction takes on each node scored by fragmentation
         for i in feasible:
             if rule == "artifact_random":
                 best.append(i)
                 continue
-            if rule == "artifact_fgd" or measure:
-                # sigmoid((before - after) / 1000) x 100, the best card of the node for a fraction
+            # the artifact's best fit: 0.5 x CPU + 0.5 x GPU left free, of its normalisation constants
+            left_free = (
+                0.5 * (free_cpu[i] - cpu) / _ARTIFACT_MAX_CPU + 0.5 * (sum(cards[i]) - asked) / _ARTIFACT_MAX_GPU
+            )
+            if scored_by_frag:
                 state = tuple(cards[i])
                 before = frag(state, free_cpu[i])
                 if fraction:
-                    after = min(
-                        frag((*state[:d], f - fraction, *state[d + 1 :]), free_cpu[i] - cpu)
+                    after, card_of[i] = min(
+                        (frag((*state[:d], f - fraction, *state[d + 1 :]), free_cpu[i] - cpu), d)
                         for d, f in enumerate(state)
                         if f >= fraction
                     )
                 else:
-                    left, after_state = whole, list(state)
-                    for d, f in enumerate(after_state):
-                        if left and f == MILLIS_PER_DEVICE:
-                            after_state[d], left = 0, left - 1
-                    after = frag(tuple(after_state), free_cpu[i] - cpu)
-                if measure:  # the engine's order: the least rise, then (here) the artifact's best fit
-                    fit = (
-                        0.5 * (free_cpu[i] - cpu) / _ARTIFACT_MAX_CPU + 0.5 * (free_gpu[i] - asked) / _ARTIFACT_MAX_GPU
-                    )
-                    score = (-round(after - before, 6), -fit)
-                else:
-                    score = int(100 / (1 + math.exp(-(before - after) / 1000)))
-                if best_score is None or score > best_score:
-                    best, best_score = [i], score
-                elif score == best_score:
-                    best.append(i)
-                continue
-            score = int(
-                100
-                * (
-                    1.0
-                    - 0.5 * (free_cpu[i] - cpu) / _ARTIFACT_MAX_CPU
-                    - 0.5 * (free_gpu[i] - asked) / _ARTIFACT_MAX_GPU
+                    after = frag(tuple(take_whole(list(state), whole)), free_cpu[i] - cpu)
+                # the engine's order: the least rise, then (here) best fit; FGD: sigmoid((before - after) / 1000)
+                score: object = (
+                    (-round(after - before, 6), -left_free)
+                    if measure
+                    else int(100 / (1 + math.exp(-(before - after) / 1000)))
                 )
-            )
+            else:
+                score = int(100 * (1.0 - left_free))
             if best_score is None or score > best_score:
                 best, best_score = [i], score
             elif score == best_score:
@@ -452,27 +431,18 @@ def fill_cluster_node_rule(
         if best:
             i = best[pick_rng.randrange(len(best))]
             if whole:
-                left = whole
-                for d, f in enumerate(cards[i]):
-                    if left and f == MILLIS_PER_DEVICE:
-                        cards[i][d] = 0
-                        left -= 1
+                cards[i] = take_whole(cards[i], whole)
             elif fraction:
                 fits = [d for d, f in enumerate(cards[i]) if f >= fraction]
                 if rule == "artifact_random":
                     d = fits[pick_rng.randrange(len(fits))]
-                elif rule == "artifact_fgd" or measure:
-                    state = tuple(cards[i])
-                    d = min(
-                        fits,
-                        key=lambda d: (frag((*state[:d], state[d] - fraction, *state[d + 1 :]), free_cpu[i] - cpu), d),
-                    )
+                elif scored_by_frag:
+                    d = card_of[i]
                 else:
                     d = min(fits, key=lambda d: (cards[i][d], d))
                 cards[i][d] -= fraction
             free_cpu[i] -= cpu
             free_mem[i] -= mem
-            free_gpu[i] -= asked
             allocated += asked
             if asked:
                 curve.placed += 1
@@ -487,15 +457,21 @@ def fill_cluster_node_rule(
 
 
 def _trace_shapes(tasks: Sequence[SimJob], *, trace: bool = False) -> list[tuple[tuple[int, int, int], float]]:
-    """The most common (millis per card, whole cards, CPU) shapes of the GPU tasks, ``MAX_SHAPES`` of them, with
-    their weights (``trace``: fractions as the trace asked them, not rounded)."""
-    shapes: dict[tuple[int, int, int], int] = {}
+    """The most common (millis per card, whole cards, CPU) shapes of the GPU tasks, as the core weighs them
+    (``most_common_shapes``); ``trace``: fractions as the trace asked them, not rounded."""
+    return most_common_shapes(_shape_counts(tasks, trace=trace, cpu_only=False))
+
+
+def _shape_counts(tasks: Sequence[SimJob], *, trace: bool, cpu_only: bool) -> Counter[tuple[int, int, int]]:
+    """How many tasks have each (millis per card, whole cards, CPU) shape; CPU-only tasks (millis 0) only with
+    ``cpu_only``."""
+    count: Counter[tuple[int, int, int]] = Counter()
     for t in tasks:
-        if t.millis > 0:
-            whole = 0 if t.millis < MILLIS_PER_DEVICE else t.millis // MILLIS_PER_DEVICE
-            millis = MILLIS_PER_DEVICE if whole else ((t.trace_millis or t.millis) if trace else t.millis)
-            key = (millis, whole, t.cpu_millicores)
-            shapes[key] = shapes.get(key, 0) + 1
-    top = sorted(shapes.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_SHAPES]
-    total = sum(c for _, c in top) or 1
-    return [(k, c / total) for k, c in top]
+        if t.millis <= 0:
+            if cpu_only:
+                count[(0, 0, t.cpu_millicores)] += 1
+            continue
+        whole = 0 if t.millis < MILLIS_PER_DEVICE else t.millis // MILLIS_PER_DEVICE
+        millis = MILLIS_PER_DEVICE if whole else ((t.trace_millis or t.millis) if trace else t.millis)
+        count[(millis, whole, t.cpu_millicores)] += 1
+    return count
