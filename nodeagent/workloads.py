@@ -366,9 +366,7 @@ class WorkloadRunner:
         if self._journal_lines > 2 * (len(lines) - len(active)) + 64:
             self._compact_journal()
         body = ",\n".join(lines[key][1] for key in sorted(active))
-        temporary = self.state_path.with_suffix(".tmp")
-        temporary.write_text(f'{{"version": 1, "workloads": [\n{body}\n]}}\n', encoding="utf-8")
-        os.replace(temporary, self.state_path)
+        _replace_file(self.state_path, f'{{"version": 1, "workloads": [\n{body}\n]}}\n')
 
     @property
     def finished_path(self) -> Path:
@@ -377,9 +375,7 @@ class WorkloadRunner:
     def _compact_journal(self) -> None:
         """Rewrite ``finished.jsonl`` with one line per finished workload kept."""
         body = "".join(line + "\n" for key, (_, line, _) in self._state_lines.items() if key not in self._active_keys)
-        temporary = self.finished_path.with_suffix(".tmp")
-        temporary.write_text(body, encoding="utf-8")
-        os.replace(temporary, self.finished_path)
+        _replace_file(self.finished_path, body)
         self._journal_lines = body.count("\n")
 
     def _load_journal(self) -> None:
@@ -1019,3 +1015,10 @@ class WorkloadRunner:
         self._popen.clear()
         if self.sandbox is not None:
             self.sandbox.close()
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``path`` whole: a reader sees the old file or the new one, never half of one."""
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
