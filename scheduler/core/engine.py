@@ -172,6 +172,7 @@ class _Cycle:
                 max_doublings=policy.max_protection_doublings,
                 reclaim_by_usage=policy.reclaim_by_usage,
                 relocate=policy.relocate_for_guarantee,
+                max_preemptions=policy.max_preemptions_per_job,
             )
             if policy.preemption
             else None
@@ -179,6 +180,8 @@ class _Cycle:
         self.heads = HeadReservations(snapshot, self.cluster, self.placer, max_heads=policy.max_head_reservations)
         self.reservations = Reservations(snapshot, self.cluster)
         self.places: list[Place] = []
+        self._firm_out: dict[str, int] = {}  # per flavor: millis lent firmly (``_firm_loan``) before this cycle
+        self._firm_jobs: set[str] = set()  # jobs admitted on a firm loan this cycle
         self.preemptions: list[Preempt] = []
         self.pending: list[Pending] = []
         self.failed_shapes: dict[tuple, Failure] = {}
@@ -342,7 +345,7 @@ class _Cycle:
         of a job already counted; ``borrow=False``: only within the guarantee. A job in its borrowing back-off
         (``_borrow_backoff_until``) is admitted only within its tenant's guarantee."""
         until = self._borrow_backoff_until(job, flavor)
-        return self.book.admit(
+        admission = self.book.admit(
             tenant=job.tenant,
             flavor=flavor,
             millis=job.request.millis * replicas,
@@ -358,6 +361,47 @@ class _Cycle:
                 else f"preempted {job.preemptions} time(s), it may borrow idle capacity again in "
                 f"{_minutes(until - self.s.now)} min, or start as soon as its tenant's guarantee has room"
             ),
+        )
+        if admission.ok and admission.borrowed_millis > 0 and self._at_ceiling(job):
+            return self._firm_loan(job, flavor, admission)
+        return admission
+
+    def _at_ceiling(self, job: PendingJob) -> bool:
+        """The job was preempted ``Policy.max_preemptions_per_job`` times: it is not preempted again."""
+        ceiling = self.p.max_preemptions_per_job
+        return ceiling is not None and job.preemptions >= ceiling
+
+    def _firm_loan(self, job: PendingJob, flavor: str, admission: Admission) -> Admission:
+        """A job at the churn ceiling cannot be reclaimed, so whatever it borrows is a firm loan: it may borrow
+        only guarantee its owners have left idle for a while (``QuotaBook.idle_guarantee``: above what they
+        hold or their decayed use, and what their queued jobs ask), less the firm loans already out — not
+        guarantee a busy tenant will want back within the hour."""
+        assert admission.accounted_to is not None
+        if flavor not in self._firm_out:
+            ceiling = self.p.max_preemptions_per_job or 0
+            self._firm_out[flavor] = sum(
+                a.borrowed_millis for a in self.s.allocations if a.flavor == flavor and a.preemptions >= ceiling
+            )
+        placed = sum(p.borrowed_millis for p in self.places if p.flavor == flavor and p.job_id in self._firm_jobs)
+        started = {p.job_id for p in self.places}
+        waiting: dict[str, int] = {}
+        for other in self.s.pending:
+            if other.job_id not in started and flavor in other.request.flavors:
+                waiting[other.tenant] = waiting.get(other.tenant, 0) + other.request.millis * other.gang_min
+        idle = self.book.idle_guarantee(admission.accounted_to, flavor, self.s.usage, waiting)
+        idle -= self._firm_out[flavor]
+        if admission.borrowed_millis <= idle - placed:
+            self._firm_jobs.add(job.job_id)
+            return admission
+        return Admission(
+            False,
+            code=PendingReason.NO_LENDABLE_CAPACITY,
+            message=(
+                f"preempted {job.preemptions} times, it is not preempted again, so it borrows only guarantee "
+                f"other tenants have left idle for a while: {cards(max(0, idle - placed))} {flavor} cards now, "
+                f"it would borrow {cards(admission.borrowed_millis)}"
+            ),
+            accounted_to=admission.accounted_to,
         )
 
     def _borrow_backoff_until(self, job: PendingJob, flavor: str) -> float | None:
@@ -538,7 +582,11 @@ class _Cycle:
         return False
 
     def _on_idle_reservation(self, job: PendingJob, attempt: _Attempt) -> bool:
-        """A preemptible training/batch job that fits nowhere may run on an idle inference reservation."""
+        """A preemptible training/batch job that fits nowhere may run on an idle inference reservation — not one
+        at the churn ceiling (``Policy.max_preemptions_per_job``), which the service could not take back."""
+        ceiling = self.p.max_preemptions_per_job
+        if ceiling is not None and job.preemptions >= ceiling:
+            return False
         for service in self.reservations.services():
             assigned, _ = self.reservations.place(
                 job=job, flavor=attempt.flavor, count=attempt.count, first_replica=job.first_replica, service=service

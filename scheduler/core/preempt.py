@@ -6,6 +6,7 @@ Who may be a victim of job J (all must hold):
   protection doubles with every earlier preemption of the victim (``Allocation.preemptions``, at most
   ``Policy.max_protection_doublings`` times), so one job is not stopped again and again just past its minimum
   runtime. Reclaim keeps the base minimum runtime: a lender's wait for its guarantee stays bounded;
+- the victim was preempted fewer than ``Policy.max_preemptions_per_job`` times (a hard ceiling on churn);
 - J was not preempted by the victim before (``J.preempted_by``): no preemption loops;
 - and one of the rules:
   * **reclaim** (``RECLAIM_BORROWED``): J is within its tenant's guarantee and the victim belongs to another
@@ -168,6 +169,7 @@ class Preemptor:
         max_doublings: int = 0,
         reclaim_by_usage: bool = False,
         relocate: bool = False,
+        max_preemptions: int | None = None,
     ) -> None:
         self.now = snapshot.now
         self.c = cluster
@@ -176,6 +178,10 @@ class Preemptor:
         self.min_runtime_s = min_runtime_s
         self.max_doublings = max(0, max_doublings)
         self.victims = build_victims(snapshot, cluster, restart_cost_s)
+        if max_preemptions is not None:
+            for v in self.victims.values():
+                if v.preemptions >= max_preemptions:
+                    v.preemptible = False  # the churn ceiling: preempted often enough already
         self.taken: set[str] = set()  # victims already chosen this cycle
         self.quota_searches = 0
         # Only preemptible victims past the minimum runtime can ever be chosen. Per flavor they are kept in

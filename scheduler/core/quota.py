@@ -18,6 +18,7 @@ the usable capacity of the flavor not promised to any root tenant.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .types import MILLIS_PER_DEVICE, Allocation, PendingReason, Quota, Snapshot
@@ -348,6 +349,34 @@ class QuotaBook:
 
     def charge(self, *, node: str, flavor: str, millis: int, jobs: int = 1) -> None:
         self.trees[flavor].charge(node, millis, jobs)
+
+    def idle_guarantee(
+        self, node: str, flavor: str, usage: Mapping[str, Mapping[str, float]], waiting: Mapping[str, int]
+    ) -> int:
+        """Guarantee that its owners have left idle, from ``node``'s point of view: over the siblings of
+        ``node`` and of each of its ancestors, what each one's guarantee leaves above what its subtree holds
+        now or its time-decayed use (``usage``: tenant -> flavor -> decayed millis), whichever is more, plus
+        what its jobs wait for (``waiting``: tenant -> millis of its pending jobs on this flavor); and the
+        capacity promised to nobody. A lender busy an hour ago, or with work queued, wants its guarantee soon."""
+        tree = self.trees[flavor]
+        recent: dict[str, float] = {}
+        queued: dict[str, int] = {}
+        for tenant in set(usage) | set(waiting):
+            value = usage.get(tenant, {}).get(flavor, 0.0)
+            wants = waiting.get(tenant, 0)
+            account = self.account(tenant, flavor) if value > 0 or wants > 0 else None
+            for ancestor in tree.path(account) if account is not None else ():
+                recent[ancestor] = recent.get(ancestor, 0.0) + value
+                queued[ancestor] = queued.get(ancestor, 0) + wants
+        idle = tree.root_pool
+        for step in tree.path(node):
+            for sibling in tree.children[tree.parent[step]]:
+                if sibling != step:
+                    busy = max(tree.used[sibling], int(recent.get(sibling, 0.0))) + queued.get(sibling, 0)
+                    spare = max(0, tree.guaranteed[sibling] - busy)
+                    lend = tree.lend_limit[sibling]
+                    idle += spare if lend is None else min(spare, lend)
+        return idle
 
     def borrowed_now(self, node: str, flavor: str) -> int:
         tree = self.trees[flavor]

@@ -350,6 +350,12 @@ class Policy:
     # A job preempted this many times that fits in its tenant's guarantee no longer borrows: it starts within
     # the guarantee (jobs larger than the guarantee keep the doubling back-off). None: off.
     borrow_preemption_limit: int | None = 3
+    # A hard ceiling on churn: a job preempted this many times is not preempted again, neither by reclaim, by
+    # priority, by relocation nor by an inference service taking back its reservation (such a job does not go
+    # onto one). It may still borrow after the back-off above, and that loan is then firm: a lender whose
+    # unused guarantee is lent only to such jobs waits for them to end (the simulator counts that wait as
+    # starvation). None: no ceiling.
+    max_preemptions_per_job: int | None = 3
     # Reclaim by usage: a job within its guarantee may reclaim *any* preemptible job of a quota node that holds
     # more than its guarantee (as far as that node's excess goes, counting victims already stopping), not
     # only the jobs flagged as borrowed when they started — which may sit on other nodes than the ones a gang

@@ -34,6 +34,7 @@ JOB_CSV_COLUMNS = (
     "preemptions",
     "failures",
     "starved_s",
+    "starved_alone_s",
     "nodes",
     "runs",
 )
@@ -44,6 +45,7 @@ TENANT_CSV_COLUMNS = (
     "never_started",
     "guarantee_gpus",
     "within_guarantee",
+    "within_guarantee_alone",
     "starved_s",
     "longest_starved_s",
     "queued_avg_s",
@@ -117,6 +119,7 @@ def job_rows(result: SimResult, timeline: JobTimeline) -> list[dict[str, Any]]:
                 "preemptions": job.preemptions,
                 "failures": job.failures,
                 "starved_s": job.starved_s,
+                "starved_alone_s": job.starved_alone_s,
                 "nodes": "|".join(nodes),
                 "runs": ";".join(run.text() for run in runs),
             }

@@ -75,6 +75,10 @@ class SimConfig:
     hold_for_preemptor: bool = True
 
 
+# With nothing else left to happen and jobs still waiting, the simulator looks again every quarter usage
+# half-life (time-based rules: back-offs, decaying use) at most this many times in a row without a start.
+IDLE_LOOKS = 96
+
 class Ev(IntEnum):
     """Event kinds; at equal times lower values go first (capacity is freed before it is asked for)."""
 
@@ -127,11 +131,15 @@ class JobRecord:
     starts: int = 0
     preemptions: int = 0
     failures: int = 0
-    starved_s: float = 0.0  # time waiting while its tenant was below its guarantee (job would have fit in it)
+    # Time waiting while owed room in its tenant's unused guarantee: the room (guarantee - held) is handed out
+    # over the tenant's waiting jobs in queue order (preemptors the engine holds devices for first, then
+    # priority, submit time, trace order), each job that fits taking its size out of what is left — a tenant one
+    # card below its guarantee with a thousand one-card jobs queued owes that card to one of them, not to each.
+    starved_s: float = 0.0
     longest_starved_s: float = 0.0  # the longest single such wait
-    # The same, except while the room in the guarantee was already being freed for another job of its tenant
-    # (a preemptor waiting for its victims to stop): room promised to one job is not unused for the next.
-    starved_net_s: float = 0.0
+    # The stricter reading: time waiting while the job alone would have fit in its tenant's unused guarantee,
+    # whatever the jobs ahead of it wait for (every one of the thousand jobs above counts).
+    starved_alone_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -179,7 +187,8 @@ class _Run:
     allocs: tuple[Allocation, ...] = ()
     pending: PendingJob | None = None
     starved_since: float | None = None
-    starved_net_since: float | None = None
+    starved_alone_since: float | None = None
+    queue_key: tuple[int, float, int] = (0, 0.0, 0)  # the tenant's queue order: -priority, submit, trace order
     millis_held: int = 0
 
 
@@ -200,7 +209,10 @@ class Simulator:
         self.sp = policy
         self.p = policy.policy
         self.c = config or SimConfig()
-        self.runs = [_Run(job=j, record=_record(j), remaining_s=j.duration_s) for j in workload.jobs]
+        self.runs = [
+            _Run(job=j, record=_record(j), remaining_s=j.duration_s, queue_key=(-int(j.priority), j.submit_s, i))
+            for i, j in enumerate(workload.jobs)
+        ]
         self.by_id = {r.job.job_id: r for r in self.runs}
         self.index = {r.job.job_id: i for i, r in enumerate(self.runs)}
         if len(self.by_id) != len(self.runs):
@@ -217,6 +229,7 @@ class Simulator:
         self.now = 0.0
         self.cycle_at: float | None = None
         self.tick_at: float | None = None
+        self.idle_looks = 0  # looks again with nothing else to happen since the last start (``IDLE_LOOKS``)
         self.last_cycle = -math.inf
         self.pending: dict[str, _Run] = {}
         self.holds: tuple[Hold, ...] = ()  # the last plan's holds, for the next snapshot
@@ -286,7 +299,7 @@ class Simulator:
             self._push(r.job.submit_s, Ev.ARRIVE, i)
         self._schedule_failures()
         horizon = self.c.horizon_s
-        while self.heap:
+        while self.heap or self._look_again():
             t, kind, _, idx, epoch = heapq.heappop(self.heap)
             if horizon is not None and t > horizon:
                 break
@@ -589,7 +602,21 @@ class Simulator:
             # Jobs placed now become preemption candidates after the minimum runtime: look again then.
             self.tick_at = t + self.p.min_runtime_before_preempt_s + 1.0
             self._push(self.tick_at, Ev.TICK)
+        self.idle_looks = 0 if placed else self.idle_looks
         self._flag_starved(t)
+
+    def _look_again(self) -> bool:
+        """Nothing else will happen, yet preempted jobs wait: what they wait for may be time itself (a
+        borrowing back-off, tenants' decaying use), so look again later, as the real beat would — a bounded number of
+        times, so a job that can never start does not keep the clock running for ever. False: the run ends."""
+        if not self.p.preemption or self.idle_looks >= IDLE_LOOKS:
+            return False
+        if not any(run.record.preemptions for run in self.pending.values()):
+            return False  # only a preempted job waits for time (its back-off, a firm loan's idle guarantee)
+        self.idle_looks += 1
+        self.tick_at = self.now + self.p.usage_half_life_s / 4
+        self._push(self.tick_at, Ev.TICK)
+        return True
 
     def _plan_and_apply(self, t: float, pending: list[_Run]) -> bool:
         if not pending:
@@ -644,35 +671,38 @@ class Simulator:
         self.usage = usage
 
     def _flag_starved(self, t: float) -> None:
-        """A waiting job 'starves' while it would fit in its tenant's unused guarantee; the cluster is 'starved
-        while borrowed' while some tenant starves and another holds more than its guarantee."""
+        """A waiting job 'starves' while it is owed room in its tenant's unused guarantee (``JobRecord.starved_s``:
+        the room handed out in queue order); the cluster is 'starved while borrowed' while some tenant starves
+        and another holds more than its guarantee."""
         self._account_starvation(t)
         starving: set[str] = set()
         beyond: set[str] = set()
         preemptors = {h.job_id for h in self.holds}
-        claimed: dict[str, int] = defaultdict(int)  # per tenant: millis being freed for its waiting preemptors
-        for job_id in preemptors:
-            run = self.pending.get(job_id)
-            if run is not None:
-                claimed[run.job.tenant] += run.job.charged_millis
+        waiting: dict[str, list[_Run]] = defaultdict(list)
         for run in self.pending.values():
-            j = run.job
-            within = self.tenant_held[j.tenant] + j.charged_millis <= self.guarantee.get(j.tenant, 0)
-            if within and run.starved_since is None:
-                run.starved_since = t
-            elif not within:
-                self._unflag(run, t)
-            others = claimed[j.tenant] - (j.charged_millis if j.job_id in preemptors else 0)
-            net = within and self.tenant_held[j.tenant] + others + j.charged_millis <= self.guarantee.get(j.tenant, 0)
-            if net and run.starved_net_since is None:
-                run.starved_net_since = t
-            elif not net and run.starved_net_since is not None:
-                run.record.starved_net_s += t - run.starved_net_since
-                run.starved_net_since = None
-            if run.starved_since is not None:
-                starving.add(j.tenant)
-                if t - run.starved_since > self.tolerance:
-                    beyond.add(j.tenant)
+            waiting[run.job.tenant].append(run)
+        for tenant, runs in waiting.items():
+            unused = room = self.guarantee.get(tenant, 0) - self.tenant_held[tenant]
+            runs.sort(key=lambda r: (r.job.job_id not in preemptors, r.queue_key))
+            for run in runs:
+                size = run.job.charged_millis
+                alone = size <= unused
+                owed = size <= room
+                if owed:
+                    room -= size
+                if alone and run.starved_alone_since is None:
+                    run.starved_alone_since = t
+                elif not alone and run.starved_alone_since is not None:
+                    run.record.starved_alone_s += t - run.starved_alone_since
+                    run.starved_alone_since = None
+                if owed and run.starved_since is None:
+                    run.starved_since = t
+                elif not owed:
+                    self._close_starved(run, t)
+                if run.starved_since is not None:
+                    starving.add(tenant)
+                    if t - run.starved_since > self.tolerance:
+                        beyond.add(tenant)
         borrowing = {x for x, held in self.tenant_held.items() if held > self.guarantee.get(x, 0)}
 
         def other(tenants: set[str]) -> bool:
@@ -689,15 +719,18 @@ class Simulator:
                 self.starved_beyond_s += t - self.starve_at
         self.starve_at = t
 
-    def _unflag(self, run: _Run, t: float) -> None:
+    def _close_starved(self, run: _Run, t: float) -> None:
         if run.starved_since is not None:
             waited = t - run.starved_since
             run.record.starved_s += waited
             run.record.longest_starved_s = max(run.record.longest_starved_s, waited)
             run.starved_since = None
-        if run.starved_net_since is not None:
-            run.record.starved_net_s += t - run.starved_net_since
-            run.starved_net_since = None
+
+    def _unflag(self, run: _Run, t: float) -> None:
+        self._close_starved(run, t)
+        if run.starved_alone_since is not None:
+            run.record.starved_alone_s += t - run.starved_alone_since
+            run.starved_alone_since = None
 
 
 def _record(job: SimJob) -> JobRecord:

@@ -113,6 +113,66 @@ def test_priority_protection_doubles_with_each_earlier_preemption():
     assert case(2) == ()  # 1000 s < 1200 s: still protected
 
 
+def test_a_job_preempted_as_often_as_the_ceiling_allows_is_not_preempted_again():
+    # team-b borrows team-a's card; team-a's job within its guarantee reclaims it — unless the borrower was
+    # already preempted three times. Priority preemption inside one tenant stops at the ceiling too.
+    def reclaimed(preemptions: int, ceiling: int | None = 3) -> list[str]:
+        borrower = alloc(
+            "b1", "n1-gpu0", "team-b", borrowed_millis=1000, started_at=NOW - 5000, preemptions=preemptions
+        )
+        s = snapshot(
+            [node("n1", 1)],
+            allocations=[borrower],
+            pending=[job("a1", "team-a")],
+            quotas=[quota("team-a", 1), quota("team-b", 0)],
+            now=NOW,
+        )
+        return [p.job_id for p in plan(s, Policy(max_preemptions_per_job=ceiling)).preemptions]
+
+    def by_priority(preemptions: int) -> list[str]:
+        low = alloc("low", "n1-gpu0", priority=200, started_at=NOW - 100_000, preemptions=preemptions)
+        s = snapshot([node("n1", 1)], allocations=[low], pending=[job("high", priority=800)], now=NOW)
+        return [p.job_id for p in plan(s, Policy()).preemptions]
+
+    assert reclaimed(2) == ["b1"]
+    assert reclaimed(3) == []
+    assert reclaimed(3, ceiling=None) == ["b1"]
+    assert by_priority(2) == ["low"]
+    assert by_priority(3) == []
+
+
+def test_a_job_at_the_ceiling_borrows_only_guarantee_its_owners_left_idle_for_a_while():
+    # team-b's 2-card job is larger than its one-card guarantee: it must borrow a card of team-a's (guarantee
+    # 2, holding nothing now; the 3 cards are all promised). At the ceiling its loan would be firm, so
+    # team-a's recent use counts too.
+    def case(preemptions: int, team_a_recent: float = 0.0, firm_out: bool = False, team_a_queued: int = 0):
+        big = job("b1", "team-b", cards=2, preemptions=preemptions, last_preempted_at=NOW - 1_000_000)
+        # team-a's queued work, waiting for a node of another zone.
+        queued = [job("a1", "team-a", cards=team_a_queued, node_selector={"zone": "b"})] if team_a_queued else []
+        out = [alloc("b0", "n1-gpu2", "team-b", borrowed_millis=1000, started_at=NOW - 10, preemptions=3)]
+        s = snapshot(
+            [node("n1", 3)],
+            pending=[big, *queued],
+            allocations=out if firm_out else [],
+            quotas=[quota("team-a", 2), quota("team-b", 1)],
+            usage={"team-a": {FLAVOR: team_a_recent}} if team_a_recent else {},
+            now=NOW,
+        )
+        return plan(s, Policy())
+
+    assert [p.job_id for p in case(3).places] == ["b1"]  # team-a has been idle: a firm loan of one card
+    busy = case(3, team_a_recent=1500)  # team-a held 1.5 cards on average lately: half a card is idle
+    assert busy.places == ()
+    (why,) = busy.explanations
+    assert why.code == PendingReason.NO_LENDABLE_CAPACITY
+    assert "not preempted again, so it borrows only guarantee other tenants have left idle" in why.message
+    assert [p.job_id for p in case(2, team_a_recent=1500).places] == ["b1"]  # below the ceiling: an ordinary loan
+    assert [p.job_id for p in case(3, team_a_queued=2).places] == []  # team-a has work queued: not idle
+    # A firm loan of one card is already out: team-a's two idle cards, less that one, cannot cover the two
+    # cards b1 would now borrow.
+    assert case(3, firm_out=True).places == ()
+
+
 def test_reclaim_takes_the_borrower_preempted_fewer_times_before_the_one_with_less_work_lost():
     often = alloc("often", "n1-gpu0", "team-b", borrowed_millis=1000, started_at=NOW - 400, preemptions=3)
     once = alloc("once", "n1-gpu1", "team-b", borrowed_millis=1000, started_at=NOW - 5000, preemptions=0)

@@ -33,6 +33,17 @@ def test_preemptible_training_runs_on_an_idle_reservation():
     assert place.assignments[0].device_uuid == "n1-gpu0"
 
 
+def test_training_at_the_churn_ceiling_may_not_borrow_a_reservation_the_service_could_not_take_back():
+    def places(preemptions: int, ceiling: int | None = 3) -> int:
+        train = job("train", kind=JobKind.TRAINING, preemptions=preemptions, last_preempted_at=0.0)
+        s = snapshot([node("n1", 1)], reservations=(_reservation("n1-gpu0"),), pending=[train], now=NOW)
+        return len(plan(s, Policy(max_preemptions_per_job=ceiling)).places)
+
+    assert places(2) == 1
+    assert places(3) == 0
+    assert places(3, ceiling=None) == 1
+
+
 def test_non_preemptible_training_may_not_borrow_a_reservation():
     s = snapshot([node("n1", 1)], reservations=(_reservation("n1-gpu0"),), pending=[job("train", preemptible=False)])
     assert not plan(s, Policy()).places
