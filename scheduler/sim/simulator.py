@@ -79,6 +79,7 @@ class SimConfig:
 # half-life (time-based rules: back-offs, decaying use) at most this many times in a row without a start.
 IDLE_LOOKS = 96
 
+
 class Ev(IntEnum):
     """Event kinds; at equal times lower values go first (capacity is freed before it is asked for)."""
 

@@ -239,7 +239,7 @@ def test_the_room_skips_a_job_too_big_for_it_and_goes_to_a_smaller_one_behind():
         gpus=4,
     )
     result = simulate(w, policies.get("fifo"), SimConfig(cycle_interval_s=1.0, guarantee_tolerance_s=10))
-    a, big, small = result.jobs
+    _, big, small = result.jobs
 
     assert big.starved_s == 0 and big.starved_alone_s == 0
     assert small.starved_s == pytest.approx(100 - 11) and small.starved_alone_s == pytest.approx(100 - 11)
