@@ -87,6 +87,7 @@ def test_the_compiled_snapshot_is_the_one_the_querysets_build(member, tenant, mo
     assert [(q.tenant, q.limit_millis) for q in compiled.quotas] == [("team-a", 3000)]
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="elsewhere a query with arguments is built for each call")
 def test_a_warm_snapshot_and_persist_step_compile_no_sql(member, tenant, compiles, monkeypatch):
     counted, counting = compiles
     node_with_devices(2, name="node-a")
