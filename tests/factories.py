@@ -10,6 +10,7 @@ import datetime as dt
 import functools
 
 import factory
+from django.conf import settings
 from django.contrib.auth.hashers import make_password
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -19,9 +20,14 @@ from tenants.models import ApiToken, Membership, MembershipRole, PlatformRole, T
 TEST_PASSWORD = "correct-horse-battery-staple"
 
 
-@functools.cache
 def test_password_hash() -> str:
-    """The Argon2 hash of TEST_PASSWORD, computed once per test run."""
+    """The hash of TEST_PASSWORD under the hashers in force (Argon2, or a fast one a test module sets), computed
+    once per run for each: a hash cached under one module's hashers does not verify under another's."""
+    return _password_hash(tuple(settings.PASSWORD_HASHERS))
+
+
+@functools.cache
+def _password_hash(hashers: tuple[str, ...]) -> str:
     return make_password(TEST_PASSWORD)
 
 
