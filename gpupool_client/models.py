@@ -131,6 +131,8 @@ class Job(Model):
     preemptible: bool = True
     replicas: int = 1
     flavors: tuple[str, ...] = ()
+    #: True: the flavors are alternatives (the pool picks); False: tried in the order given.
+    any_flavor: bool = False
     millis_per_replica: int = 0
     gpus_per_replica: float = 0.0
     memory_mib_per_replica: int = 0

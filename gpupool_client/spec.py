@@ -105,6 +105,7 @@ def build_spec(
     fraction: float | None = None,
     memory: str | None = None,
     flavors: Sequence[str] = (),
+    any_flavor: bool | None = None,
     replicas: int | None = None,
     priority: str | None = None,
     cpus: float | None = None,
@@ -141,6 +142,8 @@ def build_spec(
     if flavors:
         resources.pop("flavor", None)
         resources["flavors"] = list(flavors)
+    if any_flavor:
+        resources["any_flavor"] = True
     if cpus is not None:
         resources["cpu_cores"] = cpus
     if mem is not None:

@@ -111,7 +111,7 @@ TOP_LEVEL_FIELDS = {
     "image",
 }
 ARRAY_FIELDS = {"count"}
-RESOURCE_FIELDS = {"flavors", "flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
+RESOURCE_FIELDS = {"flavors", "flavor", "any_flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
 PRIORITY_NAMES = {choice.name.lower(): choice.value for choice in PriorityClass}
 
 
@@ -148,6 +148,9 @@ class JobSpec:
     array_count: int | None = None
     #: An OCI image to run the command in ("" : none); such a job only goes to nodes with a container runtime.
     image: str = ""
+    #: The flavors are alternatives, not an order of preference: the scheduler picks the one where the job
+    #: borrows, then fragments, the least (``core.ReplicaRequest.any_flavor``).
+    any_flavor: bool = False
 
     @property
     def total_millis(self) -> int:
@@ -344,6 +347,9 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
     flavors = list(dict.fromkeys(flavors))
     if known_flavors is not None:
         check_flavors(flavors, known_flavors)
+    any_flavor = value.get("any_flavor", False)
+    if not isinstance(any_flavor, bool):
+        raise _fail("resources.any_flavor", "must be true or false.")
 
     has_gpus, has_millis = "gpus" in value, "millis" in value
     if has_gpus == has_millis:
@@ -372,6 +378,7 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
     )
     return {
         "flavors": flavors,
+        "any_flavor": any_flavor,
         "millis": millis,
         "memory_mib": memory_mib,
         "cpu_millicores": round(cpu_cores * 1000),
@@ -473,6 +480,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         "max_replicas": max_replicas,
         "resources": {
             "flavors": resources["flavors"],
+            **({"any_flavor": True} if resources["any_flavor"] else {}),
             **(
                 {"gpus": resources["millis"] // MILLIS_PER_DEVICE}
                 if resources["millis"] >= MILLIS_PER_DEVICE
@@ -502,6 +510,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         flavors=tuple(resources["flavors"]),
+        any_flavor=resources["any_flavor"],
         millis_per_replica=resources["millis"],
         memory_mib_per_replica=resources["memory_mib"],
         cpu_millicores_per_replica=resources["cpu_millicores"],

@@ -168,6 +168,9 @@ class Job(models.Model):
     max_replicas = models.PositiveSmallIntegerField(null=True, blank=True)
     # Flavor names, any of them, in order of preference (validated against ResourceFlavor at submit).
     flavors = models.JSONField(default=list)
+    # True: the flavors are alternatives, not a preference — the scheduler picks the one where the job borrows,
+    # then fragments, the least (``resources.any_flavor`` in the spec).
+    any_flavor = models.BooleanField(default=False, db_default=False)
     millis_per_replica = models.PositiveIntegerField()
     memory_mib_per_replica = models.PositiveIntegerField(default=0)
     cpu_millicores_per_replica = models.PositiveIntegerField(default=0)

@@ -499,6 +499,7 @@ PENDING_COLUMNS = (
     "cpu_millicores_per_replica",
     "host_memory_mib_per_replica",
     "preemption_count",
+    "any_flavor",
 )
 EXPLANATION_COLUMNS = ("pending_reason_code", "pending_message", "position_in_tenant", "position_overall")
 
@@ -526,6 +527,7 @@ def _pending_job(row: tuple, tenants: dict[int, str]) -> core.PendingJob:
         cpu_millicores,
         host_memory_mib,
         preemption_count,
+        any_flavor,
     ) = row[: len(PENDING_COLUMNS)]
     return core.PendingJob(
         job_id=str(pk),
@@ -536,6 +538,7 @@ def _pending_job(row: tuple, tenants: dict[int, str]) -> core.PendingJob:
             memory_mib=memory_mib,
             cpu_millicores=cpu_millicores,
             host_memory_mib=host_memory_mib,
+            any_flavor=any_flavor,
         ),
         preemptions=preemption_count,
         priority=priority,

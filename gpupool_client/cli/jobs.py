@@ -53,7 +53,19 @@ MAX_DETAIL_LOOKUPS = 50
 @click.option("--gpus", type=click.IntRange(1, 64), help="Whole cards per replica.")
 @click.option("--fraction", type=float, help="Part of one card per replica: 0.1 to 0.99 (needs --memory).")
 @click.option("--memory", metavar="SIZE", help="Device memory per replica, e.g. 8Gi (with --fraction).")
-@click.option("--flavor", "flavors", multiple=True, metavar="FLAVOR", help="Card flavor; repeat for any of several.")
+@click.option(
+    "--flavor",
+    "flavors",
+    multiple=True,
+    metavar="FLAVOR",
+    help="Card flavor; repeat for several, in order of preference.",
+)
+@click.option(
+    "--any-flavor",
+    is_flag=True,
+    default=None,
+    help="The --flavor cards are alternatives: the pool picks where it fits best.",
+)
 @click.option("--replicas", type=click.IntRange(1, 256), help="Gang size: all replicas start together or none.")
 @click.option("--priority", type=click.Choice(PRIORITIES), help="Priority class (default normal).")
 @click.option("--cpus", type=click.FloatRange(0, 1024), help="CPU cores per replica.")
@@ -114,6 +126,13 @@ def submit(
         assert job is not None
         reason = f": {job.pending_reason}" if job.pending_reason else ""
         click.echo(f"Submitted job {job.id} to {job.tenant} ({job.state}){again}{reason}")
+
+
+def _flavors_text(job: Job) -> str:
+    """``a, b`` for flavors tried in that order, ``a or b (whichever fits the pool best)`` for alternatives."""
+    if job.any_flavor and len(job.flavors) > 1:
+        return " or ".join(job.flavors) + " (whichever fits the pool best)"
+    return ", ".join(job.flavors)
 
 
 def _only_flavor(client: Client) -> str:
@@ -256,7 +275,7 @@ def show(job_id: int, as_json: bool) -> None:
         lines.append(("Expected start", f"{local_time(expected)} ({relative_text(expected, now)})"))
     memory = f", {job.memory_mib_per_replica} MiB device memory" if job.memory_mib_per_replica else ""
     lines += [
-        ("Resources", f"{gpus_text(job)} card(s) of {', '.join(job.flavors)}{memory}"),
+        ("Resources", f"{gpus_text(job)} card(s) of {_flavors_text(job)}{memory}"),
         ("Priority", f"{job.priority_class} ({job.kind}{', preemptible' if job.preemptible else ''})"),
         ("Command", command_text(job.command)),
         ("Submitted", local_time(job.submitted_at)),

@@ -198,6 +198,7 @@ class JobSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
             "min_replicas",
             "max_replicas",
             "flavors",
+            "any_flavor",
             "millis_per_replica",
             "gpus_per_replica",
             "memory_mib_per_replica",

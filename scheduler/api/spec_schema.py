@@ -34,6 +34,11 @@ class JobSpecResources(serializers.Serializer):
         help_text="Acceptable flavors in order of preference (GET /api/v1/flavors/).",
     )
     flavor = serializers.SlugField(max_length=64, required=False, help_text="One flavor (instead of flavors).")
+    any_flavor = serializers.BooleanField(
+        required=False,
+        help_text="The flavors are alternatives, not an order of preference: the scheduler picks the one where the "
+        "job borrows, then fragments the pool, the least. Default false.",
+    )
     gpus = serializers.IntegerField(
         min_value=1, max_value=jobspec.MAX_GPUS_PER_REPLICA, required=False, help_text="Whole cards per replica."
     )

@@ -231,6 +231,7 @@ def _new_job(
         min_replicas=parsed.min_replicas,
         max_replicas=parsed.max_replicas,
         flavors=list(parsed.flavors),
+        any_flavor=parsed.any_flavor,
         millis_per_replica=parsed.millis_per_replica,
         memory_mib_per_replica=parsed.memory_mib_per_replica,
         cpu_millicores_per_replica=parsed.cpu_millicores_per_replica,

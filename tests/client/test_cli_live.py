@@ -15,6 +15,7 @@ from tenants.models import Tenant
 from tenants.services.quotas import quota_set
 from tests.client.conftest import place_and_start, submitted_id
 from tests.factories import SystemAdminFactory
+from tests.scheduler.factories import FlavorFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -79,6 +80,18 @@ def test_submit_options_and_a_yaml_file_become_the_spec(pool, run_cli, tmp_path)
     body = run_cli("submit", "-f", str(spec), "--fraction", "0.5", "--memory", "1Gi", "--env", "B=2", "--json").json()
     assert body["name"] == "from-file" and body["command"] == ["python", "a.py"]
     assert body["millis_per_replica"] == 500 and body["env"] == {"A": "1", "B": "2"}
+
+
+def test_any_flavor_submits_the_flavors_as_alternatives_and_show_says_so(pool, run_cli):
+    FlavorFactory(name="sim-40g", memory_mib=40960)
+    either = run_cli(
+        "submit", "--gpus", "1", "--flavor", "sim-80g", "--flavor", "sim-40g", "--any-flavor", "--json", "--", "a"
+    ).json()
+    ordered = run_cli("submit", "--gpus", "1", "--flavor", "sim-80g", "--flavor", "sim-40g", "--json", "--", "b").json()
+    assert (either["any_flavor"], ordered["any_flavor"]) == (True, False)
+    assert Job.objects.get(pk=either["id"]).any_flavor is True
+    assert "sim-80g or sim-40g (whichever fits the pool best)" in run_cli("show", str(either["id"])).stdout
+    assert "sim-80g, sim-40g" in run_cli("show", str(ordered["id"])).stdout
 
 
 def test_an_array_of_20_and_several_jobs_are_cancelled(pool, run_cli):

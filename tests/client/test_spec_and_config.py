@@ -41,6 +41,12 @@ def test_options_override_a_file_spec_and_whole_cards_give_way_to_a_fraction():
     assert base["resources"] == {"flavors": ["a"], "gpus": 2}  # the caller's dict is left alone
 
 
+def test_any_flavor_marks_the_flavors_as_alternatives():
+    spec = build_spec(command=["x"], gpus=1, flavors=["a", "b"], any_flavor=True)
+    assert spec["resources"] == {"flavors": ["a", "b"], "any_flavor": True, "gpus": 1}
+    assert "any_flavor" not in build_spec(command=["x"], gpus=1, flavors=["a", "b"])["resources"]
+
+
 def test_a_spec_without_a_command_or_cards_says_how_to_give_them():
     with pytest.raises(SpecError, match="put the command after --"):
         build_spec(gpus=1)

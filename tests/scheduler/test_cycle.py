@@ -32,6 +32,14 @@ def test_snapshot_reflects_nodes_devices_allocations_and_pending_jobs(member, no
     assert snap.allocations == ()
 
 
+def test_a_job_whose_flavors_are_alternatives_says_so_to_the_engine(member, node):
+    either = {**SPEC, "resources": {**SPEC["resources"], "any_flavor": True}}
+    plain, alternatives = job_submit(actor=member, spec=SPEC), job_submit(actor=member, spec=either)
+    requests = {j.job_id: j.request for j in build_snapshot().pending}
+    assert requests[str(plain.pk)].any_flavor is False
+    assert requests[str(alternatives.pk)].any_flavor is True
+
+
 def test_a_cycle_places_what_fits_and_explains_the_rest(member, node):
     jobs = [job_submit(actor=member, spec=SPEC) for _ in range(3)]
     result = run_cycle()

@@ -90,3 +90,12 @@ def test_priority_accepts_names_and_values():
 def test_a_spec_must_be_an_object():
     with pytest.raises(JobSpecError, match="JSON object"):
         validate_job_spec(["name"], known_flavors=FLAVORS)
+
+
+def test_flavors_may_be_alternatives_instead_of_an_order_of_preference():
+    two = {"flavors": ["nvidia-h100-80g", "ascend-910b"], "gpus": 1}
+    assert validate_job_spec(spec(resources=two), known_flavors=FLAVORS).any_flavor is False
+    parsed = validate_job_spec(spec(resources={**two, "any_flavor": True}), known_flavors=FLAVORS)
+    assert parsed.any_flavor is True and parsed.normalised["resources"]["any_flavor"] is True
+    with pytest.raises(JobSpecError, match=r"resources\.any_flavor: must be true or false"):
+        validate_job_spec(spec(resources={**two, "any_flavor": "yes"}), known_flavors=FLAVORS)
