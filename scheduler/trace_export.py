@@ -177,13 +177,14 @@ def trace_window(*, since: datetime, until: datetime, now: datetime | None = Non
             "preemptible",
             "runtime_estimate_s",
             "topology",
+            "any_flavor",
         )
     )
     jobs: list[SimJob] = []
     never_ran = 0
     topologies = {t.value: t for t in core.Topology}
     for pk, tenant, submitted_at, replicas, millis, memory, cpu, host_memory, flavors, priority, *rest in rows:
-        preemptible, estimate, topology = rest
+        preemptible, estimate, topology, any_flavor = rest
         duration = _merged_seconds(runs.get(pk, []))
         if duration <= 0:
             never_ran += 1
@@ -197,6 +198,7 @@ def trace_window(*, since: datetime, until: datetime, now: datetime | None = Non
                 millis=millis,
                 replicas=replicas,
                 flavors=tuple(flavors),
+                any_flavor=any_flavor,
                 memory_mib=memory,
                 priority=priority,
                 preemptible=preemptible,

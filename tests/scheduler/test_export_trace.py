@@ -49,6 +49,7 @@ def export(tmp_path, history, *extra: str) -> dict:
 
 def test_export_then_replay_runs_the_same_jobs_for_the_same_gpu_seconds(tmp_path, member, node):
     history = job_history(member, node)
+    type(history.jobs["half"]).objects.filter(pk=history.jobs["half"].pk).update(any_flavor=True)
 
     exported = export(tmp_path, history)
 
@@ -63,9 +64,12 @@ def test_export_then_replay_runs_the_same_jobs_for_the_same_gpu_seconds(tmp_path
     half = rows[str(jobs["half"].pk)]
     assert (half["millis"], half["memory_mib"], half["duration_s"], half["submit_s"]) == ("500", "10000", "1200", "31")
     assert rows[str(jobs["pair"].pk)]["cards"] == "2" and rows[str(jobs["pair"].pk)]["tenant"] == "team-a"
+    # A job whose flavors were alternatives replays as one.
+    assert (half["flavors"], half["any_flavor"], rows[str(jobs["pair"].pk)]["any_flavor"]) == ("sim-80g", "true", "")
     assert (tmp_path / "cluster.csv").read_text().splitlines()[1].startswith("node-a,,2,sim-80g,81920,64,524288")
 
     workload = load_trace(tmp_path / "jobs.csv", tmp_path / "cluster.csv", tmp_path / "tenants.csv")
+    assert {j.job_id for j in workload.jobs if j.any_flavor} == {str(jobs["half"].pk)}
     result = simulate(workload, SimPolicy("current", policy_from_settings()))
 
     finished = [j for j in result.jobs if j.finish_s is not None]
