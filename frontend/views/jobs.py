@@ -30,6 +30,7 @@ from scheduler import selectors as scheduler_selectors
 from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.models import FINAL_JOB_STATES, JobState
 from scheduler.services import jobs as job_services
+from scheduler.snapshot import policy_from_settings
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 from tenants.permissions import can_manage_job, is_auditor, is_system_admin
@@ -238,6 +239,8 @@ def job_detail(request, pk: int):
         "chart_devices": job_chart_devices(active),
         "subscribe_json": json.dumps([{"subscribe": {"node": n}} for n in subscribe]) if subscribe else "",
         "JobState": JobState,
+        # A job preempted this many times is not preempted again (``Policy.max_preemptions_per_job``).
+        "churn_ceiling": policy_from_settings().max_preemptions_per_job,
     }
     if request.headers.get("HX-Request"):
         rendered_state = request.GET.get("rendered_state")

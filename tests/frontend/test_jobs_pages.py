@@ -116,6 +116,23 @@ def test_job_page_explains_why_it_waits_and_lists_its_timeline(client, world):
     assert page.count("<li><strong>") >= 2  # submitted, queued
 
 
+def test_job_page_says_how_often_it_was_preempted_and_when_it_no_longer_will_be(client, world):
+    make_flavor("nvidia-a100-40g")
+    job = submit(world["bob"], world["vision"])
+    client.force_login(world["bob"])
+    assert 'data-testid="job-preemptions"' not in client.get(f"/console/jobs/{job.pk}/").content.decode()
+    Job.objects.filter(pk=job.pk).update(preemption_count=2)
+    assert "preempted 2 times</span>" in client.get(f"/console/jobs/{job.pk}/").content.decode()
+    Job.objects.filter(pk=job.pk).update(
+        preemption_count=3, flavors=["nvidia-h100-80g", "nvidia-a100-40g"], any_flavor=True
+    )
+    page = client.get(f"/console/jobs/{job.pk}/").content.decode()
+    assert "preempted 3 times (not preempted again)" in page
+    assert "nvidia-h100-80g / nvidia-a100-40g (whichever fits the pool best)" in page
+    chinese = client.get(f"/console/jobs/{job.pk}/", HTTP_ACCEPT_LANGUAGE="zh-hans").content.decode()
+    assert "已被抢占 3 次 (不会再被抢占)" in chinese
+
+
 def test_submitter_cancels_their_job(client, world):
     job = submit(world["bob"], world["vision"])
     client.force_login(world["bob"])
