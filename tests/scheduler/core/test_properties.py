@@ -339,6 +339,19 @@ preempting_policies = st.builds(
 )
 
 
+@settings(PROPERTY_SETTINGS, max_examples=300)  # about one example in twelve preempts anything
+@given(snapshots(), preempting_policies, st.data())
+def test_no_job_is_preempted_past_the_ceiling(snapshot, policy, data):
+    counts = {a.job_id: data.draw(st.integers(0, 4)) for a in snapshot.allocations}
+    snapshot = replace(
+        snapshot, allocations=tuple(replace(a, preemptions=counts[a.job_id]) for a in snapshot.allocations)
+    )
+    ceiling = policy.max_preemptions_per_job
+    assert ceiling == 3
+    for preempt in plan(snapshot, policy).preemptions:
+        assert counts[preempt.job_id] < ceiling, f"{preempt.job_id} preempted {counts[preempt.job_id]} times already"
+
+
 @settings(PROPERTY_SETTINGS, max_examples=150)
 @given(snapshots(), preempting_policies)
 def test_devices_held_for_a_preemptor_go_to_no_other_job_in_later_cycles(snapshot, policy):
