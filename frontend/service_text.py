@@ -276,6 +276,7 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("resources.millis: must be a multiple of %(step)s (1/100 card), got %(value)s."),
         gettext_noop("resources.memory_mib: is required for a fractional card: say how much device memory."),
         gettext_noop("resources.cpu_cores: must be a number between 0 and %(max)s."),
+        gettext_noop("resources.any_flavor: must be true or false."),
         gettext_noop("tenant: must be a tenant slug."),
         gettext_noop("preemptible: must be true or false."),
         gettext_noop("min_replicas: min_replicas and max_replicas apply to inference jobs only."),
