@@ -584,8 +584,7 @@ class _Cycle:
     def _on_idle_reservation(self, job: PendingJob, attempt: _Attempt) -> bool:
         """A preemptible training/batch job that fits nowhere may run on an idle inference reservation — not one
         at the churn ceiling (``Policy.max_preemptions_per_job``), which the service could not take back."""
-        ceiling = self.p.max_preemptions_per_job
-        if ceiling is not None and job.preemptions >= ceiling:
+        if self._at_ceiling(job):
             return False
         for service in self.reservations.services():
             assigned, _ = self.reservations.place(

@@ -225,8 +225,9 @@ class ReplicaRequest:
     memory_mib: int = 0  # required for a fraction; for whole cards the minimum card memory (0 = any)
     cpu_millicores: int = 0  # host CPU beside the replica's cards, on the same node (0: none asked)
     host_memory_mib: int = 0  # host memory beside the replica's cards, on the same node (0: none asked)
-    # The flavors are alternatives, not a preference (the submitter named no model): with the fragmentation
-    # strategy the job goes to the flavor where it raises fragmentation the least, not the first it fits on.
+    # The flavors are alternatives, not a preference (``"any_flavor": true`` in a job spec; a trace row naming
+    # no model): with the fragmentation strategy the job goes to the flavor where it borrows the least, then
+    # raises fragmentation the least, not the first it fits on.
     any_flavor: bool = False
 
     @property
@@ -352,9 +353,9 @@ class Policy:
     borrow_preemption_limit: int | None = 3
     # A hard ceiling on churn: a job preempted this many times is not preempted again, neither by reclaim, by
     # priority, by relocation nor by an inference service taking back its reservation (such a job does not go
-    # onto one). It may still borrow after the back-off above, and that loan is then firm: a lender whose
-    # unused guarantee is lent only to such jobs waits for them to end (the simulator counts that wait as
-    # starvation). None: no ceiling.
+    # onto one). It may still borrow after the back-off above, and that loan is then firm, so it is made only
+    # from guarantee its owners have left idle — above what they hold or their decayed use, plus what their
+    # queued jobs ask, less the firm loans out (``QuotaBook.idle_guarantee``). None: no ceiling.
     max_preemptions_per_job: int | None = 3
     # Reclaim by usage: a job within its guarantee may reclaim *any* preemptible job of a quota node that holds
     # more than its guarantee (as far as that node's excess goes, counting victims already stopping), not

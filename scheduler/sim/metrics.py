@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from scheduler.core.types import MILLIS_PER_DEVICE
 
-from .simulator import SimResult
+from .simulator import JobRecord, SimResult
 
 BIG_GANG_GPUS = 32  # "big gangs" in the figures: jobs of at least this many GPUs
 
@@ -38,6 +38,14 @@ def jain_index(values: Sequence[float]) -> float:
 
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
+
+
+def within_share(jobs: Sequence[JobRecord], tolerance_s: float, *, alone: bool = False) -> float:
+    """Share of ``jobs`` starved within their guarantee for no longer than ``tolerance_s`` in all
+    (``JobRecord.starved_s``; with ``alone``, ``starved_alone_s``); NaN for no jobs."""
+    if not jobs:
+        return math.nan
+    return sum(1 for j in jobs if (j.starved_alone_s if alone else j.starved_s) <= tolerance_s) / len(jobs)
 
 
 def summarize(result: SimResult) -> dict[str, float | int | str]:
@@ -80,7 +88,6 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
     for j in finished:
         speed[j.tenant].append(j.duration_s / max(j.finish_s - j.submit_s, 1e-9))
     tenant_speed = [mean(v) for _, v in sorted(speed.items())]
-    within = [j for j in jobs if j.starved_s <= result.guarantee_tolerance_s]
     queued = [j.queued_s for j in jobs]
     preempted = [float(j.preemptions) for j in jobs]
     gangs = [j.queued_s for j in jobs if j.gpus >= BIG_GANG_GPUS]
@@ -124,10 +131,8 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "lost_gpu_hours": result.lost_gpu_s / 3600.0,
         "restart_gpu_hours": result.overhead_gpu_s / 3600.0,
         "jain_fairness": jain_index(tenant_speed),
-        "within_guarantee": len(within) / len(jobs) if jobs else math.nan,
-        "within_guarantee_alone": (
-            sum(1 for j in jobs if j.starved_alone_s <= result.guarantee_tolerance_s) / len(jobs) if jobs else math.nan
-        ),
+        "within_guarantee": within_share(jobs, result.guarantee_tolerance_s),
+        "within_guarantee_alone": within_share(jobs, result.guarantee_tolerance_s, alone=True),
         "cycles": result.cycles,
         "plan_calls": result.plan_calls,
         "plan_ms_per_cycle": 1000.0 * result.plan_wall_s / result.plan_calls if result.plan_calls else 0.0,
@@ -152,10 +157,8 @@ def per_tenant(result: SimResult) -> list[dict[str, float | int | str]]:
                 "finished": len(jct),
                 "never_started": sum(1 for j in jobs if j.first_start_s is None),
                 "guarantee_gpus": result.guarantee_millis.get(tenant, 0) / MILLIS_PER_DEVICE,
-                "within_guarantee": sum(1 for j in jobs if j.starved_s <= result.guarantee_tolerance_s) / len(jobs),
-                "within_guarantee_alone": (
-                    sum(1 for j in jobs if j.starved_alone_s <= result.guarantee_tolerance_s) / len(jobs)
-                ),
+                "within_guarantee": within_share(jobs, result.guarantee_tolerance_s),
+                "within_guarantee_alone": within_share(jobs, result.guarantee_tolerance_s, alone=True),
                 "starved_s": sum(j.starved_s for j in jobs),
                 "longest_starved_s": max(j.longest_starved_s for j in jobs),
                 "queued_avg_s": mean(queued),

@@ -693,9 +693,8 @@ class Simulator:
                     room -= size
                 if alone and run.starved_alone_since is None:
                     run.starved_alone_since = t
-                elif not alone and run.starved_alone_since is not None:
-                    run.record.starved_alone_s += t - run.starved_alone_since
-                    run.starved_alone_since = None
+                elif not alone:
+                    self._close_starved_alone(run, t)
                 if owed and run.starved_since is None:
                     run.starved_since = t
                 elif not owed:
@@ -727,11 +726,14 @@ class Simulator:
             run.record.longest_starved_s = max(run.record.longest_starved_s, waited)
             run.starved_since = None
 
-    def _unflag(self, run: _Run, t: float) -> None:
-        self._close_starved(run, t)
+    def _close_starved_alone(self, run: _Run, t: float) -> None:
         if run.starved_alone_since is not None:
             run.record.starved_alone_s += t - run.starved_alone_since
             run.starved_alone_since = None
+
+    def _unflag(self, run: _Run, t: float) -> None:
+        self._close_starved(run, t)
+        self._close_starved_alone(run, t)
 
 
 def _record(job: SimJob) -> JobRecord:
