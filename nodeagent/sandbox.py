@@ -295,6 +295,13 @@ class Sandbox:
     def alive_pids(self, name: str) -> list[int]:
         return self._cgroups.pids(name) if self._cgroups is not None else []
 
+    def leftovers(self) -> list[str]:
+        """The names of the workloads whose control dir is still here (cleaned up only once their end is saved)."""
+        try:
+            return sorted(entry.name for entry in self.control_dir.iterdir() if entry.is_dir())
+        except FileNotFoundError:
+            return []
+
     def cleanup(self, name: str) -> None:
         """After the workload ended (its exit code and setup error read): kill stragglers, remove its cgroups
         and its control dir (the spec held the job's environment)."""

@@ -303,6 +303,7 @@ class WorkloadRunner:
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
         self.outbox = ReportOutbox(self.work_dir / OUTBOX_FILE, clock=clock)
         self._adopt()
+        self._clean_leftovers()
 
     # --- persistence -------------------------------------------------------------------------------------
 
@@ -422,6 +423,16 @@ class WorkloadRunner:
                 continue
             self._settle(record, lost_message="the process vanished while the agent was not running")
         self._save(everything=True)
+
+    def _clean_leftovers(self) -> None:
+        """Clean up the sandboxes no active workload owns: the previous agent was killed after saving a
+        workload's end and before its cleanup (or between making a sandbox and saving the workload)."""
+        if self.sandbox is None:
+            return
+        active = {record.cgroup for record in self.records.values() if record.active}
+        for name in self.sandbox.leftovers():
+            if name not in active:
+                self.sandbox.cleanup(name)
 
     # --- commands from the portal ------------------------------------------------------------------------
 
@@ -901,13 +912,18 @@ class WorkloadRunner:
         record.finished_at = self.clock()
         record.kill_after = None
         self._next_checkpoint_scan.pop(record.key, None)
-        if record.cgroup and self.sandbox is not None:
-            self.sandbox.cleanup(record.cgroup)  # after the OOM and exit code were read
         log.info("workloads: job %s replica %s %s (exit code %s)", record.job_id, record.replica, state, exit_code)
         # The outbox before state.json: killed in between, the next agent finds the workload still active,
         # settles it again and reports it again (a duplicate the portal ignores) instead of never.
         self._report(record)
         self._save()
+        # The sandbox's cleanup removes the exit code file, so only once the end is saved: killed before that,
+        # the next agent reads the same exit code again (not "lost"); killed after, it cleans up (:meth:`_adopt`).
+        self._clean_sandbox(record)
+
+    def _clean_sandbox(self, record: WorkloadRecord) -> None:
+        if record.cgroup and self.sandbox is not None:
+            self.sandbox.cleanup(record.cgroup)
 
     def _forget_old(self, now: float) -> None:
         old = [

@@ -172,3 +172,43 @@ def test_a_server_that_cannot_start_leaves_the_workload_to_unshare(tmp_path: Pat
 
     assert (record.state, record.exit_code) == ("succeeded", 0)
     assert (Path(record.job_dir) / "output.log").read_text().strip() == str(record.uid)
+
+
+class _AgentKilled(BaseException):
+    """Stands for a SIGKILL of the agent at one line of its code (not an Exception: nothing catches it)."""
+
+
+@pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare")
+@pytest.mark.parametrize("killed_at", ["state.json", "the cleanup"])
+def test_an_agent_killed_while_recording_a_workloads_end_reports_the_same_end_after_a_restart(
+    tmp_path: Path, killed_at: str
+) -> None:
+    """Found by CI (stop 19): the agent cleaned the sandbox (its exit code file too) before saving the end in
+    ``state.json``; killed in between, the next agent found the workload active, no exit code, and said "lost"."""
+    runner = _runner(tmp_path, "work")
+    _start(runner, 1, "exit 5")
+
+    def die(*args, **kwargs) -> None:
+        raise _AgentKilled
+
+    if killed_at == "state.json":
+        runner._save = die
+    else:
+        runner.sandbox.cleanup = die
+    try:
+        with pytest.raises(_AgentKilled):
+            _finish(runner, 1)
+    finally:
+        runner.sandbox.close()  # its init server; nothing else of the killed agent runs on
+    assert [report.state for report in runner.outbox][-1] == "failed"  # reported before it was killed
+
+    again = WorkloadRunner(
+        work_dir=runner.work_dir, sandbox=Sandbox(SandboxConfig(pids_max=64), work_dir=runner.work_dir)
+    )
+    try:
+        record = again.records[(1, 0)]
+        assert (record.state, record.exit_code) == ("failed", 5)
+        assert [(report.state, report.exit_code) for report in again.outbox][-1] == ("failed", 5)
+        assert not (again.sandbox.control_dir / record.cgroup).exists()  # the job's spec (its environment) gone
+    finally:
+        again.close(stop_workloads=True, grace_s=2)
