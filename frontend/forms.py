@@ -13,7 +13,7 @@ from django.utils.translation import gettext_lazy as _
 
 from frontend.service_text import localize
 from portal import request_limits
-from scheduler.jobspec import EXAMPLE_COMMAND
+from scheduler.jobspec import EXAMPLE_COMMAND, MAX_FLAVORS
 from scheduler.models import JobKind, PriorityClass
 
 FRACTION_CHOICES = [(str(m), f"{m / 1000:.1f}") for m in range(100, 1000, 100)]
@@ -27,6 +27,10 @@ class DateInput(forms.DateInput):
 
     def __init__(self, attrs: dict | None = None, format: str | None = None) -> None:
         super().__init__(attrs=attrs, format=format or "%Y-%m-%d")
+
+
+#: The flavor choice that lets the scheduler pick among all of them (no flavor is named like this: names are slugs).
+ANY_FLAVOR = "*"
 
 
 class JobSubmitForm(forms.Form):
@@ -76,7 +80,14 @@ class JobSubmitForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["tenant"].choices = tenants
         labels = flavor_labels or {}
-        self.fields["flavor"].choices = [(f, labels.get(f, f)) for f in flavors]
+        self.flavors = list(flavors)
+        choices = [(f, labels.get(f, f)) for f in flavors]
+        if 1 < len(flavors) <= MAX_FLAVORS:
+            # The spec's resources.any_flavor: every flavor is an alternative, the scheduler keeps the best fit.
+            choices.append(
+                (ANY_FLAVOR, _("Any of them (the scheduler picks where the job borrows and strands the least)"))
+            )
+        self.fields["flavor"].choices = choices
 
     def clean(self) -> dict:
         data = super().clean()
@@ -95,7 +106,10 @@ class JobSubmitForm(forms.Form):
 
     def spec(self) -> dict:
         data = self.cleaned_data
-        resources: dict = {"flavors": [data["flavor"]]}
+        if data["flavor"] == ANY_FLAVOR:
+            resources: dict = {"flavors": self.flavors, "any_flavor": True}
+        else:
+            resources = {"flavors": [data["flavor"]]}
         if data["size"] == "fraction":
             resources["millis"] = int(data["millis"])
             resources["memory_mib"] = round(data["memory_gib"] * 1024)

@@ -199,3 +199,36 @@ def test_job_list_filters_by_state_group(client, world):
     assert "waiting-one" in page and "done-one" not in page
     page = client.get("/console/jobs/?state=finished").content.decode()
     assert "done-one" in page and "waiting-one" not in page
+
+
+def test_a_member_lets_the_scheduler_pick_among_the_flavors(client, world):
+    make_flavor("ascend-910b")
+    client.force_login(world["bob"])
+    page = client.get("/console/jobs/submit/").content.decode()
+    assert 'value="*"' in page and "Any of them" in page
+
+    response = client.post(
+        "/console/jobs/submit/",
+        {
+            "submit_form": "1",
+            "f-tenant": "vision",
+            "f-name": "anywhere",
+            "f-kind": "training",
+            "f-priority_class": "normal",
+            "f-replicas": "1",
+            "f-flavor": "*",
+            "f-size": "whole",
+            "f-gpus": "1",
+            "f-command": "python train.py",
+        },
+    )
+
+    job = Job.objects.get(name="anywhere")
+    assert response.status_code == 302
+    assert job.any_flavor is True
+    assert sorted(job.flavors) == ["ascend-910b", "nvidia-h100-80g"]
+
+
+def test_with_one_flavor_the_form_offers_no_choice_of_any(client, world):
+    client.force_login(world["bob"])
+    assert 'value="*"' not in client.get("/console/jobs/submit/").content.decode()
