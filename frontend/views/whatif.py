@@ -31,6 +31,7 @@ METRIC_LABELS = {
     "queued_p99_s": _("Total time queued, p99"),
     "queue_delay_avg_s": _("Time to first start, mean"),
     "within_guarantee": _("Jobs within their guarantee"),
+    "within_guarantee_alone": _("Jobs within their guarantee, each judged alone"),
     "starved_while_borrowed": _("Starved while others borrowed"),
     "starved_while_borrowed_beyond_tol": _("Starved beyond the tolerance"),
     "preemptions": _("Preemptions"),

@@ -41,6 +41,7 @@ METRICS = (
     Metric("queued_p99_s", "total time queued, p99", "s", True),
     Metric("queue_delay_avg_s", "time to first start, mean", "s", True),
     Metric("within_guarantee", "jobs within their guarantee", "share", False),
+    Metric("within_guarantee_alone", "jobs within their guarantee, each judged alone", "share", False),
     Metric("starved_while_borrowed", "starved while others borrowed", "share", True),
     Metric("starved_while_borrowed_beyond_tol", "starved beyond the tolerance", "share", True),
     Metric("preemptions", "preemptions", "count", True),
@@ -57,6 +58,7 @@ TENANT_METRICS = (
     Metric("queued_avg_s", "total time queued, mean", "s", True),
     Metric("queued_p99_s", "total time queued, p99", "s", True),
     Metric("within_guarantee", "jobs within their guarantee", "share", False),
+    Metric("within_guarantee_alone", "jobs within their guarantee, each judged alone", "share", False),
     Metric("preemptions", "preemptions", "count", True),
 )
 

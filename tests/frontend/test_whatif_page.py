@@ -45,6 +45,7 @@ def test_a_comparison_shows_both_policies_side_by_side_with_a_chart(admin):
     rows = {row["key"]: row for row in response.context["rows"]}
     assert rows["finished"]["current_text"] == rows["finished"]["proposed_text"] == "3"
     assert 'data-metric="jct_p99_s"' in page and 'data-metric="within_guarantee"' in page
+    assert 'data-metric="within_guarantee_alone"' in page
     assert page.count("<polyline") == 2 and 'points=""' not in page
     assert "<script>" not in page  # nothing inline: the CSP allows none
     assert "team-a" in page
