@@ -4,6 +4,7 @@
     sudo .venv/bin/python benchmarks/agent_job_cpu.py runner --jobs 100          # WorkloadRunner + Sandbox only
     sudo .venv/bin/python benchmarks/agent_job_cpu.py agent --no-init-server     # one unshare + interpreter per job
     sudo .venv/bin/python benchmarks/agent_job_cpu.py idle --seconds 10          # the agent with nothing to run
+    ... --finished 2000                     # the agent already keeps 2,000 workloads that ended earlier today
     ... --profile                                                               # cProfile of the agent's own time
 
 ``agent`` runs the real :class:`nodeagent.agent.Agent` (simulated backend, 8 cards, 1 s telemetry) against an
@@ -35,13 +36,39 @@ from nodeagent import protocol
 from nodeagent.agent import Agent, AgentSettings
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.sandbox import Sandbox, SandboxConfig, SandboxMode
-from nodeagent.workloads import WorkloadRunner
+from nodeagent.workloads import FINISHED_FILE, WorkloadRecord, WorkloadRunner
 
 
 def cpu_seconds() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def write_finished(work_dir: Path, count: int) -> None:
+    """``count`` workloads that ended within the last hour, as an agent that ran them today keeps them
+    (``finished.jsonl``; ids far above the benchmark's own jobs)."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    lines = []
+    for number in range(count):
+        job_dir = work_dir / "jobs" / f"{10_000_000 + number}-0"
+        record = WorkloadRecord(
+            command_id=10_000_000 + number,
+            job_id=10_000_000 + number,
+            replica=0,
+            job_dir=str(job_dir),
+            working_dir=str(job_dir / "work"),
+            checkpoint_dir=None,
+            started_at=now - 3600 + number,
+            state="succeeded",
+            exit_code=0,
+            finished_at=now - 3600 + number + 1,
+            sandbox="namespaces",
+            log_inode=[0, number],
+        )
+        lines.append(json.dumps(vars(record)))
+    (work_dir / FINISHED_FILE).write_text("".join(line + "\n" for line in lines))
 
 
 def make_runner(work: Path, args: argparse.Namespace, backend: SimulatedBackend | None = None) -> WorkloadRunner:
@@ -196,9 +223,13 @@ def main() -> None:
     parser.add_argument("--sandbox", choices=[mode.value for mode in SandboxMode], default="namespaces")
     parser.add_argument("--no-init-server", action="store_true", help="start each job with unshare + interpreter")
     parser.add_argument("--profile", action="store_true", help="print where the agent's own time goes")
+    parser.add_argument(
+        "--finished", type=int, default=0, help="workloads that ended earlier today, kept by the agent at the start"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpupool-agent-job-cpu-"))
     (work / "agent.json").write_text("{}")
+    write_finished(work / "work", args.finished)  # before the meter: the history is not the agent's work
     profiler = cProfile.Profile() if args.profile else None
     own_before, children_before = cpu_seconds()
     started = time.perf_counter()
@@ -223,7 +254,8 @@ def main() -> None:
     if jobs:
         print(f"jobs: {dict(ended)}")
         print(
-            f"{args.what}: {jobs} jobs `true`, sandbox {args.sandbox} ({server}), {wall_s:.1f} s wall. CPU ms per job: "
+            f"{args.what}: {jobs} jobs `true`, sandbox {args.sandbox} ({server}), {args.finished} finished before, "
+            f"{wall_s:.1f} s wall. CPU ms per job: "
             f"agent {own_ms / jobs:.1f} + children {children_ms / jobs:.1f} = {(own_ms + children_ms) / jobs:.1f}"
         )
     else:

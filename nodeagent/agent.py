@@ -300,14 +300,16 @@ class Agent:
             backend, process_interval_s=settings.process_interval_s, ecc_interval_s=settings.ecc_interval_s
         )
         self.logs = LogShipper(
-            lambda: self.runner.records.values(),
+            self.runner.log_sources,
+            on_done=self.runner.log_done,
             clock=clock,
             interval_s=settings.log_interval_s,
             backlog_bytes=settings.log_backlog_bytes,
         )
         self.fence = Fence(path=runner.work_dir / FENCE_FILE, clock=clock, override=settings.fence)
         self._log_acks_saved_at = float("-inf")
-        self._log_acks_unsaved = False
+        #: The workloads whose acknowledged log offset moved since the last save.
+        self._log_acks_unsaved: set[tuple[int, int]] = set()
         self.connection: Connection | None = None
         self.heartbeat_seq = 0
         #: When each recent heartbeat was sent (by ``seq``), to date the portal's ``heartbeat.ack``.
@@ -524,12 +526,12 @@ class Agent:
 
     def _save_log_acks(self, now: float) -> None:
         try:
-            self.runner.save()
+            self.runner.save(keys=self._log_acks_unsaved)
         except OSError:
             log.exception("agent: cannot save the acknowledged log offsets")
             return
         self._log_acks_saved_at = now
-        self._log_acks_unsaved = False
+        self._log_acks_unsaved = set()
 
     async def _flush_buffer(self, now: float) -> None:
         if self.buffer.dropped:
@@ -570,7 +572,7 @@ class Agent:
             self.runner.outbox.ack(message.report_id)
         elif isinstance(message, protocol.WorkloadLogAck):
             if self.logs.acknowledge(message, self.runner.records):
-                self._log_acks_unsaved = True
+                self._log_acks_unsaved.add((message.job_id, message.replica))
                 record = self.runner.records.get((message.job_id, message.replica))
                 if record is not None and not record.active:
                     self._save_log_acks(now)  # a finished workload's log: not sent again after a restart

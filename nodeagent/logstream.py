@@ -101,6 +101,8 @@ class _Cursor:
     """What this connection has sent of one replica's log (memory only: a new connection starts at acked)."""
 
     sent: int
+    #: The run it follows: a new run of the replica (another record) starts a new cursor.
+    record: object = None
     sent_at: float | None = None
     next_read_at: float = float("-inf")
     #: Whether the workload still ran at the last read: its end is read at once, not at the next interval.
@@ -115,6 +117,7 @@ class LogShipper:
         records: Callable[[], Iterable[LogSource]],
         *,
         clock: Callable[[], float],
+        on_done: Callable[[tuple[int, int]], None] | None = None,
         interval_s: float = LOG_INTERVAL_S,
         chunk_bytes: int = protocol.MAX_LOG_CHUNK_BYTES,
         in_flight_bytes: int = IN_FLIGHT_BYTES,
@@ -122,6 +125,9 @@ class LogShipper:
         resend_s: float = RESEND_S,
     ) -> None:
         self.records = records
+        #: Told the key of each replica whose log is done (the runner then stops offering it; ``due`` looks only
+        #: at what ``records`` gives, so a day of finished workloads costs nothing per step).
+        self.on_done = on_done
         self.clock = clock
         self.interval_s = interval_s
         self.chunk_bytes = min(chunk_bytes, protocol.MAX_LOG_CHUNK_BYTES)
@@ -129,8 +135,9 @@ class LogShipper:
         self.backlog_bytes = max(backlog_bytes, self.chunk_bytes)
         self.resend_s = resend_s
         self.cursors: dict[tuple[int, int], _Cursor] = {}
-        #: Replicas whose log is all acknowledged after they finished, or that the portal refused: not read again.
-        self.done: set[tuple[int, int]] = set()
+        #: Runs whose log is all acknowledged after they finished, or that the portal refused: not read again. By
+        #: replica, with the run (its record): a later run of the same replica is another record, and is read.
+        self.done: dict[tuple[int, int], object] = {}
         #: False while connected to a portal that does not know ``workload.log`` (it answered ``unknown_type``).
         self.enabled = True
 
@@ -146,15 +153,19 @@ class LogShipper:
             return []
         frames: list[protocol.WorkloadLog] = []
         records = list(self.records())
-        known = {(record.job_id, record.replica) for record in records}
-        self.done &= known  # workloads the runner forgot (a day after they ended)
-        for key in set(self.cursors) - known:
+        known = {(record.job_id, record.replica): record for record in records}
+        # Runs no longer offered: done and told (the runner no longer offers them), or forgotten (a day after
+        # they ended), or replaced by a new run.
+        self.done = {key: run for key, run in self.done.items() if known.get(key) is run}
+        for key in [key for key, cursor in self.cursors.items() if known.get(key) is not cursor.record]:
             del self.cursors[key]
         for record in records:
             key = (record.job_id, record.replica)
-            if key in self.done or record.log_inode is None:  # never started, or by an agent before live logs
+            if self.done.get(key) is record or record.log_inode is None:  # never started, or before live logs
                 continue
-            cursor = self.cursors.setdefault(key, _Cursor(sent=record.log_acked))
+            cursor = self.cursors.get(key)
+            if cursor is None:
+                cursor = self.cursors[key] = _Cursor(sent=record.log_acked, record=record)
             if cursor.sent > record.log_acked and cursor.sent_at is not None and now - cursor.sent_at >= self.resend_s:
                 cursor.sent = record.log_acked  # unacknowledged for too long: the portal missed it or failed
             just_ended = cursor.was_active and not record.active
@@ -170,7 +181,7 @@ class LogShipper:
         descriptor = open_output(Path(record.job_dir) / "output.log", record.log_inode)
         if descriptor is None:
             if not record.active:
-                self.done.add(key)
+                self._done(key, record)
             return []
         frames: list[protocol.WorkloadLog] = []
         try:
@@ -191,7 +202,7 @@ class LogShipper:
                 )
                 cursor.sent = record.log_acked = skip_to
             if not record.active and record.log_acked >= end:
-                self.done.add(key)
+                self._done(key, record)
                 return []
             limit = end if not record.active else min(end, record.log_acked + self.in_flight_bytes)
             while cursor.sent < limit:
@@ -233,7 +244,7 @@ class LogShipper:
                 ack.code,
                 ack.detail,
             )
-            self.done.add(key)
+            self._done(key, record)
             return False
         # Acks come in the order the pieces went; one for a piece past a lost one is not a contiguous ack.
         if ack.offset > record.log_acked or ack.next_offset <= record.log_acked:
@@ -246,10 +257,11 @@ class LogShipper:
                 cursor.sent_at = None
         return True
 
-    def forget(self, keys: Iterable[tuple[int, int]]) -> None:
-        for key in keys:
-            self.cursors.pop(key, None)
-            self.done.discard(key)
+    def _done(self, key: tuple[int, int], record: LogSource) -> None:
+        self.done[key] = record
+        self.cursors.pop(key, None)
+        if self.on_done is not None:
+            self.on_done(key)
 
     def unsupported(self) -> None:
         """The portal does not take ``workload.log`` (older than live logs): stop sending on this connection."""

@@ -46,7 +46,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,6 +72,8 @@ MAX_RUNTIME_GRACE_S = 30.0
 CHECKPOINT_SCAN_S = 5.0
 #: Finished workloads are kept (``finished.jsonl``) this long, so a repeated start for them is recognised.
 FINISHED_RETENTION_S = 24 * 3600.0
+#: How often the finished workloads are looked at for those past FINISHED_RETENTION_S (not at every step).
+FORGET_EVERY_S = 60.0
 LOG_TAIL_LINES = 40
 LOG_TAIL_BYTES = 16 * 1024
 
@@ -264,6 +266,22 @@ def open_output_for_append(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
 
 
+class _Records(dict):
+    """The runner's workloads by (job, replica), remembering which were put since the last save (new, or a new run
+    of a replica), and which may still have output for the log shipper: so that a step, a save and the shipper
+    look at the active workloads and those, not at a day of finished ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.put_since_save: set[tuple[int, int]] = set()
+        self.log_watch: set[tuple[int, int]] = set()
+
+    def __setitem__(self, key: tuple[int, int], record: WorkloadRecord) -> None:
+        super().__setitem__(key, record)
+        self.put_since_save.add(key)
+        self.log_watch.add(key)
+
+
 class WorkloadRunner:
     def __init__(
         self,
@@ -294,12 +312,13 @@ class WorkloadRunner:
         #: Starts waiting for an earlier run of the same replica to end (:meth:`_supersede`); in memory only: after a
         #: restart the portal's reconcile requeues a run the node no longer has.
         self._deferred: dict[tuple[int, int], protocol.WorkloadStart] = {}
-        self.records: dict[tuple[int, int], WorkloadRecord] = {}
+        self.records: _Records = _Records()
         self._popen: dict[tuple[int, int], subprocess.Popen | ServedProcess] = {}
         #: Each record's line (in ``state.json`` or ``finished.jsonl``) with the field values it was encoded from.
         self._state_lines: dict[tuple[int, int], tuple[tuple, str, WorkloadRecord | None]] = {}
         self._journal_lines = 0  # lines in finished.jsonl now (compacted when twice what it needs)
         self._active_keys: set[tuple[int, int]] = set()  # records whose saved line is in state.json
+        self._next_forget_at = float("-inf")
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
         self.outbox = ReportOutbox(self.work_dir / OUTBOX_FILE, clock=clock)
         self._adopt()
@@ -319,10 +338,32 @@ class WorkloadRunner:
     def state_path(self) -> Path:
         return self.work_dir / STATE_FILE
 
-    def save(self) -> None:
-        """Write the state now, every workload looked at (the agent calls it when acknowledged log offsets of
-        finished workloads moved)."""
-        self._save(everything=True)
+    def save(self, keys: Iterable[tuple[int, int]] | None = None) -> None:
+        """Write the state now, with the workloads of ``keys`` looked at besides the active ones (the agent names
+        those whose acknowledged log offsets moved); every workload when ``keys`` is None."""
+        if keys is None:
+            self._save(everything=True)
+            return
+        self.records.put_since_save.update(key for key in keys if key in self.records)
+        self._save()
+
+    def active_records(self) -> list[WorkloadRecord]:
+        """The workloads not finished, without looking at the finished ones (an active one was saved as active,
+        or was put since the last save)."""
+        records = self.records
+        found = (records.get(key) for key in self._active_keys | records.put_since_save)
+        return [record for record in found if record is not None and record.active]
+
+    def log_sources(self) -> list[WorkloadRecord]:
+        """The workloads whose output may still have to be shipped: all but those the log shipper said are done
+        (:meth:`log_done`) and those forgotten."""
+        records = self.records
+        records.log_watch.difference_update([key for key in records.log_watch if key not in records])  # forgotten
+        return [records[key] for key in records.log_watch]
+
+    def log_done(self, key: tuple[int, int]) -> None:
+        """The log shipper has shipped all of this run's output (or was refused): not offered again."""
+        self.records.log_watch.discard(key)
 
     def _save(self, *, everything: bool = False) -> None:
         """Write ``state.json`` (``{"version": 1, "workloads": [...]}``, one active workload per line) after
@@ -342,10 +383,9 @@ class WorkloadRunner:
                 active.discard(key)
             keys = list(self.records)
         else:
-            # A record replaced by a new run of the same replica is another object: looked at too.
-            keys = [
-                key for key, record in self.records.items() if key in active or lines.get(key, _NONE)[2] is not record
-            ]
+            # The active ones, and those put since the last save: new, or a new run of a replica (another object).
+            keys = [key for key in active | self.records.put_since_save if key in self.records]
+        self.records.put_since_save.clear()
         appended = []
         for key in keys:
             record = self.records[key]
@@ -399,6 +439,7 @@ class WorkloadRunner:
                 continue
             self.records[record.key] = record
             self._state_lines[record.key] = (tuple(vars(record).values()), line, record)
+        self.records.put_since_save.clear()  # their lines are the journal's: nothing to save
 
     def _adopt(self) -> None:
         """Load the state file of a previous run: re-adopt live workloads, settle the ones that ended."""
@@ -762,8 +803,8 @@ class WorkloadRunner:
         the (job, replica) pairs it began to stop; those already stopping for this reason are left as they are."""
         fenced = []
         deadline = self.clock() + max(0.0, grace_s)
-        for record in self.records.values():
-            if not record.active or record.stop_reason == protocol.FENCED:
+        for record in self.active_records():
+            if record.stop_reason == protocol.FENCED:
                 continue
             if record.term_sent_at is not None:
                 # Already stopping for its own reason (preempted, cancelled, max runtime), which it keeps; but it
@@ -811,9 +852,7 @@ class WorkloadRunner:
     def poll(self) -> None:
         """One step: reap finished workloads, enforce max runtime, SIGKILL after grace; queue status changes."""
         now = self.clock()
-        for record in list(self.records.values()):
-            if not record.active:
-                continue
+        for record in self.active_records():
             if not self._alive(record):
                 self._settle(record)
                 continue
@@ -926,6 +965,9 @@ class WorkloadRunner:
             self.sandbox.cleanup(record.cgroup)
 
     def _forget_old(self, now: float) -> None:
+        if now < self._next_forget_at:
+            return
+        self._next_forget_at = now + FORGET_EVERY_S
         old = [
             key
             for key, record in self.records.items()
@@ -970,8 +1012,7 @@ class WorkloadRunner:
         """Every workload still running, for the hello frame."""
         return [
             protocol.RunningWorkload(job_id=r.job_id, replica=r.replica, pid=r.pid, state=r.state)  # type: ignore[arg-type]
-            for r in self.records.values()
-            if r.active
+            for r in self.active_records()
         ]
 
     def known(self) -> list[protocol.RunningWorkload]:
@@ -1002,8 +1043,7 @@ class WorkloadRunner:
     def loads(self) -> list[WorkloadLoad]:
         return [
             WorkloadLoad(uuid=device["uuid"], millis=device["millis"], memory_mib=device.get("memory_mib"), pid=r.pid)
-            for r in self.records.values()
-            if r.active
+            for r in self.active_records()
             for device in r.devices
         ]
 
@@ -1014,7 +1054,7 @@ class WorkloadRunner:
         those still running after ``grace_s`` seconds of real time.
         """
         if stop_workloads:
-            active = [record for record in self.records.values() if record.active]
+            active = self.active_records()
             for record in active:
                 record.stop_reason = record.stop_reason or "agent_shutdown"
                 self._signal(record, signal.SIGTERM)

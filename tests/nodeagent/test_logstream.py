@@ -246,3 +246,28 @@ async def test_the_agent_streams_output_while_running_and_the_rest_before_the_fi
     assert texts[0] == "first\n"  # sent while the workload still ran
     assert first_piece < last_piece < final_report  # the last lines before the report that ends the job
     agent.runner.close(stop_workloads=True)
+
+
+def test_a_new_run_of_a_replica_whose_earlier_log_is_all_sent_is_streamed_too(tmp_path: Path) -> None:
+    """Found while making the shipper cheap (2026-12-04): a replica whose first run's log was all acknowledged was
+    marked done for good, so a second run on the same node (preempted, then placed here again) streamed nothing."""
+    first = _record(tmp_path, b"first\n", active=False)
+    records = [first]
+    shipper = LogShipper(lambda: records, clock=FakeClock())
+    for piece in shipper.due(0.0):
+        _ack(shipper, first, piece)
+    assert shipper.due(1.0) == []
+
+    with (Path(first.job_dir) / LOG_FILE).open("ab") as output:  # the rerun appends to output.log
+        output.write(b"second run\n")
+    second = WorkloadRecord(
+        command_id=2, job_id=7, replica=0, job_dir=first.job_dir, working_dir=first.job_dir, checkpoint_dir=None
+    )
+    second.state, second.log_inode = "running", first.log_inode
+    second.log_base = second.log_acked = 6  # the portal holds the first run's 6 bytes
+    second.log_start_pos = 6
+    records[:] = [second]
+
+    [piece] = shipper.due(2.0)
+
+    assert (piece.offset, piece.text, piece.next_offset) == (6, "second run\n", 17)

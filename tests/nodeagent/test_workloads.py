@@ -379,6 +379,42 @@ def test_a_new_run_of_a_finished_replica_is_in_state_json_and_adopted_after_a_re
     assert again.records[(1, 0)].command_id == 201 and again.records[(1, 0)].active
 
 
+def test_a_step_and_a_save_look_at_the_active_workloads_not_at_the_finished_ones(runner: WorkloadRunner) -> None:
+    """An agent keeps a day of finished workloads; its step and its saves cost the same whatever that holds
+    (``benchmarks/agent_job_cpu.py --finished``): only active workloads and those put since the last save are
+    looked at. A finished one changed behind the runner's back (no ``save(keys=…)``) is therefore not saved."""
+    for job_id in (1, 2):
+        runner.start(_start(job_id, command=_python("print('hi')")))
+        _run_until_final(runner, job_id)
+    runner.start(_start(3, command=["sleep", "60"], devices=[protocol.DeviceAssignment(uuid=H100_A, millis=500)]))
+    first, second = runner.records[(1, 0)], runner.records[(2, 0)]
+
+    assert runner.active_records() == [runner.records[(3, 0)]]
+    assert [load.pid for load in runner.loads()] == [runner.records[(3, 0)].pid]
+    first.log_acked = second.log_acked = 3  # the portal acknowledged both logs; the agent names only the first
+    runner.poll()
+    runner.save(keys=[(1, 0)])
+
+    again = WorkloadRunner(work_dir=runner.work_dir)
+    assert again.records[(1, 0)].log_acked == 3
+    assert again.records[(2, 0)].log_acked == 0
+    assert [record.key for record in again.active_records()] == [(3, 0)]
+
+
+def test_the_log_shipper_is_offered_a_run_until_it_is_done_and_a_new_run_of_it_again(runner: WorkloadRunner) -> None:
+    runner.start(_start(command=_python("print('hi')")))
+    _run_until_final(runner)
+    assert [record.key for record in runner.log_sources()] == [(1, 0)]
+
+    runner.log_done((1, 0))
+    assert runner.log_sources() == []
+    restarted = WorkloadRunner(work_dir=runner.work_dir)  # offered again: it may have output not yet shipped
+    assert [record.key for record in restarted.log_sources()] == [(1, 0)]
+
+    runner.start(_start(command=["sleep", "60"], command_id=201))  # placed here again after a preemption
+    assert [(record.key, record.command_id) for record in runner.log_sources()] == [((1, 0), 201)]
+
+
 def test_the_journal_is_compacted_and_a_line_cut_short_is_skipped(runner: WorkloadRunner) -> None:
     runner.start(_start(command=_python("print('hi')")))
     _run_until_final(runner)
