@@ -161,7 +161,11 @@ class LogShipper:
             del self.cursors[key]
         for record in records:
             key = (record.job_id, record.replica)
-            if self.done.get(key) is record or record.log_inode is None:  # never started, or before live logs
+            if self.done.get(key) is record:
+                continue
+            if record.log_inode is None:  # never started (refused), or by an agent before live logs: no output
+                if not record.active:
+                    self._done(key, record)
                 continue
             cursor = self.cursors.get(key)
             if cursor is None:

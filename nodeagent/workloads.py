@@ -385,7 +385,6 @@ class WorkloadRunner:
         else:
             # The active ones, and those put since the last save: new, or a new run of a replica (another object).
             keys = [key for key in active | self.records.put_since_save if key in self.records]
-        self.records.put_since_save.clear()
         appended = []
         for key in keys:
             record = self.records[key]
@@ -399,6 +398,7 @@ class WorkloadRunner:
                 active.add(key)
             else:
                 active.discard(key)
+        self.records.put_since_save.clear()  # once `active` holds those that are
         if appended:
             # Before state.json drops them: killed in between, the next agent finds them here, finished.
             with self.finished_path.open("a", encoding="utf-8") as journal:

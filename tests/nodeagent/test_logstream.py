@@ -271,3 +271,13 @@ def test_a_new_run_of_a_replica_whose_earlier_log_is_all_sent_is_streamed_too(tm
     [piece] = shipper.due(2.0)
 
     assert (piece.offset, piece.text, piece.next_offset) == (6, "second run\n", 17)
+
+
+def test_a_refused_start_has_no_output_and_is_not_offered_again(tmp_path: Path) -> None:
+    refused = _record(tmp_path, b"", active=False)
+    refused.log_inode = None  # the runner refused it before opening output.log
+    told: list[tuple[int, int]] = []
+    shipper = LogShipper(lambda: [refused], clock=FakeClock(), on_done=told.append)
+
+    assert shipper.due(0.0) == []
+    assert told == [(7, 0)]
