@@ -63,7 +63,6 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 FINISHED_FILE = "finished.jsonl"
-_NONE: tuple[tuple, str, None] = ((), "", None)  # no saved line yet
 EXIT_CODE_FILE = "exit_code"
 LOG_FILE = "output.log"
 #: Grace between SIGTERM and SIGKILL when a workload exceeds its ``max_runtime_s``.
