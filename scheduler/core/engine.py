@@ -53,6 +53,7 @@ from .types import (
     PreemptReason,
     Snapshot,
     Topology,
+    at_preemption_ceiling,
 )
 
 # Pending reasons for which holding capacity for the job makes sense (it is waiting for devices).
@@ -368,8 +369,7 @@ class _Cycle:
 
     def _at_ceiling(self, job: PendingJob) -> bool:
         """The job was preempted ``Policy.max_preemptions_per_job`` times: it is not preempted again."""
-        ceiling = self.p.max_preemptions_per_job
-        return ceiling is not None and job.preemptions >= ceiling
+        return at_preemption_ceiling(job.preemptions, self.p.max_preemptions_per_job)
 
     def _firm_loan(self, job: PendingJob, flavor: str, admission: Admission) -> Admission:
         """A job at the churn ceiling cannot be reclaimed, so whatever it borrows is a firm loan: it may borrow
@@ -378,9 +378,11 @@ class _Cycle:
         guarantee a busy tenant will want back within the hour."""
         assert admission.accounted_to is not None
         if flavor not in self._firm_out:
-            ceiling = self.p.max_preemptions_per_job or 0
+            ceiling = self.p.max_preemptions_per_job
             self._firm_out[flavor] = sum(
-                a.borrowed_millis for a in self.s.allocations if a.flavor == flavor and a.preemptions >= ceiling
+                a.borrowed_millis
+                for a in self.s.allocations
+                if a.flavor == flavor and at_preemption_ceiling(a.preemptions, ceiling)
             )
         placed = sum(p.borrowed_millis for p in self.places if p.flavor == flavor and p.job_id in self._firm_jobs)
         started = {p.job_id for p in self.places}

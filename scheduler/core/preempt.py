@@ -46,7 +46,16 @@ from dataclasses import dataclass, field
 from .capacity import Cluster
 from .placement import Placer, Take, rollback
 from .quota import QuotaBook
-from .types import MILLIS_PER_DEVICE, Allocation, JobKind, PendingJob, PreemptReason, Snapshot, Topology
+from .types import (
+    MILLIS_PER_DEVICE,
+    Allocation,
+    JobKind,
+    PendingJob,
+    PreemptReason,
+    Snapshot,
+    Topology,
+    at_preemption_ceiling,
+)
 
 # Bounds per search, so a cycle stays fast on big clusters: nodes looked at, victims tried on one node,
 # fit checks while pruning.
@@ -178,10 +187,9 @@ class Preemptor:
         self.min_runtime_s = min_runtime_s
         self.max_doublings = max(0, max_doublings)
         self.victims = build_victims(snapshot, cluster, restart_cost_s)
-        if max_preemptions is not None:
-            for v in self.victims.values():
-                if v.preemptions >= max_preemptions:
-                    v.preemptible = False  # the churn ceiling: preempted often enough already
+        for v in self.victims.values():
+            if at_preemption_ceiling(v.preemptions, max_preemptions):
+                v.preemptible = False  # the churn ceiling: preempted often enough already
         self.taken: set[str] = set()  # victims already chosen this cycle
         self.quota_searches = 0
         # Only preemptible victims past the minimum runtime can ever be chosen. Per flavor they are kept in

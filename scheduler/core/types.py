@@ -385,6 +385,12 @@ class Assignment:
     host_memory_mib: int = 0
 
 
+def at_preemption_ceiling(preemptions: int, ceiling: int | None) -> bool:
+    """A job (or allocation) preempted ``ceiling`` times is not preempted again (``Policy.max_preemptions_per_job``;
+    None: no ceiling)."""
+    return ceiling is not None and preemptions >= ceiling
+
+
 @dataclass(frozen=True, slots=True)
 class Place:
     job_id: str
