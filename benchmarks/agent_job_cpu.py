@@ -27,16 +27,21 @@ import pstats
 import random
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 
-from nodeagent import protocol
-from nodeagent.agent import Agent, AgentSettings
-from nodeagent.backends.simulated import SimulatedBackend
-from nodeagent.sandbox import Sandbox, SandboxConfig, SandboxMode
-from nodeagent.workloads import FINISHED_FILE, WorkloadRecord, WorkloadRunner
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._agents import finished_workload  # noqa: E402
+from nodeagent import protocol  # noqa: E402
+from nodeagent.agent import Agent, AgentSettings  # noqa: E402
+from nodeagent.backends.simulated import SimulatedBackend  # noqa: E402
+from nodeagent.sandbox import Sandbox, SandboxConfig, SandboxMode  # noqa: E402
+from nodeagent.workloads import FINISHED_FILE, WorkloadRunner  # noqa: E402
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -50,25 +55,8 @@ def write_finished(work_dir: Path, count: int) -> None:
     (``finished.jsonl``; ids far above the benchmark's own jobs)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     now = time.time()
-    lines = []
-    for number in range(count):
-        job_dir = work_dir / "jobs" / f"{10_000_000 + number}-0"
-        record = WorkloadRecord(
-            command_id=10_000_000 + number,
-            job_id=10_000_000 + number,
-            replica=0,
-            job_dir=str(job_dir),
-            working_dir=str(job_dir / "work"),
-            checkpoint_dir=None,
-            started_at=now - 3600 + number,
-            state="succeeded",
-            exit_code=0,
-            finished_at=now - 3600 + number + 1,
-            sandbox="namespaces",
-            log_inode=[0, number],
-        )
-        lines.append(json.dumps(vars(record)))
-    (work_dir / FINISHED_FILE).write_text("".join(line + "\n" for line in lines))
+    records = (finished_workload(work_dir, 10_000_000 + n, finished_at=now - 3600 + n) for n in range(count))
+    (work_dir / FINISHED_FILE).write_text("".join(json.dumps(vars(record)) + "\n" for record in records))
 
 
 def make_runner(work: Path, args: argparse.Namespace, backend: SimulatedBackend | None = None) -> WorkloadRunner:

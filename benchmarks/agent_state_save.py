@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks._agents import finished_workload  # noqa: E402
 from nodeagent.workloads import WorkloadRecord, WorkloadRunner  # noqa: E402
 
 
@@ -31,21 +32,7 @@ def main() -> int:
     runner = WorkloadRunner(work_dir=work, base_env={"PATH": "/usr/bin"})
     now = time.time()
     for i in range(args.finished):
-        record = WorkloadRecord(
-            command_id=i,
-            job_id=i,
-            replica=0,
-            job_dir=f"{work}/jobs/{i}-0",
-            working_dir=f"{work}/jobs/{i}-0",
-            checkpoint_dir=None,
-            devices=[{"uuid": "GPU-00000000-0000-0000-0000-000000000000", "millis": 1000, "memory_mib": None}],
-            pid=1000 + i,
-            pid_start_time=5,
-            started_at=now - 60,
-            state="succeeded",
-            exit_code=0,
-            finished_at=now,
-        )
+        record = finished_workload(work, i, finished_at=now)
         runner.records[record.key] = record
     runner.save()
     running = WorkloadRecord(
