@@ -148,6 +148,7 @@ PENDING_REASON_WORDS = {
     PendingReason.WAITING_FOR_PREEMPTION: _("waiting for preemption"),
     PendingReason.BLOCKED_BY_HEAD: _("job ahead"),
     PendingReason.CYCLE_LIMIT: _("not looked at yet"),
+    PendingReason.PORTS_EXHAUSTED: _("no free port"),
 }
 
 

@@ -276,6 +276,10 @@ class AgentSettings:
     log_backlog_bytes: int = BACKLOG_BYTES
     #: Fencing set on the command line instead of by the portal (``--fence-after``; after 0: never fence).
     fence: FenceSettings | None = None
+    #: The address other nodes reach this node by (``--address``), announced in the hello.
+    address: str = ""
+    #: The ports this node hands to jobs (``--job-ports``, "first-last"); "": the portal's default.
+    job_ports: str = ""
 
 
 class Agent:
@@ -475,6 +479,9 @@ class Agent:
             workloads_complete=True,
             sandbox=self.runner.sandbox_mode,
             heartbeat_acks=True,
+            address=self.settings.address,
+            job_ports=self.settings.job_ports,
+            network_isolation=self.runner.network.mode.value if self.runner.network is not None else "none",
         )
 
     def _lost(self, now: float) -> None:

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from nodeagent import __version__, protocol
 from nodeagent.agent import Agent, AgentSettings, websocket_connector, ws_url_for
@@ -31,6 +32,7 @@ from nodeagent.backends import BACKENDS, BackendUnavailable, DeviceBackend, load
 from nodeagent.backends.simulated import MODELS
 from nodeagent.containers import find_runtime, runtime_labels
 from nodeagent.fencing import DEFAULT_FENCE_GRACE_S, FenceSettings
+from nodeagent.netpolicy import DEFAULT_TABLE, IsolationMode, NetworkIsolation
 from nodeagent.sandbox import DEFAULT_PIDS_MAX, Sandbox, SandboxConfig, SandboxMode, parse_uid_range
 from nodeagent.workloads import WorkloadRunner
 
@@ -176,13 +178,24 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         # refusal to start would only leave the node silently missing.
         log.error("sandbox: %s; every workload will fail until this is fixed", sandbox.problem)
     runtime = find_runtime()
+    network = make_network_isolation(args, sandbox)
+    if network.problem:
+        log.error("network isolation: %s; every sandboxed workload will fail until this is fixed", network.problem)
     runner = WorkloadRunner(
         work_dir=args.work_dir,
         device_indices={device.uuid: device.index for device in backend.inventory()},
         sandbox=sandbox,
         env_denylist=_env_denylist(args),
         container_runtime=runtime,
+        network=network,
     )
+    address = args.address or default_address(server)
+    job_ports = ""
+    if args.job_ports:
+        try:
+            job_ports = "{}-{}".format(*protocol.parse_port_range(args.job_ports))
+        except ValueError as exc:
+            raise CliError(f"--job-ports {exc}") from None
     settings = AgentSettings(
         node_name=node_name,
         telemetry_interval_s=args.telemetry_interval,
@@ -191,19 +204,23 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         labels={**runtime_labels(runtime), **_labels(args.label)},
         stop_workloads_on_exit=args.stop_workloads_on_exit,
         fence=_fence_override(args),
+        address=address,
+        job_ports=job_ports,
     )
     url = ws_url_for(server, credential.get("ws_url") or "/ws/agent/")
     agent = Agent(
         settings=settings, backend=backend, runner=runner, connector=websocket_connector(url, credential["credential"])
     )
     log.info(
-        "gpupool-agent %s: node %s, backend %s, portal %s, work dir %s, sandbox %s",
+        "gpupool-agent %s: node %s at %s, backend %s, portal %s, work dir %s, sandbox %s, network isolation %s",
         __version__,
         node_name,
+        address,
         backend.name,
         url,
         runner.work_dir,
         sandbox.describe(),
+        network.describe,
     )
 
     async def main() -> None:
@@ -241,6 +258,31 @@ def make_sandbox(args: argparse.Namespace) -> Sandbox:
         hidden_dirs=tuple(str(Path(path).resolve()) for path in args.sandbox_hide),
     )
     return Sandbox(config, work_dir=Path(args.work_dir).resolve())
+
+
+def make_network_isolation(args: argparse.Namespace, sandbox: Sandbox) -> NetworkIsolation:
+    """``--network-isolation`` (nftables unless told otherwise; nothing to isolate without the sandbox's uids)."""
+    mode = IsolationMode(args.network_isolation)
+    if sandbox.config.mode != SandboxMode.NAMESPACES:
+        mode = IsolationMode.NONE  # workloads run as the agent's user: no uid to tell tenants apart by
+    try:
+        return NetworkIsolation(mode=mode, table=args.network_table, allow_from=tuple(args.network_allow_from))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def default_address(server: str) -> str:
+    """The address this node reaches the portal from: the one its peers most likely reach it by too (the
+    interface of the route to the portal). Found with a UDP socket's ``connect``, which sends nothing."""
+    parsed = urlsplit(server)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or (443 if parsed.scheme in ("https", "wss") else 80)
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family[0], socket.SOCK_DGRAM) as probe:
+            probe.connect(family[4])
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostname()
 
 
 def _env_denylist(args: argparse.Namespace) -> tuple[str, ...]:
@@ -341,6 +383,37 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="a directory workloads must not see, besides the work dir and credential (repeatable)",
+    )
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("GPUPOOL_AGENT_ADDRESS", ""),
+        help="the address other nodes reach this node by: a job's MASTER_ADDR and hostfile name it "
+        "(default: the local address of the route to the portal)",
+    )
+    parser.add_argument(
+        "--job-ports",
+        default=os.environ.get("GPUPOOL_AGENT_JOB_PORTS", ""),
+        help="the ports this node hands to jobs, first-last (default: the portal's GPUPOOL_JOB_PORT_RANGE); keep "
+        "it below the kernel's ephemeral range (net.ipv4.ip_local_port_range)",
+    )
+    parser.add_argument(
+        "--network-isolation",
+        choices=[mode.value for mode in IsolationMode],
+        default=os.environ.get("GPUPOOL_AGENT_NETWORK_ISOLATION", IsolationMode.NFTABLES.value),
+        help="nftables: other tenants' jobs cannot connect to a job's sockets (needs the sandbox and nft); "
+        "none: not isolated",
+    )
+    parser.add_argument(
+        "--network-table",
+        default=os.environ.get("GPUPOOL_AGENT_NETWORK_TABLE", DEFAULT_TABLE),
+        help="the nftables table (family inet) this agent owns; one per agent on a machine",
+    )
+    parser.add_argument(
+        "--network-allow-from",
+        action="append",
+        default=[],
+        help="an address or network (CIDR) whose connections reach every job's sockets, e.g. the serving "
+        "proxy's hosts (repeatable)",
     )
     parser.add_argument(
         "--env-deny",

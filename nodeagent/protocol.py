@@ -272,6 +272,18 @@ class Message:
 # Agent → portal
 
 
+def parse_port_range(text: str) -> tuple[int, int]:
+    """``"first-last"`` (inclusive) as a pair; raises ValueError unless 1024 <= first <= last <= 65535."""
+    first, sep, last = str(text).strip().partition("-")
+    try:
+        low, high = int(first), int(last)
+    except ValueError:
+        low = high = -1
+    if not sep or not 1024 <= low <= high <= 65535:
+        raise ValueError(f"{text!r} must be 'first-last' with 1024 <= first <= last <= 65535, e.g. 29500-32767")
+    return low, high
+
+
 @dataclass(kw_only=True)
 class Hello(Message):
     type: ClassVar[str] = "hello"
@@ -294,6 +306,13 @@ class Hello(Message):
     sandbox: str = ""
     #: True: answer each heartbeat with a ``heartbeat.ack`` (agents that fence count the portal's answers).
     heartbeat_acks: bool = False
+    #: The address other nodes reach this node by (``gpupool-agent run --address``); "" from older agents.
+    address: str = ""
+    #: The ports this node hands to jobs, "first-last" (``--job-ports``); "": the portal's default range.
+    job_ports: str = ""
+    #: How the agent keeps tenants' jobs from reaching each other's sockets: ``nftables`` or ``none``
+    #: (``nodeagent.netpolicy``); "" from older agents.
+    network_isolation: str = ""
 
 
 @dataclass(kw_only=True)
@@ -412,6 +431,13 @@ class WorkloadStart(Message):
     #: Where this run's output continues the replica's log (``workload.log`` offsets): the bytes earlier runs of
     #: the job (before a preemption or requeue) left there. 0 for a first run, and from portals before live logs.
     log_offset: int = 0
+    #: The job's hostfile (``address slots=N`` per node, Open MPI's and DeepSpeed's format): the agent writes it
+    #: to the job dir and points ``GPUPOOL_HOSTFILE`` and ``OMPI_MCA_orte_default_hostfile`` at it. "" from
+    #: portals before the launch contract.
+    hostfile: str = ""
+    #: The addresses of every node the job runs on: only these may reach the job's sockets from other nodes
+    #: (``nodeagent.netpolicy``).
+    peer_addresses: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 <= self.log_offset <= MAX_LOG_OFFSET:

@@ -56,6 +56,7 @@ from nodeagent.backends.base import WorkloadLoad
 from nodeagent.cgroups import Limits
 from nodeagent.containers import container_argv, device_nodes, write_env_file
 from nodeagent.logstream import open_output
+from nodeagent.netpolicy import IsolationMode, NetworkIsolation, NetworkPolicyError
 from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
 from nodeagent.sandbox import ROOT_ENV, Sandbox, SandboxError, SandboxMode, ServedProcess, hidden_device_nodes, own_tree
 
@@ -178,6 +179,9 @@ class WorkloadRecord:
     log_start_pos: int = 0
     log_acked: int = 0
     log_inode: list[int] | None = None
+    #: The addresses of the nodes the job runs on (``workload.start``'s ``peer_addresses``): the only machines
+    #: whose connections reach this workload's sockets (``nodeagent.netpolicy``).
+    peer_addresses: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -223,6 +227,31 @@ def workload_env(
     if checkpoint_dir:
         env["GPUPOOL_CHECKPOINT_DIR"] = checkpoint_dir
     return env
+
+
+#: The job's hostfile in its job dir (``workload.start``'s ``hostfile``).
+HOSTFILE = "hostfile"
+
+
+def write_hostfile(job_dir: Path, text: str) -> dict[str, str]:
+    """Write the job's hostfile into ``job_dir`` (readable by the workload) and return the variables that point
+    the launchers at it: ``GPUPOOL_HOSTFILE``, Open MPI 4's ``OMPI_MCA_orte_default_hostfile`` and Open MPI 5's
+    ``PRTE_MCA_prte_default_hostfile`` (so a bare ``mpirun`` uses it)."""
+    path = job_dir / HOSTFILE
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISREG(path.lstat().st_mode):  # a link left by an earlier run of the workload
+            path.unlink()
+    temporary = job_dir / f".{HOSTFILE}.tmp"
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+    return {
+        "GPUPOOL_HOSTFILE": str(path),
+        "OMPI_MCA_orte_default_hostfile": str(path),
+        "PRTE_MCA_prte_default_hostfile": str(path),
+    }
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -294,6 +323,7 @@ class WorkloadRunner:
         sandbox: Sandbox | None = None,
         env_denylist: tuple[str, ...] | None = protocol.DEFAULT_ENV_DENYLIST,
         container_runtime: str | None = None,
+        network: NetworkIsolation | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -320,8 +350,13 @@ class WorkloadRunner:
         self._next_forget_at = float("-inf")
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
         self.outbox = ReportOutbox(self.work_dir / OUTBOX_FILE, clock=clock)
+        #: Keeps other tenants' jobs from this node's workloads' sockets; only sandboxed workloads (own uid) are
+        #: isolated. None: nothing (``--network-isolation none``, and library users such as tests).
+        self.network = network if network is not None and network.mode != IsolationMode.NONE else None
         self._adopt()
         self._clean_leftovers()
+        with contextlib.suppress(NetworkPolicyError):  # logged; each start tries again, and fails if it must
+            self._sync_network()
 
     # --- persistence -------------------------------------------------------------------------------------
 
@@ -602,6 +637,9 @@ class WorkloadRunner:
             checkpoint_dir=record.checkpoint_dir,
             device_indices=self.device_indices,
         )
+        record.peer_addresses = list(start.peer_addresses)
+        if start.hostfile:
+            env.update(write_hostfile(job_dir, start.hostfile))
         plan = None
         if start.image:
             argv, cwd, popen_env = self._container(start, record, job_dir, working_dir, checkpoint_dir, env)
@@ -634,6 +672,7 @@ class WorkloadRunner:
                 if folder is not None and _inside(folder, job_dir):
                     _give_path(job_dir, folder, plan.uid, plan.gid)
             record.uid, record.cgroup, record.exit_file = plan.uid, plan.cgroup, str(plan.exit_file)
+            self._sync_network(also=record)  # before the command runs: it is never reachable by other tenants
             # The job's environment goes to the sandbox in its spec file, never to unshare and the init, which
             # run as root: a job's LD_PRELOAD must not reach them even if the denylist were emptied.
             argv, cwd, popen_env = plan.argv, "/", dict(ROOT_ENV)
@@ -958,6 +997,26 @@ class WorkloadRunner:
         # The sandbox's cleanup removes the exit code file, so only once the end is saved: killed before that,
         # the next agent reads the same exit code again (not "lost"); killed after, it cleans up (:meth:`_adopt`).
         self._clean_sandbox(record)
+        with contextlib.suppress(NetworkPolicyError):  # logged; the next change tries again
+            self._sync_network()
+
+    def _sync_network(self, *, also: WorkloadRecord | None = None) -> None:
+        """The node's isolation rules for the tenants whose workloads run here (and ``also``, about to start):
+        uid → the addresses of every node their jobs run on. Raises :class:`NetworkPolicyError` when the rules
+        cannot be written (a start then fails with the reason: never reachable by every tenant)."""
+        if self.network is None:
+            return
+        tenants: dict[int, set[str]] = {}
+        for record in [*self.active_records(), *([also] if also is not None else [])]:
+            if record.uid is not None:
+                tenants.setdefault(record.uid, set()).update(record.peer_addresses)
+        try:
+            self.network.sync(tenants)
+        except NetworkPolicyError as exc:
+            log.error("workloads: %s", exc)
+            if also is not None:
+                raise SandboxError(str(exc)) from exc
+            raise
 
     def _clean_sandbox(self, record: WorkloadRecord) -> None:
         if record.cgroup and self.sandbox is not None:

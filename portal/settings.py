@@ -332,6 +332,10 @@ GPUPOOL_ENV_DENYLIST = [name.strip() for name in env_str("GPUPOOL_ENV_DENYLIST",
 #: Where a job's absolute checkpoint_dir may be, per tenant slug ("*": every tenant), as JSON, e.g.
 #: {"acme": ["/ckpt/acme"], "*": ["/scratch/ckpt"]}. None configured: relative checkpoint dirs only.
 GPUPOOL_CHECKPOINT_PREFIXES = env_str("GPUPOOL_CHECKPOINT_PREFIXES", "{}")
+#: The ports a node hands to jobs ("first-last", inclusive; scheduler/launch.py): each replica holds one, replica 0
+#: one more (the job's MASTER_PORT), never two live jobs the same port of a node. The default sits below Linux's
+#: ephemeral range (32768-60999) and starts at torch's usual 29500.
+GPUPOOL_JOB_PORT_RANGE = env_str("GPUPOOL_JOB_PORT_RANGE", "29500-32767")
 
 # --- i18n, static -------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en"

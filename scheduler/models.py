@@ -61,6 +61,14 @@ class Node(models.Model):
     agent_version = models.CharField(max_length=32, blank=True, default="")
     # NUMA nodes, PCIe switches and NVLink peers as reported by the agent.
     topology = models.JSONField(default=dict, blank=True)
+    # The address other nodes reach this one by (the agent's ``--address``, announced in its hello): what a
+    # job's replicas on other nodes get as MASTER_ADDR and in their hostfile. Blank: agents before it (the node's
+    # name is used).
+    address = models.CharField(max_length=255, blank=True, default="")
+    # The ports this node hands to jobs (the agent's ``--job-ports``, announced in its hello); null: the portal's
+    # GPUPOOL_JOB_PORT_RANGE.
+    job_port_first = models.PositiveIntegerField(null=True, blank=True)
+    job_port_last = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -68,6 +76,11 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def reachable_address(self) -> str:
+        """The address a job's peers use for this node: the announced one, else its name."""
+        return self.address or self.name
 
 
 class DeviceHealth(models.TextChoices):
@@ -295,6 +308,36 @@ class JobEvent(models.Model):
 class AllocationQuerySet(models.QuerySet):
     def active(self) -> AllocationQuerySet:
         return self.filter(ended_at__isnull=True)
+
+
+class ReplicaPort(models.Model):
+    """A TCP/UDP port of the node's job port range (``GPUPOOL_JOB_PORT_RANGE``) held by one replica of a job.
+
+    Each replica holds one port on its node (its own: ``GPUPOOL_PORT``, its ``TF_CONFIG`` address) and replica 0
+    one more, the job's rendezvous port (``MASTER_PORT``). The unique constraint makes it impossible for two rows
+    to hold one port of one node; a row whose replica no longer holds an active allocation on the node is
+    released (deleted) by the next reservation on that node (``scheduler.launch.ports_reserve``), so ports come
+    back exactly when the replica's cards do — after its process has exited, a cancelled job's too.
+    """
+
+    class Purpose(models.TextChoices):
+        REPLICA = "replica", _("replica")
+        RENDEZVOUS = "rendezvous", _("rendezvous")
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="ports")
+    port = models.PositiveIntegerField()
+    job = models.ForeignKey("Job", on_delete=models.CASCADE, related_name="ports")
+    replica = models.PositiveSmallIntegerField()
+    purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.REPLICA)
+    reserved_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["node_id", "port"]
+        constraints = [models.UniqueConstraint(fields=["node", "port"], name="replicaport_one_holder_per_node_port")]
+        indexes = [models.Index(fields=["job", "replica"], name="replicaport_job_replica")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}:{self.port} job {self.job_id}/{self.replica} ({self.purpose})"
 
 
 class Allocation(models.Model):

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from portal.db.bulk import insert_rows, mark_saved, reserve_ids
+from scheduler import launch
 from scheduler.logs import job_log_ends
 from scheduler.models import AgentCommand, Allocation, Job, Node
 
@@ -45,16 +46,23 @@ def workload_start_message(*, job: Job, replica: int, allocations: Iterable[Allo
 
 
 def workload_start_frame(
-    *, job: Job, replica: int, devices: Iterable[tuple[int, str, int, int]], log_offset: int = 0
+    *,
+    job: Job,
+    replica: int,
+    devices: Iterable[tuple[int, str, int, int]],
+    log_offset: int = 0,
+    layout: launch.Launch | None = None,
 ) -> protocol.WorkloadStart:
     """The ``workload.start`` frame for one replica given its devices as ``(index, uuid, millis, memory_mib)``
     (what a cycle has at hand without loading each allocation's device row). ``log_offset``: where this run's
-    output continues the replica's log (``scheduler.logs.job_log_ends``; 0 for a first run)."""
-    env = {
-        **job.env,
-        "GPUPOOL_REPLICA": str(replica),
-        "GPUPOOL_REPLICAS": str(job.replicas),
-    }
+    output continues the replica's log (``scheduler.logs.job_log_ends``; 0 for a first run). ``layout``: the
+    job's ports and addresses (``scheduler.launch``), whose launch variables the replica gets; they override
+    the job's own variables of the same names, as Kubeflow's operators do."""
+    env = {**job.env}
+    if layout is not None:
+        env.update(launch.launch_env(layout, replica=replica, replicas=job.replicas))
+    env["GPUPOOL_REPLICA"] = str(replica)
+    env["GPUPOOL_REPLICAS"] = str(job.replicas)
     if job.last_checkpoint_at is not None:
         # A requeued job resumes: tell it when its last checkpoint was taken.
         env["GPUPOOL_LAST_CHECKPOINT_AT"] = protocol.format_time(job.last_checkpoint_at)
@@ -77,6 +85,8 @@ def workload_start_frame(
         host_memory_mib=job.host_memory_mib_per_replica or None,
         image=(job.spec or {}).get("image") or None,
         log_offset=log_offset,
+        hostfile=layout.hostfile() if layout is not None else "",
+        peer_addresses=layout.peer_addresses() if layout is not None else [],
     )
 
 

@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.db.bulk import AnyOf, insert_rows, update_rows
-from scheduler import outbox
+from scheduler import launch, outbox
 from scheduler.core import types as core
 from scheduler.logs import job_log_ends
 from scheduler.models import (
@@ -128,6 +128,8 @@ class _PlaceWrite:
     reserved: list[InferenceReservation]  # capacity held for idle replicas (``Place.reserved``)
     event_message: str
     details: dict
+    #: Its replicas' ports and addresses (``scheduler.launch``), once reserved.
+    layout: launch.Launch | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -656,6 +658,36 @@ def _write_explanations(rows: list[tuple[int, str, str, int | None, int | None]]
     )
 
 
+def _reserve_ports(accepted: list[_PlaceWrite], *, now: datetime, outcome: PersistOutcome) -> list[_PlaceWrite]:
+    """The *Reserve* step: each accepted place's ports (``scheduler.launch``); a place whose nodes have none left
+    is not written, and its job stays queued saying so (the capacity it was counted with stays counted for the
+    rest of this plan: conservative, never a double booking)."""
+    requests = [
+        launch.PortRequest(
+            job=write.job,
+            replica_nodes={row.replica: row.node_id for row in write.allocations},
+            scaling=write.scaling,
+        )
+        for write in accepted
+    ]
+    reserved = launch.ports_reserve(requests, now=now)
+    kept = []
+    for write in accepted:
+        why = reserved.refused.get(write.job.pk)
+        if why is None:
+            write.layout = reserved.launches[write.job.pk]
+            kept.append(write)
+            continue
+        logger.info("place of job %s skipped: %s", write.job.pk, why)
+        outcome.skipped.append({"job_id": str(write.job.pk), "reason": why})
+        if not write.scaling:
+            write.job.state = JobState.QUEUED  # _check_place marked it admitted for this plan only
+        Job.objects.filter(pk=write.job.pk, state=JobState.QUEUED).update(
+            pending_reason_code=str(launch.PORTS_EXHAUSTED), pending_message=why[:500]
+        )
+    return kept
+
+
 def _skipped(job_id: str, reason: str, *, outcome: PersistOutcome) -> None:
     outcome.skipped.append({"job_id": job_id, "reason": reason})
     Job.objects.filter(pk=_job_id(job_id), state=JobState.QUEUED).update(
@@ -691,6 +723,7 @@ def persist_plan(
             except PlaceRejected as exc:
                 logger.info("place of job %s skipped: %s", place.job_id, exc)
                 _skipped(place.job_id, str(exc), outcome=outcome)
+        accepted = _reserve_ports(accepted, now=now, outcome=outcome)
         starts = []
         # Only a job placed before (preempted, requeued; a service scaling up) can have a log: its output comes
         # from the nodes of its allocations. Read before the writes set this placement's admitted_at.
@@ -711,6 +744,7 @@ def persist_plan(
                     replica=replica,
                     devices=replica_devices[replica],
                     log_offset=log_ends.get((write.job.pk, replica), 0),
+                    layout=write.layout,
                 )
                 starts.append((replica_node[replica], write.job, message))
             outcome.placed.append(write.job.pk)

@@ -284,7 +284,7 @@ def _allocation_rows() -> list[tuple]:
 def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...]:
     result = []
     kinds = {kind.value: kind for kind in core.JobKind}
-    preempting = JobState.PREEMPTING
+    stopping = (JobState.PREEMPTING, JobState.CANCELLED)
     for (
         job_id,
         replica,
@@ -327,7 +327,9 @@ def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...
                 millis=millis,
                 memory_mib=memory_mib,
                 priority=priority,
-                preemptible=preemptible and state != preempting,
+                # A job already stopping (preempted, or cancelled and waiting for its process to end) is not
+                # stopped again.
+                preemptible=preemptible and state not in stopping,
                 borrowed_millis=borrowed_millis,
                 started_at=started,
                 last_checkpoint_at=_epoch(last_checkpoint_at),

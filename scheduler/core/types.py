@@ -104,6 +104,7 @@ class PendingReason(StrEnum):
     WAITING_FOR_PREEMPTION = "waiting_for_preemption"  # victims were asked to stop; placed next cycle
     BLOCKED_BY_HEAD = "blocked_by_head"  # capacity is held for a job ahead in the queue
     CYCLE_LIMIT = "cycle_limit"  # not looked at this cycle (work cap)
+    PORTS_EXHAUSTED = "ports_exhausted"  # placed, but its nodes have no free port left (set when binding)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
@@ -21,7 +22,7 @@ from portal.policy import Action, principals_for
 from scheduler import outbox
 from scheduler.core.types import MILLIS_PER_DEVICE
 from scheduler.jobspec import JobSpec, JobSpecError, check_checkpoint_dir, check_flavors, validate_job_spec
-from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobEvent, PriorityClass, ResourceFlavor
+from scheduler.models import FINAL_JOB_STATES, AgentCommand, Allocation, Job, JobEvent, PriorityClass, ResourceFlavor
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _end_allocations, _lock_job, job_transition
 from tenants.permissions import can_manage_job
@@ -322,15 +323,18 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
 
 @transaction.atomic
 def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | None = None) -> Job:
-    """Cancel a job in any non-final state: running replicas get ``workload.stop``, allocations end now."""
+    """Cancel a job in any non-final state: it is ``cancelled`` at once and its running replicas get
+    ``workload.stop``; each replica keeps its cards and ports until its agent reports the process ended (exited,
+    or killed after the stop's grace), so no other job is placed on a card a process still uses. A replica whose
+    start no agent has acknowledged never ran: its allocations end now. A node that never confirms the stop is
+    swept (:func:`scheduler.services.reports.jobs_awaiting_stop_sweep`) or declared lost."""
     job = _lock_job(job)
     if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this job.")
     if job.state in FINAL_JOB_STATES:
         raise ConflictError(f"Job {job.pk} is already {job.state}; there is nothing to cancel.", code="job_finished")
-    freed = Allocation.objects.active().filter(job=job).exists()
     outbox.stop_active_replicas(job=job, reason="cancelled")
-    _end_allocations(Allocation.objects.filter(job=job))
+    freed = _end_allocations(_never_started(job)) > 0
     job_transition(
         job=job,
         to_state=S.CANCELLED,
@@ -342,6 +346,22 @@ def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | 
     if freed:
         transaction.on_commit(request_cycle)
     return job
+
+
+def _never_started(job: Job):
+    """The active allocations of ``job`` whose run's ``workload.start`` no agent has acknowledged."""
+    started = {
+        (node_id, (payload or {}).get("replica"))
+        for node_id, payload in AgentCommand.objects.filter(
+            job_id=job.pk, command_type="workload.start", acked_at__isnull=False
+        ).values_list("node_id", "payload")
+    }
+    active = Allocation.objects.active().filter(job=job)
+    runs = set(active.values_list("node_id", "replica"))
+    never = Q(pk__in=[])
+    for node_id, replica in runs - started:
+        never |= Q(node_id=node_id, replica=replica)
+    return active.filter(never)
 
 
 @transaction.atomic

@@ -388,8 +388,14 @@ def node_jobs_requeue(
 
 
 def jobs_awaiting_stop_sweep(*, older_than_s: float = 300.0) -> int:
-    """Requeue preempting jobs whose agents never confirmed the stop (e.g. a silent node) after a timeout."""
+    """Requeue preempting jobs whose agents never confirmed the stop (e.g. a silent node) after a timeout, and
+    release the cards of cancelled jobs whose stop was never confirmed."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    cancelled = Allocation.objects.active().filter(job__state=S.CANCELLED, job__updated_at__lt=cutoff)
+    for job_id in sorted(set(cancelled.values_list("job_id", flat=True))):
+        with transaction.atomic():
+            _end_allocations(Allocation.objects.filter(job=_lock_job(job_id)))
+            transaction.on_commit(request_cycle)
     stale = list(
         Job.objects.filter(state=S.PREEMPTING, updated_at__lt=cutoff).filter(~Q(allocations__isnull=True)).distinct()
     )

@@ -13,8 +13,10 @@ read and write it directly.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -326,7 +328,9 @@ class Cluster:
         self.wait_nodes_ready(list(self.agents))
         return self
 
-    def add_agent(self, name: str, *, cards: int = 2, via_proxy: bool = False, seed: int = 0) -> Agent:
+    def add_agent(
+        self, name: str, *, cards: int = 2, via_proxy: bool = False, seed: int = 0, address: str = ""
+    ) -> Agent:
         """Register node ``name`` with a fresh bootstrap token and run its agent (through a cuttable proxy)."""
         from scheduler.fleet.services.enrolment import bootstrap_token_create
 
@@ -362,12 +366,26 @@ class Cluster:
                 *("--credential-file", str(credential), "--work-dir", str(work_dir)),
                 # The real sandbox where it can work (root: CI), as in production.
                 *sandbox_args(),
+                # Its own nftables table: agents of one machine must not replace each other's rules.
+                *("--network-table", self.network_table(name)),
+                *(("--address", address) if address else ()),
+                # Agents of one machine share its ports: each hands out its own part of them.
+                *("--job-ports", self.job_ports(len(self.agents))),
             ],
             self.agent_env(),
         )
         agent = Agent(name=name, work_dir=work_dir, credential_file=credential, proc=proc, proxy=proxy)
         self.agents[name] = agent
         return agent
+
+    def job_ports(self, index: int) -> str:
+        """The ports agent ``index`` of this cluster hands to jobs (``--job-ports``): 40 of its own."""
+        first = 29500 + (int(self.run_id[:4], 16) % 10) * 40 * 8 + index * 40
+        return f"{first}-{first + 39}"
+
+    def network_table(self, agent_name: str) -> str:
+        """The nftables table of agent ``agent_name`` (``gpupool-agent run --network-table``)."""
+        return "gpupool_" + hashlib.sha1(f"{self.run_id}/{agent_name}".encode()).hexdigest()[:12]
 
     def kill_node(self, agent: Agent) -> list[int]:
         """The node disappears: SIGKILL its agent and every workload it started, no goodbye. Returns the
@@ -404,15 +422,18 @@ class Cluster:
             proc.kill(signal.SIGTERM, wait_s=3)
         for proxy in self.proxies:
             proxy.close()
+        if shutil.which("nft"):  # the agents were killed: their isolation rules stay unless removed here
+            for name in self.agents:
+                subprocess.run(["nft", "delete", "table", "inet", self.network_table(name)], capture_output=True)
 
     # --- the API -------------------------------------------------------------------------------------------
 
-    def api(self, path: str, body: dict | None = None, *, timeout_s: float = 30) -> tuple[int, dict]:
+    def api(self, path: str, body: dict | None = None, *, timeout_s: float = 30, token: str = "") -> tuple[int, dict]:
         request = urllib.request.Request(
             self.url + path,
             data=None if body is None else json.dumps(body).encode(),
             headers={
-                "Authorization": f"Bearer {self.token}",
+                "Authorization": f"Bearer {token or self.token}",
                 "Content-Type": "application/json",
                 "Accept": "application/json",
             },

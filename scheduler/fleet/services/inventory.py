@@ -4,7 +4,10 @@ another node, and reconciling the workloads an agent runs with the ones it shoul
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +19,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from audit.services import audit_record
+from nodeagent import protocol
 from portal.api import ConflictError, DomainError, PermissionDeniedError
 from portal.policy import Action
 from scheduler.fleet.models import NodeAgent
@@ -95,6 +99,20 @@ class DeviceClaimRefused(DomainError):
     """A node's hello listed a device UUID that belongs to another node (:func:`node_hello`)."""
 
     code = "device_claimed"
+
+
+#: What an announced node address may be: an IPv4/IPv6 address or a DNS name.
+_ADDRESS_RE = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^[0-9A-Fa-f:.]+$")
+
+
+def announced_address(value: object) -> str:
+    """The hello's ``address`` if it is an IP address or a host name, else "" (the node's name is used)."""
+    text = str(value or "").strip()
+    if not text or len(text) > 255 or not _ADDRESS_RE.match(text):
+        return ""
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(text))
+    return text if not text.replace(".", "").isdigit() else ""
 
 
 def node_hello(*, node_id: int, hello: dict, now: datetime | None = None) -> dict[str, int]:
@@ -191,6 +209,15 @@ def _node_hello(*, node_id: int, hello: dict, now: datetime | None) -> dict[str,
     node.agent_version = str(hello.get("agent_version") or node.agent_version)[:32]
     node.cpu_cores = int(hello.get("cpu_cores") or node.cpu_cores or 0)
     node.memory_mib = int(hello.get("memory_mib") or node.memory_mib or 0)
+    address = announced_address(hello.get("address"))
+    if address:
+        node.address = address
+    if hello.get("job_ports"):
+        try:
+            node.job_port_first, node.job_port_last = protocol.parse_port_range(hello["job_ports"])
+        except ValueError:
+            logger.warning("node %s announced job ports %r; using the portal's range", node.name, hello["job_ports"])
+            node.job_port_first = node.job_port_last = None
     if isinstance(hello.get("labels"), dict):
         node.labels = hello["labels"]
     if isinstance(hello.get("topology"), dict):

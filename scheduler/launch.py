@@ -1,0 +1,291 @@
+"""The launch contract: what every replica of a job is told so that an unmodified framework finds its peers.
+
+A gang is placed all at once; this module then reserves its ports and writes, for each replica, the variables
+PyTorch (``env://`` and ``torchrun``), MPI and DeepSpeed (a hostfile), TensorFlow (``TF_CONFIG``) and JAX read,
+beside gpupool's own. docs/distributed-training.md has the table and how it compares with Kubeflow's training
+operator, the MPI Operator, Volcano and Slurm.
+
+Ports (the *Reserve* step of kube-scheduler's framework: the plan chose nodes, binding takes what only binding
+can check): each replica holds one port of its node's job port range (``GPUPOOL_JOB_PORT_RANGE``), replica 0
+one more, the job's rendezvous port. A port is never held by two live replicas of one node (a unique constraint
+says so to the database too). Ports come back when the replica's allocations end — after its process exited —
+and are reclaimed lazily: a reservation on a node first deletes the rows of that node whose replica no longer
+holds cards there. A gang whose nodes lack free ports stays queued with :data:`PORTS_EXHAUSTED` and a message
+naming the node; it is never failed for it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import islice
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Exists, OuterRef
+
+from nodeagent import protocol
+from scheduler.core.types import PendingReason
+from scheduler.models import MILLIS_PER_DEVICE, Allocation, Job, Node, ReplicaPort
+
+#: The pending reason of a gang placed on nodes whose port ranges are used up.
+PORTS_EXHAUSTED = PendingReason.PORTS_EXHAUSTED
+
+
+def port_range(node: Node | None = None) -> range:
+    """The job port range of ``node``: what its agent announced (``--job-ports``), else the portal's
+    ``GPUPOOL_JOB_PORT_RANGE`` ("first-last", inclusive)."""
+    if node is not None and node.job_port_first and node.job_port_last:
+        return range(node.job_port_first, node.job_port_last + 1)
+    raw = str(getattr(settings, "GPUPOOL_JOB_PORT_RANGE", "29500-32767"))
+    try:
+        low, high = protocol.parse_port_range(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"GPUPOOL_JOB_PORT_RANGE={exc}") from None
+    return range(low, high + 1)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where one replica runs: its node, the address peers reach that node by, its own port, its processes."""
+
+    replica: int
+    node_id: int
+    address: str
+    port: int
+    #: Processes the replica runs when it runs one per card: its whole cards, else 1.
+    slots: int
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The whole job's layout, the same for every replica: rank 0 (replica 0) is the master."""
+
+    master_address: str
+    master_port: int
+    sites: tuple[Site, ...]  # by replica
+
+    def site(self, replica: int) -> Site:
+        return next(site for site in self.sites if site.replica == replica)
+
+    @property
+    def node_order(self) -> list[int]:
+        """The job's nodes in the order of their first replica (node rank 0 holds the master)."""
+        order: list[int] = []
+        for site in self.sites:
+            if site.node_id not in order:
+                order.append(site.node_id)
+        return order
+
+    def hostfile(self) -> str:
+        """An Open MPI / DeepSpeed hostfile: one line per node, ``address slots=N``, in node-rank order."""
+        slots: dict[int, int] = defaultdict(int)
+        address: dict[int, str] = {}
+        for site in self.sites:
+            slots[site.node_id] += site.slots
+            address[site.node_id] = site.address
+        return "".join(f"{address[node]} slots={slots[node]}\n" for node in self.node_order)
+
+    def peer_addresses(self) -> list[str]:
+        """Every node address of the job, once each (the node agents let these reach the job's ports)."""
+        return sorted({site.address for site in self.sites})
+
+
+def slots_of(job: Job) -> int:
+    """Processes one replica of ``job`` runs, one per card: its whole cards, or 1 for a fraction."""
+    return max(1, job.millis_per_replica // MILLIS_PER_DEVICE)
+
+
+def launch_env(launch: Launch, *, replica: int, replicas: int) -> dict[str, str]:
+    """The variables replica ``replica`` of a ``replicas``-replica job starts with (beside ``GPUPOOL_REPLICA``).
+
+    One process per replica is what ``python train.py`` gives: ``RANK`` is the replica, ``WORLD_SIZE`` the
+    replicas. ``torchrun`` treats each replica as a node (``PET_*``: its arguments' environment form), starts
+    ``PET_NPROC_PER_NODE`` processes (one per card) and sets their ranks itself.
+    """
+    site = launch.site(replica)
+    node_rank = launch.node_order.index(site.node_id)
+    on_node = [s.replica for s in launch.sites if s.node_id == site.node_id]
+    master = f"{launch.master_address}:{launch.master_port}"
+    workers = [f"{s.address}:{s.port}" for s in launch.sites]
+    return {
+        # gpupool's own
+        "GPUPOOL_NODE_ADDRESS": site.address,
+        "GPUPOOL_PORT": str(site.port),
+        "GPUPOOL_MASTER": master,
+        "GPUPOOL_HOSTS": ",".join(f"{address}:{slots}" for address, slots in _hosts(launch)),
+        # torch.distributed env://
+        "MASTER_ADDR": launch.master_address,
+        "MASTER_PORT": str(launch.master_port),
+        "WORLD_SIZE": str(replicas),
+        "RANK": str(replica),
+        "LOCAL_RANK": str(on_node.index(replica)),
+        "LOCAL_WORLD_SIZE": str(len(on_node)),
+        "NODE_RANK": str(node_rank),
+        "GROUP_RANK": str(node_rank),
+        # torchrun: each replica is one of its nodes
+        "PET_MASTER_ADDR": launch.master_address,
+        "PET_MASTER_PORT": str(launch.master_port),
+        "PET_NNODES": str(replicas),
+        "PET_NODE_RANK": str(replica),
+        "PET_NPROC_PER_NODE": str(site.slots),
+        # TensorFlow MultiWorkerMirroredStrategy
+        "TF_CONFIG": json.dumps(
+            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": replica}}, separators=(",", ":")
+        ),
+        # jax.distributed.initialize()
+        "JAX_COORDINATOR_ADDRESS": master,
+        "JAX_NUM_PROCESSES": str(replicas),
+        "JAX_PROCESS_ID": str(replica),
+    }
+
+
+def _hosts(launch: Launch) -> list[tuple[str, int]]:
+    lines = launch.hostfile().splitlines()
+    return [(line.split()[0], int(line.split("slots=")[1])) for line in lines]
+
+
+# --- reserving ports ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class PortRequest:
+    """What one accepted place needs: its job, the node of each new replica, and whether it joins replicas that
+    already run (a service scaling up keeps its rendezvous port and adds only its new replicas' ports)."""
+
+    job: Job
+    replica_nodes: Mapping[int, int]
+    scaling: bool = False
+
+
+@dataclass
+class PortOutcome:
+    launches: dict[int, Launch]  # by job pk
+    refused: dict[int, str]  # job pk → why it stays queued
+
+
+def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutcome:
+    """Reserve the ports of every request, all or nothing per job, in the caller's transaction (the cycle's,
+    under its lock: the only writer of ports). Returns each job's :class:`Launch`, and why a job was refused."""
+    requests = list(requests)
+    outcome = PortOutcome(launches={}, refused={})
+    if not requests:
+        return outcome
+    fresh = [r.job.pk for r in requests if not r.scaling]
+    scaling = [r.job.pk for r in requests if r.scaling]
+    nodes = {node for r in requests for node in r.replica_nodes.values()}
+    # Rows of existing replicas of services that scale up: their sites stay in the launch.
+    existing = (
+        list(
+            ReplicaPort.objects.filter(job_id__in=scaling).values_list(
+                "job_id", "replica", "node_id", "port", "purpose"
+            )
+        )
+        if scaling
+        else []
+    )
+    nodes |= {row[2] for row in existing}
+    node_rows = Node.objects.in_bulk(nodes)
+    addresses = {pk: node.reachable_address for pk, node in node_rows.items()}
+    ranges = {pk: port_range(node) for pk, node in node_rows.items()}
+    _release_stale(node_ids=nodes, placing=fresh)
+    taken: dict[int, set[int]] = defaultdict(set)
+    for node_id, port in ReplicaPort.objects.filter(node_id__in=nodes).values_list("node_id", "port"):
+        taken[node_id].add(port)
+
+    rows: list[ReplicaPort] = []
+    for request in requests:
+        job = request.job
+        needs: dict[int, int] = defaultdict(int)
+        for replica, node_id in request.replica_nodes.items():
+            needs[node_id] += 2 if replica == 0 else 1  # replica 0 also holds the rendezvous port
+        chosen: dict[int, list[int]] = {}
+        short = None
+        for node_id, count in sorted(needs.items()):
+            ports = ranges.get(node_id) or port_range()
+            free = list(islice((port for port in ports if port not in taken[node_id]), count))
+            if len(free) < count:
+                short = node_id
+                break
+            chosen[node_id] = free
+        if short is not None:
+            ports = ranges.get(short) or port_range()
+            name = node_rows[short].name if short in node_rows else short
+            outcome.refused[job.pk] = (
+                f"Node {name} has no free port in its job port range ({ports.start}-{ports.stop - 1}: "
+                f"{len(taken[short])} held by running jobs); the job starts when a job there ends, or an "
+                "administrator widens the range (gpupool-agent --job-ports, GPUPOOL_JOB_PORT_RANGE)."
+            )
+            continue
+        sites = []
+        master_port = None
+        mine = [row for row in existing if row[0] == job.pk]
+        for _job, replica, node_id, port, purpose in mine:
+            if purpose == ReplicaPort.Purpose.RENDEZVOUS:
+                master_port = port
+            else:
+                sites.append(Site(replica, node_id, addresses.get(node_id, str(node_id)), port, slots_of(job)))
+        for replica, node_id in sorted(request.replica_nodes.items()):
+            free = chosen[node_id]
+            port = free.pop(0)
+            taken[node_id].add(port)
+            rows.append(_row(node_id, port, job, replica, ReplicaPort.Purpose.REPLICA, now))
+            sites.append(Site(replica, node_id, addresses.get(node_id, str(node_id)), port, slots_of(job)))
+            if replica == 0:
+                master_port = free.pop(0)
+                taken[node_id].add(master_port)
+                rows.append(_row(node_id, master_port, job, replica, ReplicaPort.Purpose.RENDEZVOUS, now))
+        sites.sort(key=lambda site: site.replica)
+        master_site = next((site for site in sites if site.replica == 0), sites[0])
+        outcome.launches[job.pk] = Launch(
+            master_address=master_site.address,
+            master_port=master_port if master_port is not None else master_site.port,
+            sites=tuple(sites),
+        )
+    ReplicaPort.objects.bulk_create(rows, batch_size=1000)
+    return outcome
+
+
+def _row(node_id: int, port: int, job: Job, replica: int, purpose: str, now: datetime) -> ReplicaPort:
+    return ReplicaPort(node_id=node_id, port=port, job=job, replica=replica, purpose=purpose, reserved_at=now)
+
+
+def _release_stale(*, node_ids: Iterable[int], placing: Iterable[int]) -> int:
+    """Delete the port rows of ``node_ids`` whose replica holds no active allocation there any more, and every
+    row of the jobs being placed afresh (their earlier run's). Returns the rows deleted."""
+    holding = Allocation.objects.filter(
+        job_id=OuterRef("job_id"), replica=OuterRef("replica"), node_id=OuterRef("node_id"), ended_at__isnull=True
+    )
+    stale = ReplicaPort.objects.filter(node_id__in=list(node_ids)).exclude(Exists(holding))
+    deleted, _ = stale.delete()
+    placing = list(placing)
+    if placing:
+        again, _ = ReplicaPort.objects.filter(job_id__in=placing).delete()
+        deleted += again
+    return deleted
+
+
+def job_ports(job: Job) -> list[dict]:
+    """The ports ``job``'s live replicas hold, for the API: ``{replica, node, address, port, purpose}``."""
+    holding = Allocation.objects.filter(
+        job_id=OuterRef("job_id"), replica=OuterRef("replica"), node_id=OuterRef("node_id"), ended_at__isnull=True
+    )
+    rows = (
+        ReplicaPort.objects.filter(job=job)
+        .filter(Exists(holding))
+        .select_related("node")
+        .order_by("replica", "purpose", "port")
+    )
+    return [
+        {
+            "replica": row.replica,
+            "node": row.node.name,
+            "address": row.node.reachable_address,
+            "port": row.port,
+            "purpose": row.purpose,
+        }
+        for row in rows
+    ]
