@@ -438,6 +438,9 @@ class WorkloadStart(Message):
     #: The addresses of every node the job runs on: only these may reach the job's sockets from other nodes
     #: (``nodeagent.netpolicy``).
     peer_addresses: list[str] = field(default_factory=list)
+    #: "mpi": replica 0 runs the command with ``nodeagent/mpi_launch.py`` as Open MPI's rsh agent, the other
+    #: replicas serve its calls instead of running the command. "" : every replica runs the command.
+    launcher: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.log_offset <= MAX_LOG_OFFSET:

@@ -37,11 +37,13 @@ sandbox could not be made, ``failed`` with reason ``sandbox_failed`` — it neve
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -61,6 +63,9 @@ from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
 from nodeagent.sandbox import ROOT_ENV, Sandbox, SandboxError, SandboxMode, ServedProcess, hidden_device_nodes, own_tree
 
 log = logging.getLogger(__name__)
+
+#: The launcher script of MPI jobs (standard library only: any python3 on the node runs it as the job's uid).
+MPI_LAUNCH_SCRIPT = Path(__file__).with_name("mpi_launch.py")
 
 STATE_FILE = "state.json"
 FINISHED_FILE = "finished.jsonl"
@@ -252,6 +257,36 @@ def write_hostfile(job_dir: Path, text: str) -> dict[str, str]:
         "OMPI_MCA_orte_default_hostfile": str(path),
         "PRTE_MCA_prte_default_hostfile": str(path),
     }
+
+
+#: Where an MPI job's launcher script is put in its job dir (``launcher: mpi``).
+RSH_AGENT = ".gpupool/gpupool-rsh"
+
+
+def mpi_command(start: protocol.WorkloadStart, job_dir: Path, env: dict[str, str]) -> list[str]:
+    """An MPI job's replica runs ``nodeagent/mpi_launch.py`` (copied into its job dir, where its uid reads it):
+    replica 0 launches the job's command (``mpirun …``) with it as Open MPI's rsh agent, the others serve the
+    daemons mpirun starts there. Sets the rsh agent variables of Open MPI 4 and 5 in ``env``."""
+    script = job_dir / RSH_AGENT
+    folder = script.parent
+    # An earlier run of the job owned its job dir: what it left at this name may be a link elsewhere.
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        folder.unlink()
+    elif folder.is_dir() and folder.stat().st_uid != os.geteuid():
+        shutil.rmtree(folder)
+    folder.mkdir(mode=0o755, exist_ok=True)
+    temporary = folder / ".gpupool-rsh.tmp"
+    temporary.unlink(missing_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o755)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(MPI_LAUNCH_SCRIPT.read_bytes())
+    os.replace(temporary, script)
+    env["OMPI_MCA_plm_rsh_agent"] = str(script)
+    env["PRTE_MCA_plm_ssh_agent"] = str(script)
+    python = ["/usr/bin/env", "python3", str(script)]
+    if start.replica == 0:
+        return [*python, "launch", "--", *start.command]
+    return [*python, "serve"]
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -640,6 +675,10 @@ class WorkloadRunner:
         record.peer_addresses = list(start.peer_addresses)
         if start.hostfile:
             env.update(write_hostfile(job_dir, start.hostfile))
+        if start.launcher == "mpi":
+            start = dataclasses.replace(start, command=mpi_command(start, job_dir, env))
+        elif start.launcher:
+            raise WorkloadRejected(f"launcher {start.launcher!r} is not known to this agent; upgrade it")
         plan = None
         if start.image:
             argv, cwd, popen_env = self._container(start, record, job_dir, working_dir, checkpoint_dir, env)

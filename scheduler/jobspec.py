@@ -109,10 +109,17 @@ TOP_LEVEL_FIELDS = {
     "runtime_estimate_s",
     "array",
     "image",
+    "launcher",
 }
 ARRAY_FIELDS = {"count"}
 RESOURCE_FIELDS = {"flavors", "flavor", "any_flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
 PRIORITY_NAMES = {choice.name.lower(): choice.value for choice in PriorityClass}
+
+
+#: ``launcher``: "none" runs the command on every replica; "mpi" runs it on replica 0 only (``mpirun …``), and
+#: the other replicas serve as the nodes mpirun starts its daemons on (``nodeagent/mpi_launch.py``).
+LAUNCHER_NONE, LAUNCHER_MPI = "none", "mpi"
+LAUNCHERS = {LAUNCHER_NONE, LAUNCHER_MPI}
 
 
 class JobSpecError(DomainError):
@@ -459,6 +466,9 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         # Only nodes whose agent found podman or docker say so in their labels; a job waits with the selector's
         # pending reason where none has one.
         node_selector = {**node_selector, OCI_LABEL: "true"}
+    launcher = _str(data, "launcher", "launcher", max_length=16) or LAUNCHER_NONE
+    if launcher not in LAUNCHERS:
+        raise _fail("launcher", f"must be one of {', '.join(sorted(LAUNCHERS))}, not {launcher!r}.")
     working_dir = _relative_path(_str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH), "working_dir")
     checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)
     if checkpoint_dir and not checkpoint_dir.startswith("/"):
@@ -499,6 +509,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         "checkpoint_dir": checkpoint_dir,
         "runtime_estimate_s": runtime_estimate_s,
         **({"image": image} if image else {}),
+        **({"launcher": launcher} if launcher != LAUNCHER_NONE else {}),
     }
     return JobSpec(
         name=name,

@@ -17,6 +17,7 @@ naming the node; it is never failed for it.
 from __future__ import annotations
 
 import json
+import secrets
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ class Launch:
     master_address: str
     master_port: int
     sites: tuple[Site, ...]  # by replica
+    #: A secret of this placement: what a replica's launcher server (``nodeagent/mpi_launch.py``) asks for.
+    token: str = ""
 
     def site(self, replica: int) -> Site:
         return next(site for site in self.sites if site.replica == replica)
@@ -140,6 +143,7 @@ def launch_env(launch: Launch, *, replica: int, replicas: int) -> dict[str, str]
         "JAX_COORDINATOR_ADDRESS": master,
         "JAX_NUM_PROCESSES": str(replicas),
         "JAX_PROCESS_ID": str(replica),
+        **({"GPUPOOL_LAUNCH_TOKEN": launch.token} if launch.token else {}),
     }
 
 
@@ -244,6 +248,7 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
             master_address=master_site.address,
             master_port=master_port if master_port is not None else master_site.port,
             sites=tuple(sites),
+            token=secrets.token_urlsafe(24),
         )
     ReplicaPort.objects.bulk_create(rows, batch_size=1000)
     return outcome

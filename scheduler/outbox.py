@@ -87,6 +87,7 @@ def workload_start_frame(
         log_offset=log_offset,
         hostfile=layout.hostfile() if layout is not None else "",
         peer_addresses=layout.peer_addresses() if layout is not None else [],
+        launcher=(job.spec or {}).get("launcher") or "",
     )
 
 

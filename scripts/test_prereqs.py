@@ -80,10 +80,31 @@ def ensure_deploy_validators() -> None:
         shutil.copy2(f"{scratch}/root/usr/bin/promtool", PROMTOOL)
 
 
+#: What the distributed-training tests run (tests/distributed): Debian's CPU PyTorch (gloo, torchrun), Open MPI
+#: with mpi4py, and nftables for the agents' network isolation.
+WORKLOAD_PACKAGES = {
+    "python3-torch": ("/usr/bin/torchrun",),
+    "openmpi-bin": ("/usr/bin/mpirun",),
+    "python3-mpi4py": ("/usr/lib/python3/dist-packages/mpi4py",),
+    "nftables": ("/usr/sbin/nft",),
+}
+
+
+def ensure_workload_frameworks() -> None:
+    """The frameworks the distributed-training tests launch, from Debian (installed as root when missing)."""
+    missing = [name for name, paths in WORKLOAD_PACKAGES.items() if not all(Path(p).exists() for p in paths)]
+    if not missing:
+        return
+    print(f"test_prereqs: installing {', '.join(missing)} for the distributed-training tests")
+    if not (_apt("update", "-qq") and _apt("install", "-y", "-qq", "--no-install-recommends", *missing)):
+        print("test_prereqs: could not install them; the distributed-training tests will fail and say so")
+
+
 def main() -> None:
     ensure_chromium()
     ensure_cjk_font()
     ensure_deploy_validators()
+    ensure_workload_frameworks()
 
 
 if __name__ == "__main__":

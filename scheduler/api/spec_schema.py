@@ -94,3 +94,8 @@ class JobSpec(serializers.Serializer):
     image = serializers.CharField(
         max_length=jobspec.MAX_IMAGE_LENGTH, required=False, help_text="OCI image, on nodes that run containers."
     )
+    launcher = serializers.ChoiceField(
+        choices=sorted(jobspec.LAUNCHERS),
+        required=False,
+        help_text="mpi: the command (mpirun …) runs on replica 0, the other replicas host its ranks.",
+    )

@@ -103,3 +103,18 @@ def test_env_init_torchrun_and_two_gangs_at_once_find_their_peers(make_cluster, 
     for job_id in both:
         logs = replica_logs(cluster, job_id)
         assert sorted(r for log in logs.values() for r, _w, _s, ok in _sums(log) if ok == "ok") == ["0", "1"], logs
+
+
+def test_mpirun_on_replica_0_starts_the_ranks_of_every_node_from_the_hostfile(make_cluster, examples):
+    cluster = start_cluster(make_cluster)
+    # Two ranks on each of the two nodes: mpirun reads the hostfile (127.0.0.1 slots=4, 127.0.0.2 slots=4), starts
+    # its daemon on the second node through gpupool-rsh and the replica serving there.
+    command = ["mpirun", "-n", "8", WORKLOAD_PYTHON, str(examples / "mpi_allreduce.py")]
+    job_id = submit(cluster, gang_spec(cluster, "mpi", command, launcher="mpi"))
+    job = wait_final(cluster, job_id)
+    logs = replica_logs(cluster, job_id)
+    assert job.state == JobState.SUCCEEDED, (job.state_message, logs)
+    found = re.findall(r"mpi rank (\d+)/8 .* replica (\d+): sum 36 \(ok\)", logs[0])
+    assert sorted(int(rank) for rank, _replica in found) == list(range(8)), logs
+    # Each rank's output comes back to mpirun on replica 0; half the ranks ran in replica 1's sandbox.
+    assert sorted({replica for _rank, replica in found}) == ["0", "1"], logs
