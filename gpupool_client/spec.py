@@ -114,6 +114,7 @@ def build_spec(
     array: str | None = None,
     kind: str | None = None,
     max_runtime_s: int | None = None,
+    launcher: str | None = None,
 ) -> dict[str, Any]:
     """The spec to submit: ``base`` (a file's spec) with every option given on the command line on top.
 
@@ -158,6 +159,8 @@ def build_spec(
         spec["kind"] = kind
     if max_runtime_s is not None:
         spec["max_runtime_s"] = max_runtime_s
+    if launcher:
+        spec["launcher"] = launcher
     if env:
         spec["env"] = {**(spec.get("env") or {}), **parse_env(env)}
     if array is not None:

@@ -73,6 +73,11 @@ MAX_DETAIL_LOOKUPS = 50
 @click.option("--env", "env", multiple=True, metavar="NAME=VALUE", help="Environment variable; repeatable.")
 @click.option("--array", metavar="0-N", help="Submit N+1 independent jobs (GPUPOOL_ARRAY_INDEX=0..N).")
 @click.option("--kind", type=click.Choice(["training", "inference", "interactive", "batch"]))
+@click.option(
+    "--launcher",
+    type=click.Choice(["none", "mpi"]),
+    help="mpi: the command (mpirun ...) runs on replica 0; the other replicas host its ranks.",
+)
 @click.option("--max-runtime", "max_runtime_s", type=click.IntRange(1), metavar="SECONDS", help="Stop it after this.")
 @click.option("--idempotency-key", metavar="KEY", help="Reuse a key to retry a submit safely (default: a new UUID).")
 @click.option("--dry-run", is_flag=True, help="Print the spec that would be sent, and send nothing.")
@@ -94,6 +99,8 @@ def submit(
     \b
       gpupool-cli submit --gpus 2 --flavor nvidia-h100-80g -- python train.py --epochs 10
       gpupool-cli submit --fraction 0.3 --memory 8Gi -- python infer.py
+      gpupool-cli submit --replicas 2 --gpus 8 -- torchrun train.py
+      gpupool-cli submit --replicas 2 --gpus 8 --launcher mpi -- mpirun python3 train.py
       gpupool-cli submit --array 0-99 --fraction 0.1 --memory 2Gi -- python sweep.py
       gpupool-cli submit -f job.yaml --priority high
     """

@@ -7,6 +7,7 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from portal.serializers import FieldsBuiltOnce, JsonTypedSerializer
+from scheduler import launch
 from scheduler.jobspec import PRIORITY_NAMES
 from scheduler.models import (
     Allocation,
@@ -114,11 +115,23 @@ class NodeSerializer(serializers.ModelSerializer):
         help_text="how the node's agent confines workloads: namespaces, none (unconfined: development), '' (old agent)",
     )
 
+    network_isolation = serializers.CharField(
+        source="agent.network_isolation",
+        default="",
+        allow_null=True,
+        read_only=True,
+        help_text="how the node keeps other tenants' jobs from a job's ports: nftables, none, '' (old agent)",
+    )
+    job_ports = serializers.SerializerMethodField(help_text="the ports this node hands to jobs, first-last")
+
     class Meta:
         model = Node
         fields = [
             "id",
             "name",
+            "address",
+            "job_ports",
+            "network_isolation",
             "status",
             "labels",
             "cpu_cores",
@@ -133,6 +146,10 @@ class NodeSerializer(serializers.ModelSerializer):
 
     def get_device_count(self, node: Node) -> int:
         return len(node.devices.all())
+
+    def get_job_ports(self, node: Node) -> str:
+        ports = launch.port_range(node)
+        return f"{ports.start}-{ports.stop - 1}"
 
 
 class NodeDrainSerializer(JsonTypedSerializer):
@@ -244,6 +261,13 @@ class JobSerializer(FieldsBuiltOnce, serializers.ModelSerializer):
 class JobDetailSerializer(JobSerializer):
     events = JobEventSerializer(many=True, read_only=True)
     allocations = AllocationSerializer(many=True, read_only=True)
+    ports = serializers.SerializerMethodField(
+        help_text="the ports the job's live replicas hold: {replica, node, address, port, purpose}; purpose "
+        "'rendezvous' is MASTER_PORT (replica 0's node), 'replica' each replica's own (GPUPOOL_PORT)"
+    )
+
+    def get_ports(self, job: Job) -> list[dict]:
+        return launch.job_ports(job)
 
     class Meta(JobSerializer.Meta):
         fields = [
@@ -257,6 +281,7 @@ class JobDetailSerializer(JobSerializer):
             "runtime_estimate_s",
             "spec",
             "allocations",
+            "ports",
             "events",
         ]
 

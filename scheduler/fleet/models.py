@@ -77,6 +77,9 @@ class NodeAgent(models.Model):
     #: How the agent confines workloads, from its hello: ``namespaces`` (each workload in its own uid,
     #: namespaces and cgroups), ``none`` (unconfined: a development agent), ``""`` (an agent before the sandbox).
     sandbox = models.CharField(max_length=16, blank=True, default="")
+    #: How the agent keeps other tenants' jobs from a job's sockets (``nodeagent.netpolicy``): ``nftables``,
+    #: ``none``, ``""`` (an agent before it).
+    network_isolation = models.CharField(max_length=16, blank=True, default="")
 
     def __str__(self) -> str:
         return f"agent of {self.node_id}"

@@ -234,6 +234,7 @@ def _node_hello(*, node_id: int, hello: dict, now: datetime | None) -> dict[str,
             "lost_at": None,
             "jobs_requeued_at": None,
             "sandbox": str(hello.get("sandbox") or "")[:16],
+            "network_isolation": str(hello.get("network_isolation") or "")[:16],
         },
     )
     audit_record(
