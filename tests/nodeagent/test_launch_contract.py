@@ -44,7 +44,10 @@ def _wait_final(runner: WorkloadRunner, key=(1, 0), timeout_s: float = 20) -> No
 
 def test_the_hostfile_is_written_to_the_job_dir_and_mpirun_is_pointed_at_it(tmp_path):
     runner = WorkloadRunner(work_dir=tmp_path, base_env={})
-    code = "import os; print(os.environ['OMPI_MCA_orte_default_hostfile']); print(open(os.environ['GPUPOOL_HOSTFILE']).read())"
+    code = (
+        "import os; print(os.environ['OMPI_MCA_orte_default_hostfile']); "
+        "print(open(os.environ['GPUPOOL_HOSTFILE']).read())"
+    )
     runner.start(_start(command=[sys.executable, "-c", code], hostfile="10.0.0.1 slots=8\n10.0.0.2 slots=8\n"))
     _wait_final(runner)
     job_dir = tmp_path / "jobs" / "1-0"
