@@ -158,7 +158,8 @@ ISOLATION_CHECK = textwrap.dedent(
         "s = socket.socket(); s.bind(('127.0.0.1', 40123)); s.listen(); print('up', flush=True)\\n"
         "while True: s.accept()[0].close()")
     assert server.stdout.readline().strip() == "up"
-    probe = ("import socket\\ntry:\\n socket.create_connection(('127.0.0.1', 40123), timeout=5).close(); print('connected')\\n"
+    probe = ("import socket\\ntry:\\n"
+             " socket.create_connection(('127.0.0.1', 40123), timeout=5).close(); print('connected')\\n"
              "except OSError as e: print(type(e).__name__)")
     for uid in (200001, 200002):
         print(uid, as_uid(uid, probe).communicate()[0].strip())
