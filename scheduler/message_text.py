@@ -210,6 +210,16 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         r"The devices chosen for this job were taken a moment ago; it is tried again next cycle\.",
         gettext_noop("The devices chosen for this job were taken a moment ago; it is tried again next cycle."),
     ),
+    (
+        r"Node (?P<node>[\w.-]+) has no free port in its job port range \((?P<range>\d+-\d+): (?P<held>\d+) held by "
+        r"running jobs\); the job starts when a job there ends, or an administrator widens the range "
+        r"\(gpupool-agent --job-ports, GPUPOOL_JOB_PORT_RANGE\)\.",
+        gettext_noop(
+            "Node %(node)s has no free port in its job port range (%(range)s: %(held)s held by running jobs); the "
+            "job starts when a job there ends, or an administrator widens the range (gpupool-agent --job-ports, "
+            "GPUPOOL_JOB_PORT_RANGE)."
+        ),
+    ),
     (r"Cancelled\.", gettext_noop("Cancelled.")),
     (r"Approved\.", gettext_noop("Approved.")),
     (r"Rejected: (?P<comment>.*)", gettext_noop("Rejected: %(comment)s")),
