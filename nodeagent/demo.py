@@ -113,6 +113,11 @@ def write_bootstrap_token(path: Path, secret: str) -> None:
         os.close(descriptor)
 
 
+#: The demo agents' job ports: a slice of 29500-32767 each.
+DEMO_PORT_BASE = 29500
+DEMO_PORTS_PER_AGENT = 200
+
+
 def demo_sandbox_mode() -> str:
     """The real sandbox (``namespaces``) where it can work — as root, with util-linux ``unshare`` — else
     ``none``: the demo must run on a laptop without root, and says which it runs."""
@@ -162,4 +167,14 @@ def demo_agent_command(
         str(node.seed),
         "--sandbox",
         sandbox or demo_sandbox_mode(),
+        # The demo's agents share one machine: each its own address on the loopback network, its own ports and
+        # its own isolation rules, as separate machines would have.
+        "--address",
+        f"127.0.0.{index + 1}",
+        "--job-ports",
+        f"{DEMO_PORT_BASE + index * DEMO_PORTS_PER_AGENT}-{DEMO_PORT_BASE + (index + 1) * DEMO_PORTS_PER_AGENT - 1}",
+        "--network-table",
+        f"gpupool_{paths.node_name.replace('-', '_')}",
+        "--network-isolation",
+        "nftables" if shutil.which("nft") else "none",
     ]

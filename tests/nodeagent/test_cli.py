@@ -167,6 +167,12 @@ def test_demo_agent_command_runs_a_simulated_node_with_its_own_files(tmp_path: P
     # The demo uses the real sandbox where it can (root), and says which mode it runs.
     assert command[command.index("--sandbox") + 1] == ("namespaces" if SANDBOX_AVAILABLE else "none")
     assert "--sandbox" in demo_agent_command(python="p", server_url="u", index=0, data_dir=tmp_path, sandbox="none")
+    # The demo's agents share one machine yet must not share ports or isolation rules: each has its own.
+    commands = [demo_agent_command(python="p", server_url="u", index=i, data_dir=tmp_path) for i in range(3)]
+    for option in ("--address", "--job-ports", "--network-table"):
+        values = [c[c.index(option) + 1] for c in commands]
+        assert len(set(values)) == 3, (option, values)
+    assert [c[c.index("--address") + 1] for c in commands] == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
 
 
 def test_run_refuses_a_bad_sandbox_uid_range_and_describes_its_sandbox(tmp_path: Path) -> None:
