@@ -71,6 +71,11 @@ app.conf.beat_schedule.update(
 )
 # Approval requests past their expiry (quota changes, job admissions).
 app.conf.beat_schedule.update({"tenants-approvals-expire": {"task": "tenants.approvals_expire", "schedule": 300.0}})
+# Serving endpoints routed in Caddy (scheduler.serving): a restarted Caddy gets its route back.
+SERVING_SYNC_S = env_int("GPUPOOL_SERVING_SYNC_S", 15)
+app.conf.beat_schedule.update(
+    {"scheduler-serving-sync": {"task": "scheduler.serving_sync", "schedule": float(SERVING_SYNC_S)}}
+)
 # Logs of jobs finished longer ago than GPUPOOL_JOB_LOG_RETENTION_DAYS.
 app.conf.beat_schedule.update({"scheduler-job-logs-purge": {"task": "scheduler.job_logs_purge", "schedule": 3600.0}})
 

@@ -127,6 +127,7 @@ class Action(StrEnum):
     JOB_VIEW = "job.view"
     JOB_SUBMIT = "job.submit"
     JOB_MANAGE = "job.manage"
+    JOB_SERVE = "job.serve"
     # nodes, cards, agents, telemetry
     NODE_VIEW = "node.view"
     NODE_OPERATE = "node.operate"
@@ -183,6 +184,7 @@ ACTION_TEXT: dict[Action, str] = {
     Action.JOB_VIEW: "read jobs, their events and logs",
     Action.JOB_SUBMIT: "submit a job",
     Action.JOB_MANAGE: "cancel, scale, or report the load of a job",
+    Action.JOB_SERVE: "call a job's serving endpoints (its named ports, through the serving proxy)",
     Action.NODE_VIEW: "read nodes and cards (capacity is shared)",
     Action.NODE_OPERATE: "cordon, drain, uncordon a node",
     Action.DEVICE_IDENTIFY: "see a card's UUID",
@@ -220,6 +222,7 @@ TOKEN_SCOPE: dict[Action, TokenScopeName] = {
             Action.PRICE_VIEW,
             Action.USAGE_VIEW,
             Action.JOB_VIEW,
+            Action.JOB_SERVE,
             Action.NODE_VIEW,
             Action.DEVICE_IDENTIFY,
             Action.FLAVOR_VIEW,
@@ -292,6 +295,7 @@ _TENANT_READS = (
     _A.APPROVAL_VIEW,
     _A.USAGE_VIEW,
     _A.JOB_VIEW,
+    _A.JOB_SERVE,
     _A.DEVICE_IDENTIFY,
     _A.TELEMETRY_VIEW,
 )

@@ -336,6 +336,16 @@ GPUPOOL_CHECKPOINT_PREFIXES = env_str("GPUPOOL_CHECKPOINT_PREFIXES", "{}")
 #: one more (the job's MASTER_PORT), never two live jobs the same port of a node. The default sits below Linux's
 #: ephemeral range (32768-60999) and starts at torch's usual 29500.
 GPUPOOL_JOB_PORT_RANGE = env_str("GPUPOOL_JOB_PORT_RANGE", "29500-32767")
+#: Serving endpoints (scheduler/serving.py): Caddy's admin API ("" = no proxy: embedded mode lists replicas'
+#: direct addresses), the Caddy server that gets the /serve/* route (created on GPUPOOL_SERVING_LISTEN if it does
+#: not exist; "srv0" is the first site of a Caddyfile), the endpoints' public base URL, the web processes Caddy
+#: asks whether a caller may use an endpoint, and how often beat re-syncs the route.
+GPUPOOL_SERVING_CADDY_ADMIN = env_str("GPUPOOL_SERVING_CADDY_ADMIN", "")
+GPUPOOL_SERVING_CADDY_SERVER = env_str("GPUPOOL_SERVING_CADDY_SERVER", "gpupool-serving")
+GPUPOOL_SERVING_LISTEN = env_str("GPUPOOL_SERVING_LISTEN", ":8443")
+GPUPOOL_SERVING_URL = env_str("GPUPOOL_SERVING_URL", "http://127.0.0.1:8443")
+GPUPOOL_SERVING_PORTAL = env_list("GPUPOOL_SERVING_PORTAL", ["127.0.0.1:8000"])
+GPUPOOL_SERVING_SYNC_S = env_int("GPUPOOL_SERVING_SYNC_S", 15)
 
 # --- i18n, static -------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en"

@@ -110,10 +110,58 @@ TOP_LEVEL_FIELDS = {
     "array",
     "image",
     "launcher",
+    "ports",
 }
 ARRAY_FIELDS = {"count"}
 RESOURCE_FIELDS = {"flavors", "flavor", "any_flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
 PRIORITY_NAMES = {choice.name.lower(): choice.value for choice in PriorityClass}
+
+
+#: ``ports``: named ports each replica serves (``[{"name": "http", "ready_path": "/health"}]``): each gets a port
+#: of its node (``GPUPOOL_PORT_<NAME>``, the first also ``PORT``) and an endpoint through the serving proxy.
+MAX_NAMED_PORTS = 8
+PORT_NAME_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,14}")
+PORT_FIELDS = {"name", "ready_path"}
+RESERVED_PORT_NAMES = {"replica", "rendezvous"}
+MAX_READY_PATH = 256
+
+
+def _named_ports(value: Any) -> list[dict[str, str]]:
+    """``ports`` checked: a list of ``{"name", "ready_path"}``, names unique; errors name the element's field."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _fail("ports", 'must be a list such as [{"name": "http", "ready_path": "/health"}].')
+    if len(value) > MAX_NAMED_PORTS:
+        raise _fail("ports", f"at most {MAX_NAMED_PORTS} named ports.")
+    ports, seen = [], set()
+    for index, item in enumerate(value):
+        where = f"ports[{index}]"
+        if not isinstance(item, dict):
+            raise _fail(where, 'must be an object such as {"name": "http"}.')
+        unknown = sorted(set(item) - PORT_FIELDS)
+        if unknown:
+            raise _fail(f"{where}.{unknown[0]}", f"unknown field; a port has {', '.join(sorted(PORT_FIELDS))}.")
+        name = item.get("name")
+        if not isinstance(name, str) or not PORT_NAME_PATTERN.fullmatch(name) or name in RESERVED_PORT_NAMES:
+            raise _fail(
+                f"{where}.name",
+                "must be 1-15 lower-case letters, digits or '-', starting with a letter (not 'replica' or "
+                "'rendezvous'), e.g. http.",
+            )
+        if name in seen:
+            raise _fail(f"{where}.name", f"{name!r} is named twice; give each port its own name.")
+        seen.add(name)
+        ready_path = item.get("ready_path", "/")
+        if (
+            not isinstance(ready_path, str)
+            or not ready_path.startswith("/")
+            or len(ready_path) > MAX_READY_PATH
+            or any(ch.isspace() or ord(ch) < 32 or ch in '"{}' for ch in ready_path)
+        ):
+            raise _fail(f"{where}.ready_path", "must be a URL path starting with '/', e.g. /health.")
+        ports.append({"name": name, "ready_path": ready_path})
+    return ports
 
 
 #: ``launcher``: "none" runs the command on every replica; "mpi" runs it on replica 0 only (``mpirun …``), and
@@ -466,6 +514,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         # Only nodes whose agent found podman or docker say so in their labels; a job waits with the selector's
         # pending reason where none has one.
         node_selector = {**node_selector, OCI_LABEL: "true"}
+    named_ports = _named_ports(data.get("ports"))
     launcher = _str(data, "launcher", "launcher", max_length=16) or LAUNCHER_NONE
     if launcher not in LAUNCHERS:
         raise _fail("launcher", f"must be one of {', '.join(sorted(LAUNCHERS))}, not {launcher!r}.")
@@ -510,6 +559,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         "runtime_estimate_s": runtime_estimate_s,
         **({"image": image} if image else {}),
         **({"launcher": launcher} if launcher != LAUNCHER_NONE else {}),
+        **({"ports": named_ports} if named_ports else {}),
     }
     return JobSpec(
         name=name,

@@ -59,6 +59,8 @@ class Site:
     port: int
     #: Processes the replica runs when it runs one per card: its whole cards, else 1.
     slots: int
+    #: The replica's named ports (the job spec's ``ports``), name → port.
+    named: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,17 @@ def launch_env(launch: Launch, *, replica: int, replicas: int) -> dict[str, str]
         "JAX_NUM_PROCESSES": str(replicas),
         "JAX_PROCESS_ID": str(replica),
         **({"GPUPOOL_LAUNCH_TOKEN": launch.token} if launch.token else {}),
+        **named_port_env(site.named),
     }
+
+
+def named_port_env(named: tuple[tuple[str, int], ...]) -> dict[str, str]:
+    """``GPUPOOL_PORT_<NAME>`` for each named port ('-' as '_'), and ``PORT`` for the first (what most servers
+    read)."""
+    env = {f"GPUPOOL_PORT_{name.upper().replace('-', '_')}": str(port) for name, port in named}
+    if named:
+        env["PORT"] = str(named[0][1])
+    return env
 
 
 def _hosts(launch: Launch) -> list[tuple[str, int]]:
@@ -185,7 +197,7 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
     existing = (
         list(
             ReplicaPort.objects.filter(job_id__in=scaling).values_list(
-                "job_id", "replica", "node_id", "port", "purpose"
+                "job_id", "replica", "node_id", "port", "purpose", "name"
             )
         )
         if scaling
@@ -203,9 +215,11 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
     rows: list[ReplicaPort] = []
     for request in requests:
         job = request.job
+        names = named_ports_of(job)
         needs: dict[int, int] = defaultdict(int)
         for replica, node_id in request.replica_nodes.items():
-            needs[node_id] += 2 if replica == 0 else 1  # replica 0 also holds the rendezvous port
+            # Its own port and its named ports; replica 0 also holds the rendezvous port.
+            needs[node_id] += 1 + len(names) + (1 if replica == 0 else 0)
         chosen: dict[int, list[int]] = {}
         short = None
         for node_id, count in sorted(needs.items()):
@@ -217,9 +231,9 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
             chosen[node_id] = free
         if short is not None:
             ports = ranges.get(short) or port_range()
-            name = node_rows[short].name if short in node_rows else short
+            node_name = node_rows[short].name if short in node_rows else short
             outcome.refused[job.pk] = (
-                f"Node {name} has no free port in its job port range ({ports.start}-{ports.stop - 1}: "
+                f"Node {node_name} has no free port in its job port range ({ports.start}-{ports.stop - 1}: "
                 f"{len(taken[short])} held by running jobs); the job starts when a job there ends, or an "
                 "administrator widens the range (gpupool-agent --job-ports, GPUPOOL_JOB_PORT_RANGE)."
             )
@@ -227,17 +241,29 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
         sites = []
         master_port = None
         mine = [row for row in existing if row[0] == job.pk]
-        for _job, replica, node_id, port, purpose in mine:
+        named_of: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for _job, replica, _node, port, purpose, name in mine:
+            if purpose == ReplicaPort.Purpose.NAMED:
+                named_of[replica].append((name, port))
+        for _job, replica, node_id, port, purpose, _name in mine:
             if purpose == ReplicaPort.Purpose.RENDEZVOUS:
                 master_port = port
-            else:
-                sites.append(Site(replica, node_id, addresses.get(node_id, str(node_id)), port, slots_of(job)))
+            elif purpose == ReplicaPort.Purpose.REPLICA:
+                named = tuple(sorted(named_of[replica], key=lambda item: names.index(item[0])))
+                address = addresses.get(node_id, str(node_id))
+                sites.append(Site(replica, node_id, address, port, slots_of(job), named))
         for replica, node_id in sorted(request.replica_nodes.items()):
             free = chosen[node_id]
             port = free.pop(0)
             taken[node_id].add(port)
             rows.append(_row(node_id, port, job, replica, ReplicaPort.Purpose.REPLICA, now))
-            sites.append(Site(replica, node_id, addresses.get(node_id, str(node_id)), port, slots_of(job)))
+            named = []
+            for name in names:
+                named.append((name, free.pop(0)))
+                taken[node_id].add(named[-1][1])
+                rows.append(_row(node_id, named[-1][1], job, replica, ReplicaPort.Purpose.NAMED, now, name=name))
+            address = addresses.get(node_id, str(node_id))
+            sites.append(Site(replica, node_id, address, port, slots_of(job), tuple(named)))
             if replica == 0:
                 master_port = free.pop(0)
                 taken[node_id].add(master_port)
@@ -254,8 +280,15 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
     return outcome
 
 
-def _row(node_id: int, port: int, job: Job, replica: int, purpose: str, now: datetime) -> ReplicaPort:
-    return ReplicaPort(node_id=node_id, port=port, job=job, replica=replica, purpose=purpose, reserved_at=now)
+def _row(node_id: int, port: int, job: Job, replica: int, purpose: str, now: datetime, name: str = "") -> ReplicaPort:
+    return ReplicaPort(
+        node_id=node_id, port=port, job=job, replica=replica, purpose=purpose, name=name, reserved_at=now
+    )
+
+
+def named_ports_of(job: Job) -> list[str]:
+    """The names of ``job``'s named ports (its spec's ``ports``), in order."""
+    return [str(port["name"]) for port in (job.spec or {}).get("ports") or []]
 
 
 def _release_stale(*, node_ids: Iterable[int], placing: Iterable[int]) -> int:
@@ -291,6 +324,7 @@ def job_ports(job: Job) -> list[dict]:
             "address": row.node.reachable_address,
             "port": row.port,
             "purpose": row.purpose,
+            "name": row.name,
         }
         for row in rows
     ]

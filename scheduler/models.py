@@ -323,12 +323,15 @@ class ReplicaPort(models.Model):
     class Purpose(models.TextChoices):
         REPLICA = "replica", _("replica")
         RENDEZVOUS = "rendezvous", _("rendezvous")
+        NAMED = "named", _("named")  # one of the job's named ports (``name``): served through its endpoint
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="ports")
     port = models.PositiveIntegerField()
     job = models.ForeignKey("Job", on_delete=models.CASCADE, related_name="ports")
     replica = models.PositiveSmallIntegerField()
     purpose = models.CharField(max_length=16, choices=Purpose.choices, default=Purpose.REPLICA)
+    #: The name of a named port (purpose ``named``: the job spec's ``ports``); blank otherwise.
+    name = models.CharField(max_length=16, blank=True, default="")
     reserved_at = models.DateTimeField()
 
     class Meta:

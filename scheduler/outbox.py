@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from portal.db.bulk import insert_rows, mark_saved, reserve_ids
-from scheduler import launch
+from scheduler import launch, serving
 from scheduler.logs import job_log_ends
 from scheduler.models import AgentCommand, Allocation, Job, Node
 
@@ -145,6 +145,9 @@ def workload_stop_create(
     *, job: Job, replica: int, node_id: int, grace_s: float = DEFAULT_STOP_GRACE_S, reason: str = "cancelled"
 ) -> AgentCommand:
     message = protocol.WorkloadStop(command_id=0, job_id=job.pk, replica=replica, grace_s=float(grace_s), reason=reason)
+    # The serving proxy drops the replica before the node hears of the stop (on-commit callbacks run in order):
+    # a replica taken back stops receiving traffic first.
+    serving.sync_on_commit(job)
     return _create(node=node_id, job=job, message=message)
 
 

@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from portal.db.bulk import AnyOf, insert_rows, update_rows
-from scheduler import launch, outbox
+from scheduler import launch, outbox, serving
 from scheduler.core import types as core
 from scheduler.logs import job_log_ends
 from scheduler.models import (
@@ -749,6 +749,8 @@ def persist_plan(
                 starts.append((replica_node[replica], write.job, message))
             outcome.placed.append(write.job.pk)
         outbox.commands_bulk_create(starts)
+        if any((write.job.spec or {}).get("ports") for write in written):
+            transaction.on_commit(serving.serving_sync)  # new replicas join their endpoints once ready
         if holds_stored or plan.holds:
             _holds_replace(plan.holds, now=now)
         outcome.explained = _write_explanations(explained)

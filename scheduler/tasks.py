@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from scheduler import eta, logs
+from scheduler import eta, logs, serving
 from scheduler.services import cycle, reports
 
 
@@ -47,6 +47,13 @@ def cycle_requested(self) -> int:
         queue = (self.request.delivery_info or {}).get("routing_key")
         cycle.cycle_task_send(queue=queue)
     return outcome.cycles
+
+
+@shared_task(name="scheduler.serving_sync", acks_late=True, ignore_result=True)
+def serving_sync() -> bool:
+    """Route every serving endpoint in Caddy (``scheduler.serving``); beat's safety net beside the syncs that
+    placements and stops make."""
+    return serving.serving_sync()
 
 
 @shared_task(name="scheduler.job_logs_purge", acks_late=True, ignore_result=True)

@@ -7,7 +7,7 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from portal.serializers import FieldsBuiltOnce, JsonTypedSerializer
-from scheduler import launch
+from scheduler import launch, serving
 from scheduler.jobspec import PRIORITY_NAMES
 from scheduler.models import (
     Allocation,
@@ -266,8 +266,16 @@ class JobDetailSerializer(JobSerializer):
         "'rendezvous' is MASTER_PORT (replica 0's node), 'replica' each replica's own (GPUPOOL_PORT)"
     )
 
+    endpoints = serializers.SerializerMethodField(
+        help_text="the job's named ports: {name, url (through the serving proxy; null in embedded mode), replicas "
+        "(address:port of each replica serving it)}"
+    )
+
     def get_ports(self, job: Job) -> list[dict]:
         return launch.job_ports(job)
+
+    def get_endpoints(self, job: Job) -> list[dict]:
+        return serving.job_endpoints(job)
 
     class Meta(JobSerializer.Meta):
         fields = [
@@ -282,6 +290,7 @@ class JobDetailSerializer(JobSerializer):
             "spec",
             "allocations",
             "ports",
+            "endpoints",
             "events",
         ]
 

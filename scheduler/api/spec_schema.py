@@ -55,6 +55,13 @@ class JobSpecResources(serializers.Serializer):
     host_memory_mib = serializers.IntegerField(min_value=0, max_value=jobspec.MAX_HOST_MEMORY_MIB, required=False)
 
 
+class JobSpecPort(serializers.Serializer):
+    name = serializers.RegexField(r"^[a-z][a-z0-9-]{0,14}$", help_text="e.g. http")
+    ready_path = serializers.CharField(
+        max_length=jobspec.MAX_READY_PATH, required=False, help_text="The readiness check's path (default /)."
+    )
+
+
 class JobSpecArray(serializers.Serializer):
     count = serializers.IntegerField(min_value=1, max_value=jobspec.MAX_ARRAY_COUNT)
 
@@ -93,6 +100,11 @@ class JobSpec(serializers.Serializer):
     array = JobSpecArray(required=False, help_text="N independent copies; GPUPOOL_ARRAY_INDEX=0..N-1.")
     image = serializers.CharField(
         max_length=jobspec.MAX_IMAGE_LENGTH, required=False, help_text="OCI image, on nodes that run containers."
+    )
+    ports = JobSpecPort(
+        many=True,
+        required=False,
+        help_text="Named ports each replica serves; each gets GPUPOOL_PORT_<NAME> and an endpoint.",
     )
     launcher = serializers.ChoiceField(
         choices=sorted(jobspec.LAUNCHERS),

@@ -3,16 +3,19 @@ jobs spread over the cluster's nodes, their logs."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import tempfile
+import urllib.request
 from pathlib import Path
 
 from scheduler.models import Job, JobState
-from tests.resilience.cluster import FLAVOR, Cluster, wait_until
+from tests.resilience.cluster import FLAVOR, Cluster, free_port, wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "distributed"
+SERVING_EXAMPLES = EXAMPLES.parent / "serving"
 #: Cards per simulated node in these tests; a replica asking for all of them fills a node, so a 2-replica gang
 #: spans both nodes.
 CARDS = 4
@@ -26,17 +29,22 @@ def shared_examples() -> Path:
     base.chmod(0o755)
     folder = Path(tempfile.mkdtemp(prefix="examples-", dir=base))
     folder.chmod(0o755)
-    for script in EXAMPLES.iterdir():
+    for script in [*EXAMPLES.iterdir(), *SERVING_EXAMPLES.iterdir()]:
         if script.is_file():
             shutil.copy(script, folder / script.name)
             (folder / script.name).chmod(0o755 if script.suffix == ".sh" else 0o644)
     return folder
 
 
-def start_cluster(make_cluster, *, agents: int = 2, settings: dict[str, str] | None = None) -> Cluster:
+def start_cluster(
+    make_cluster, *, agents: int = 2, settings: dict[str, str] | None = None, caddy: CaddyServer | None = None
+) -> Cluster:
     """Web, worker, beat and ``agents`` agents of CARDS cards, agent i announcing 127.0.0.(i+1): distinct node
-    addresses on one machine (all of 127/8 is this machine's loopback), as distinct hosts would have."""
+    addresses on one machine (all of 127/8 is this machine's loopback), as distinct hosts would have. With
+    ``caddy``, the portal routes serving endpoints through it."""
     cluster = make_cluster(settings=settings)
+    if caddy is not None:
+        cluster.settings.update(caddy.portal_settings(portal=f"127.0.0.1:{cluster.port}"))
     cluster.seed(cards=4 * CARDS)
     cluster.start_web()
     cluster.start_worker()
@@ -90,3 +98,51 @@ def nft_available() -> bool:
         shutil.which("nft") is not None
         and subprocess.run(["nft", "list", "tables"], capture_output=True).returncode == 0
     )
+
+
+class CaddyServer:
+    """Debian's Caddy with nothing but its admin API, as a deployment starts it; the portal adds the rest."""
+
+    def __init__(self, folder: Path) -> None:
+        self.admin_port, self.serving_port = free_port(), free_port()
+        self.folder = folder
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def serving_url(self) -> str:
+        return f"http://127.0.0.1:{self.serving_port}"
+
+    def portal_settings(self, *, portal: str) -> dict[str, str]:
+        return {
+            "GPUPOOL_SERVING_CADDY_ADMIN": f"http://127.0.0.1:{self.admin_port}",
+            "GPUPOOL_SERVING_LISTEN": f"127.0.0.1:{self.serving_port}",
+            "GPUPOOL_SERVING_URL": self.serving_url,
+            "GPUPOOL_SERVING_PORTAL": portal,
+            "GPUPOOL_SERVING_SYNC_S": "5",
+        }
+
+    def start(self) -> CaddyServer:
+        config = self.folder / "caddy.json"
+        config.write_text(json.dumps({"admin": {"listen": f"127.0.0.1:{self.admin_port}"}}))
+        env = {
+            **os.environ,
+            "HOME": str(self.folder),
+            "XDG_DATA_HOME": str(self.folder),
+            "XDG_CONFIG_HOME": str(self.folder),
+        }
+        log = open(self.folder / "caddy.log", "wb")
+        self.process = subprocess.Popen(["caddy", "run", "--config", str(config)], stdout=log, stderr=log, env=env)
+        wait_until(self._answers, timeout_s=30, what="Caddy's admin API")
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.admin_port}/config/", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
