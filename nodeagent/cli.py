@@ -188,6 +188,7 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         env_denylist=_env_denylist(args),
         container_runtime=runtime,
         network=network,
+        shared_storage=args.shared_storage,
     )
     address = args.address or default_address(server)
     job_ports = ""
@@ -255,7 +256,11 @@ def make_sandbox(args: argparse.Namespace) -> Sandbox:
         uid_count=uid_count,
         pids_max=args.sandbox_pids_max or None,  # 0 means "no limit"
         hidden_files=(str(credential),),
-        hidden_dirs=tuple(str(Path(path).resolve()) for path in args.sandbox_hide),
+        # The shared storage is hidden whole; each workload gets its tenant's part of it back (writable).
+        hidden_dirs=tuple(
+            str(Path(path).resolve())
+            for path in [*args.sandbox_hide, *([args.shared_storage] if args.shared_storage else [])]
+        ),
     )
     return Sandbox(config, work_dir=Path(args.work_dir).resolve())
 
@@ -389,6 +394,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("GPUPOOL_AGENT_ADDRESS", ""),
         help="the address other nodes reach this node by: a job's MASTER_ADDR and hostfile name it "
         "(default: the local address of the route to the portal)",
+    )
+    parser.add_argument(
+        "--shared-storage",
+        type=Path,
+        default=os.environ.get("GPUPOOL_AGENT_SHARED_STORAGE") or None,
+        help="where the shared file system is mounted on this node (the portal's GPUPOOL_SHARED_STORAGE): a "
+        "workload sees only its tenant's part of it, and its job's checkpoint dir lives there",
     )
     parser.add_argument(
         "--job-ports",

@@ -441,6 +441,9 @@ class WorkloadStart(Message):
     #: "mpi": replica 0 runs the command with ``nodeagent/mpi_launch.py`` as Open MPI's rsh agent, the other
     #: replicas serve its calls instead of running the command. "" : every replica runs the command.
     launcher: str = ""
+    #: The tenant's part of the node's shared storage (``--shared-storage``): the only part the workload sees,
+    #: writable; the job's checkpoint dir is inside it. "" : no shared storage.
+    shared_dir: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.log_offset <= MAX_LOG_OFFSET:

@@ -259,6 +259,35 @@ def write_hostfile(job_dir: Path, text: str) -> dict[str, str]:
     }
 
 
+def make_tree_without_links(root: Path, relative: Path, uid: int, *, mode: int = 0o700) -> None:
+    """Make ``root/relative`` one directory at a time, never following a link (a tenant owns what it wrote in its
+    part of the shared storage, links included): each new directory gets ``uid`` and ``mode``; an existing one is
+    kept as it is. Raises WorkloadRejected where a part is a link or not a directory."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        descriptor = os.open(root, flags)
+    except OSError as exc:
+        raise WorkloadRejected(f"{root} cannot be opened: {exc.strerror or exc}") from exc
+    try:
+        for part in relative.parts:
+            try:
+                os.mkdir(part, mode, dir_fd=descriptor)
+                created = True
+            except FileExistsError:
+                created = False
+            try:
+                child = os.open(part, flags, dir_fd=descriptor)
+            except OSError as exc:
+                raise WorkloadRejected(f"{root / relative}: {part!r} is a link or not a directory") from exc
+            os.close(descriptor)
+            descriptor = child
+            if created:  # through the descriptor: a link put there meanwhile is never followed
+                os.fchown(descriptor, uid, uid)
+                os.fchmod(descriptor, mode)
+    finally:
+        os.close(descriptor)
+
+
 #: Where an MPI job's launcher script is put in its job dir (``launcher: mpi``).
 RSH_AGENT = ".gpupool/gpupool-rsh"
 
@@ -359,6 +388,7 @@ class WorkloadRunner:
         env_denylist: tuple[str, ...] | None = protocol.DEFAULT_ENV_DENYLIST,
         container_runtime: str | None = None,
         network: NetworkIsolation | None = None,
+        shared_storage: Path | None = None,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -388,6 +418,9 @@ class WorkloadRunner:
         #: Keeps other tenants' jobs from this node's workloads' sockets; only sandboxed workloads (own uid) are
         #: isolated. None: nothing (``--network-isolation none``, and library users such as tests).
         self.network = network if network is not None and network.mode != IsolationMode.NONE else None
+        #: The shared file system mounted on every node (``--shared-storage``); a sandboxed workload sees only its
+        #: tenant's part of it (the sandbox hides the rest). None: this node has none.
+        self.shared_storage = Path(shared_storage).resolve() if shared_storage else None
         self._adopt()
         self._clean_leftovers()
         with contextlib.suppress(NetworkPolicyError):  # logged; each start tries again, and fails if it must
@@ -637,8 +670,14 @@ class WorkloadRunner:
         if not start.command:
             raise WorkloadRejected("workload.start has an empty command")
         working_dir = self._resolve_inside(job_dir, start.working_dir, "working_dir")
+        shared_dir = self._tenant_shared_dir(start) if start.shared_dir else None
         checkpoint_dir = None
-        if start.checkpoint_dir:
+        on_shared = False
+        if start.checkpoint_dir and shared_dir is not None and _inside(Path(start.checkpoint_dir), shared_dir):
+            # One per job, in the tenant's part of the shared storage: made below as the tenant's, never through a
+            # link the tenant left there.
+            checkpoint_dir, on_shared = Path(os.path.normpath(start.checkpoint_dir)), True
+        elif start.checkpoint_dir:
             # An absolute checkpoint dir is shared storage chosen by the portal (under the tenant's configured
             # prefixes); a relative one lives in the job dir.
             checkpoint = Path(start.checkpoint_dir)
@@ -652,9 +691,13 @@ class WorkloadRunner:
         problem = env_problem(start.env, denylist=self.env_denylist)
         if problem is not None:
             raise WorkloadRejected(problem)
-        for folder in (job_dir, working_dir, checkpoint_dir):
+        for folder in (job_dir, working_dir, None if on_shared else checkpoint_dir):
             if folder is not None:
                 folder.mkdir(parents=True, exist_ok=True)
+        if on_shared:
+            assert shared_dir is not None and checkpoint_dir is not None
+            owner = self.sandbox.uid_for(start.tenant_id) if self.sandbox is not None else os.geteuid()
+            make_tree_without_links(shared_dir, checkpoint_dir.relative_to(shared_dir), owner)
         record = WorkloadRecord(
             command_id=start.command_id,
             job_id=start.job_id,
@@ -672,6 +715,8 @@ class WorkloadRunner:
             checkpoint_dir=record.checkpoint_dir,
             device_indices=self.device_indices,
         )
+        if shared_dir is not None:
+            env["GPUPOOL_SHARED_DIR"] = str(shared_dir)
         record.peer_addresses = list(start.peer_addresses)
         if start.hostfile:
             env.update(write_hostfile(job_dir, start.hostfile))
@@ -696,7 +741,12 @@ class WorkloadRunner:
                 working_dir=working_dir,
                 writable=[
                     job_dir,
-                    *([checkpoint_dir] if checkpoint_dir and not _inside(checkpoint_dir, job_dir) else []),
+                    *([shared_dir] if shared_dir is not None else []),
+                    *(
+                        [checkpoint_dir]
+                        if checkpoint_dir and not on_shared and not _inside(checkpoint_dir, job_dir)
+                        else []
+                    ),
                 ],
                 command=list(start.command),
                 env=env,
@@ -847,6 +897,29 @@ class WorkloadRunner:
                         f"checkpoint_dir {str(checkpoint)!r} belongs to uid {owner}, not this tenant's uid {uid}"
                     )
         return resolved
+
+    def _tenant_shared_dir(self, start: protocol.WorkloadStart) -> Path:
+        """The tenant's part of the shared storage, made if missing (owned by the tenant's uid, mode 0700; its
+        parents by root). Refused when this node has no shared storage or the portal names a path outside it."""
+        requested = Path(os.path.normpath(start.shared_dir))
+        if self.shared_storage is None:
+            raise WorkloadRejected(
+                f"the job uses shared storage ({start.shared_dir}) but this node has none: start the agent with "
+                "--shared-storage, mounted where the portal's GPUPOOL_SHARED_STORAGE says"
+            )
+        if (
+            ".." in Path(start.shared_dir).parts
+            or not _inside(requested, self.shared_storage)
+            or (requested == self.shared_storage)
+        ):
+            raise WorkloadRejected(f"shared dir {start.shared_dir!r} is not inside {self.shared_storage}")
+        if not self.shared_storage.is_dir():
+            raise WorkloadRejected(f"the shared storage {self.shared_storage} is not mounted on this node")
+        owner = self.sandbox.uid_for(start.tenant_id) if self.sandbox is not None else os.geteuid()
+        parent = requested.parent
+        make_tree_without_links(self.shared_storage, parent.relative_to(self.shared_storage), 0, mode=0o755)
+        make_tree_without_links(parent, Path(requested.name), owner)
+        return requested
 
     def _resolve_inside(self, job_dir: Path, requested: str | Path | None, name: str) -> Path:
         if requested is None or str(requested) == "":

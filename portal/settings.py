@@ -332,6 +332,11 @@ GPUPOOL_ENV_DENYLIST = [name.strip() for name in env_str("GPUPOOL_ENV_DENYLIST",
 #: Where a job's absolute checkpoint_dir may be, per tenant slug ("*": every tenant), as JSON, e.g.
 #: {"acme": ["/ckpt/acme"], "*": ["/scratch/ckpt"]}. None configured: relative checkpoint dirs only.
 GPUPOOL_CHECKPOINT_PREFIXES = env_str("GPUPOOL_CHECKPOINT_PREFIXES", "{}")
+#: A shared file system mounted at this path on every node (NFS, CephFS, JuiceFS...; the agents' --shared-storage):
+#: each tenant gets <path>/tenants/<tenant id>, the only part its jobs see, and each job its checkpoint dir
+#: <path>/tenants/<tenant id>/jobs/<job id>/checkpoint there (scheduler/storage_paths.py). "": none (checkpoint
+#: dirs in the job's directory on its node, or under GPUPOOL_CHECKPOINT_PREFIXES).
+GPUPOOL_SHARED_STORAGE = env_str("GPUPOOL_SHARED_STORAGE", "")
 #: The ports a node hands to jobs ("first-last", inclusive; scheduler/launch.py): each replica holds one, replica 0
 #: one more (the job's MASTER_PORT), never two live jobs the same port of a node. The default sits below Linux's
 #: ephemeral range (32768-60999) and starts at torch's usual 29500.

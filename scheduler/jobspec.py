@@ -358,6 +358,13 @@ def check_checkpoint_dir(checkpoint_dir: str, *, tenant_slug: str) -> None:
     if not checkpoint_dir.startswith("/"):
         return
     prefixes = checkpoint_prefixes(tenant_slug)
+    shared = str(getattr(settings, "GPUPOOL_SHARED_STORAGE", "") or "").rstrip("/")
+    if shared and checkpoint_dir.startswith(shared + "/"):
+        raise _fail(
+            "checkpoint_dir",
+            f"{checkpoint_dir!r} is on the shared storage, where each job gets its own checkpoint dir: give a "
+            "relative checkpoint_dir (or none) and the job gets <shared>/tenants/<tenant>/jobs/<job>/<it>.",
+        )
     if any(checkpoint_dir == prefix or checkpoint_dir.startswith(prefix.rstrip("/") + "/") for prefix in prefixes):
         return
     allowed = ", ".join(prefixes) if prefixes else "none are configured for it: use a relative path (in the job dir)"

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from portal.db.bulk import insert_rows, mark_saved, reserve_ids
-from scheduler import launch, serving
+from scheduler import launch, serving, storage_paths
 from scheduler.logs import job_log_ends
 from scheduler.models import AgentCommand, Allocation, Job, Node
 
@@ -77,7 +77,11 @@ def workload_start_frame(
             protocol.DeviceAssignment(uuid=uuid, millis=millis, memory_mib=memory_mib or None)
             for _index, uuid, millis, memory_mib in sorted(devices)
         ],
-        checkpoint_dir=job.checkpoint_dir or None,
+        checkpoint_dir=storage_paths.checkpoint_dir(
+            tenant_id=job.tenant_id, job_id=job.pk, requested=job.checkpoint_dir or ""
+        )
+        or None,
+        shared_dir=storage_paths.tenant_dir(job.tenant_id) or "",
         max_runtime_s=job.max_runtime_s,
         # The agent's sandbox: the tenant's uid, and the replica's cgroup limits (0 means "no limit").
         tenant_id=job.tenant_id,

@@ -16,6 +16,7 @@ from tests.resilience.cluster import FLAVOR, Cluster, free_port, wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "distributed"
 SERVING_EXAMPLES = EXAMPLES.parent / "serving"
+CHECKPOINT_EXAMPLES = EXAMPLES.parent / "checkpoints"
 #: Cards per simulated node in these tests; a replica asking for all of them fills a node, so a 2-replica gang
 #: spans both nodes.
 CARDS = 4
@@ -29,7 +30,7 @@ def shared_examples() -> Path:
     base.chmod(0o755)
     folder = Path(tempfile.mkdtemp(prefix="examples-", dir=base))
     folder.chmod(0o755)
-    for script in [*EXAMPLES.iterdir(), *SERVING_EXAMPLES.iterdir()]:
+    for script in [*EXAMPLES.iterdir(), *SERVING_EXAMPLES.iterdir(), *CHECKPOINT_EXAMPLES.iterdir()]:
         if script.is_file():
             shutil.copy(script, folder / script.name)
             (folder / script.name).chmod(0o755 if script.suffix == ".sh" else 0o644)
@@ -146,3 +147,16 @@ class CaddyServer:
         if self.process is not None:
             self.process.terminate()
             self.process.wait(timeout=10)
+
+
+def system_admin_token(cluster: Cluster) -> str:
+    """An admin-scope API token of a system admin (node operations go through the API, as an operator's do)."""
+    from tenants.models import PlatformRole
+    from tenants.services.identity import user_create
+    from tenants.services.tokens import api_token_create
+
+    admin = user_create(
+        actor=None, username=f"ops-{cluster.run_id[:6]}", password=None, platform_role=PlatformRole.SYSTEM_ADMIN
+    )
+    _token, raw = api_token_create(actor=admin, name="ops", scope="admin")
+    return raw

@@ -369,6 +369,11 @@ class Cluster:
                 # Its own nftables table: agents of one machine must not replace each other's rules.
                 *("--network-table", self.network_table(name)),
                 *(("--address", address) if address else ()),
+                *(
+                    ("--shared-storage", self.settings["GPUPOOL_SHARED_STORAGE"])
+                    if self.settings.get("GPUPOOL_SHARED_STORAGE")
+                    else ()
+                ),
                 # Agents of one machine share its ports: each hands out its own part of them.
                 *("--job-ports", self.job_ports(len(self.agents))),
             ],

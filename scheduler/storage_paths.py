@@ -1,0 +1,37 @@
+"""Where a job's files live on the shared storage (``GPUPOOL_SHARED_STORAGE``), the same path on every node.
+
+``<root>/tenants/<tenant id>/`` is a tenant's part, the only one its jobs see (the agents hide the rest);
+``<root>/tenants/<tenant id>/jobs/<job id>/checkpoint`` a job's checkpoint dir: one per job, seen by every replica,
+and by the job's next run wherever it is placed after a preemption or requeue. Ids, not slugs: a renamed tenant
+keeps its files.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from django.conf import settings
+
+
+def shared_root() -> str:
+    return str(getattr(settings, "GPUPOOL_SHARED_STORAGE", "") or "").rstrip("/")
+
+
+def tenant_dir(tenant_id: int) -> str | None:
+    root = shared_root()
+    return f"{root}/tenants/{tenant_id}" if root else None
+
+
+def job_dir(tenant_id: int, job_id: int) -> str | None:
+    base = tenant_dir(tenant_id)
+    return f"{base}/jobs/{job_id}" if base else None
+
+
+def checkpoint_dir(*, tenant_id: int, job_id: int, requested: str) -> str:
+    """The checkpoint dir a job's replicas get: with shared storage, a relative (or no) ``checkpoint_dir`` of the
+    spec lives in the job's directory there (``checkpoint`` when none was given); an absolute one is kept (it
+    passed the tenant's prefixes at submit). Without shared storage, the spec's as it is."""
+    base = job_dir(tenant_id, job_id)
+    if base is None or requested.startswith("/"):
+        return requested
+    return posixpath.join(base, requested or "checkpoint")
