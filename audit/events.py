@@ -86,6 +86,7 @@ _EVENTS = [
     ("job.cancel", "workload", "A job was cancelled"),
     ("job.preempt", "workload", "A job was preempted"),
     ("job.transition", "workload", "A job changed state"),
+    ("job.output_stored", "workload", "A node agent stored the output a job's replica left"),
     ("job.array.submit", "workload", "A job array was submitted (one record for its N jobs)"),
     ("job.array.cancel", "workload", "The jobs of a job array were cancelled"),
     # Fleet

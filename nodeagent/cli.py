@@ -33,6 +33,7 @@ from nodeagent.backends.simulated import MODELS
 from nodeagent.containers import find_runtime, runtime_labels
 from nodeagent.fencing import DEFAULT_FENCE_GRACE_S, FenceSettings
 from nodeagent.netpolicy import DEFAULT_TABLE, IsolationMode, NetworkIsolation
+from nodeagent.outputs import OutputCollector
 from nodeagent.sandbox import DEFAULT_PIDS_MAX, Sandbox, SandboxConfig, SandboxMode, parse_uid_range
 from nodeagent.workloads import WorkloadRunner
 
@@ -189,6 +190,8 @@ def run_agent(args: argparse.Namespace, credential: dict[str, Any]) -> int:
         container_runtime=runtime,
         network=network,
         shared_storage=args.shared_storage,
+        outputs=OutputCollector(server=server, credential=credential["credential"]),
+        job_dir_retention_s=args.job_dir_retention,
     )
     address = args.address or default_address(server)
     job_ports = ""
@@ -401,6 +404,12 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("GPUPOOL_AGENT_SHARED_STORAGE") or None,
         help="where the shared file system is mounted on this node (the portal's GPUPOOL_SHARED_STORAGE): a "
         "workload sees only its tenant's part of it, and its job's checkpoint dir lives there",
+    )
+    parser.add_argument(
+        "--job-dir-retention",
+        type=float,
+        default=float(os.environ.get("GPUPOOL_AGENT_JOB_DIR_RETENTION_S") or 86400),
+        help="seconds a finished workload's job dir stays on the node (its log and outputs are on the portal)",
     )
     parser.add_argument(
         "--job-ports",

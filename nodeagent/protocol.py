@@ -444,6 +444,10 @@ class WorkloadStart(Message):
     #: The tenant's part of the node's shared storage (``--shared-storage``): the only part the workload sees,
     #: writable; the job's checkpoint dir is inside it. "" : no shared storage.
     shared_dir: str = ""
+    #: A dir (relative to the job dir) whose files are collected and uploaded when the replica ends, and the most
+    #: bytes they may hold (0: the agent's own limit). "" : nothing collected.
+    output_dir: str = ""
+    output_max_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.log_offset <= MAX_LOG_OFFSET:

@@ -60,6 +60,7 @@ from nodeagent.containers import container_argv, device_nodes, write_env_file
 from nodeagent.logstream import open_output
 from nodeagent.netpolicy import IsolationMode, NetworkIsolation, NetworkPolicyError
 from nodeagent.outbox import OUTBOX_FILE, ReportOutbox
+from nodeagent.outputs import OutputCollector
 from nodeagent.sandbox import ROOT_ENV, Sandbox, SandboxError, SandboxMode, ServedProcess, hidden_device_nodes, own_tree
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,10 @@ class WorkloadRecord:
     log_start_pos: int = 0
     log_acked: int = 0
     log_inode: list[int] | None = None
+    #: The job's output dir on this node (``workload.start``'s ``output_dir`` in its job dir) and the most bytes it
+    #: may hold; collected when the workload ends (``nodeagent.outputs``).
+    output_dir: str | None = None
+    output_max_bytes: int = 0
     #: The addresses of the nodes the job runs on (``workload.start``'s ``peer_addresses``): the only machines
     #: whose connections reach this workload's sockets (``nodeagent.netpolicy``).
     peer_addresses: list[str] = field(default_factory=list)
@@ -389,6 +394,8 @@ class WorkloadRunner:
         container_runtime: str | None = None,
         network: NetworkIsolation | None = None,
         shared_storage: Path | None = None,
+        outputs: OutputCollector | None = None,
+        job_dir_retention_s: float = FINISHED_RETENTION_S,
     ) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -421,8 +428,14 @@ class WorkloadRunner:
         #: The shared file system mounted on every node (``--shared-storage``); a sandboxed workload sees only its
         #: tenant's part of it (the sandbox hides the rest). None: this node has none.
         self.shared_storage = Path(shared_storage).resolve() if shared_storage else None
+        #: Uploads ended replicas' output dirs to the portal (``nodeagent.outputs``); None: none collected.
+        self.outputs = outputs
+        #: How long a finished workload's job dir is kept on the node (its logs and outputs are on the portal).
+        self.job_dir_retention_s = job_dir_retention_s
         self._adopt()
         self._clean_leftovers()
+        if self.outputs is not None:  # what a previous agent still owed the portal
+            self.outputs.resume([(r.job_id, r.replica, Path(r.job_dir)) for r in self.records.values() if not r.active])
         with contextlib.suppress(NetworkPolicyError):  # logged; each start tries again, and fails if it must
             self._sync_network()
 
@@ -717,6 +730,11 @@ class WorkloadRunner:
         )
         if shared_dir is not None:
             env["GPUPOOL_SHARED_DIR"] = str(shared_dir)
+        if start.output_dir:
+            output_dir = self._resolve_inside(job_dir, start.output_dir, "output_dir")
+            output_dir.mkdir(parents=True, exist_ok=True)
+            record.output_dir, record.output_max_bytes = str(output_dir), start.output_max_bytes
+            env["GPUPOOL_OUTPUT_DIR"] = str(output_dir)
         record.peer_addresses = list(start.peer_addresses)
         if start.hostfile:
             env.update(write_hostfile(job_dir, start.hostfile))
@@ -757,7 +775,8 @@ class WorkloadRunner:
                 ),
                 hidden_devices=self._hidden_devices(start),
             )
-            for folder in (working_dir, checkpoint_dir):
+            output_dir = Path(record.output_dir) if record.output_dir else None
+            for folder in (working_dir, checkpoint_dir, output_dir):
                 if folder is not None and _inside(folder, job_dir):
                     _give_path(job_dir, folder, plan.uid, plan.gid)
             record.uid, record.cgroup, record.exit_file = plan.uid, plan.cgroup, str(plan.exit_file)
@@ -1102,6 +1121,14 @@ class WorkloadRunner:
         record.kill_after = None
         self._next_checkpoint_scan.pop(record.key, None)
         log.info("workloads: job %s replica %s %s (exit code %s)", record.job_id, record.replica, state, exit_code)
+        if self.outputs is not None and record.output_dir and state in ("succeeded", "failed"):
+            self.outputs.collect(
+                job_id=record.job_id,
+                replica=record.replica,
+                job_dir=Path(record.job_dir),
+                output_dir=Path(record.output_dir),
+                max_bytes=record.output_max_bytes,
+            )
         # The outbox before state.json: killed in between, the next agent finds the workload still active,
         # settles it again and reports it again (a duplicate the portal ignores) instead of never.
         self._report(record)
@@ -1137,7 +1164,8 @@ class WorkloadRunner:
     def _forget_old(self, now: float) -> None:
         if now < self._next_forget_at:
             return
-        self._next_forget_at = now + FORGET_EVERY_S
+        self._next_forget_at = now + min(FORGET_EVERY_S, max(1.0, self.job_dir_retention_s / 2))
+        self._remove_old_job_dirs(now)
         old = [
             key
             for key, record in self.records.items()
@@ -1147,6 +1175,26 @@ class WorkloadRunner:
             del self.records[key]
         if old:
             self._save(everything=True)
+
+    def _remove_old_job_dirs(self, now: float) -> None:
+        """Remove the job dirs of workloads that ended more than ``job_dir_retention_s`` ago (their logs were
+        shipped to the portal, their outputs uploaded: one still owed keeps its dir). A dir a newer run of the
+        replica uses is the active record's, and is kept."""
+        active_dirs = {record.job_dir for record in self.active_records()}
+        for record in list(self.records.values()):
+            if record.active or record.finished_at is None or now - record.finished_at <= self.job_dir_retention_s:
+                continue
+            job_dir = Path(record.job_dir)
+            if record.job_dir in active_dirs or not _inside(job_dir, self.work_dir / "jobs") or not job_dir.exists():
+                continue
+            if self.outputs is not None and self.outputs.pending(job_dir):
+                continue
+            shutil.rmtree(job_dir, ignore_errors=True)  # never follows a link the job left (fd-based on Linux)
+            log.info(
+                "workloads: removed the dir of job %s replica %s (ended %.0f s ago)",
+                *record.key,
+                now - record.finished_at,
+            )
 
     # --- reports -----------------------------------------------------------------------------------------
 

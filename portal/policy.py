@@ -138,6 +138,7 @@ class Action(StrEnum):
     FLEET_MANAGE = "fleet.manage"
     TELEMETRY_VIEW = "telemetry.view"
     AGENT_REGISTER = "agent.register"
+    AGENT_UPLOAD = "agent.upload_output"
     # planning
     WHATIF_RUN = "whatif.run"
     TRACE_EXPORT = "trace.export"
@@ -195,6 +196,8 @@ ACTION_TEXT: dict[Action, str] = {
     Action.TELEMETRY_VIEW: "watch card telemetry (live and stored)",
     Action.AGENT_REGISTER: "a node agent trades a bootstrap token for its credential (no account; the token "
     "is the proof)",
+    Action.AGENT_UPLOAD: "a node agent uploads the outputs of a job it ran (no account; its node credential is the "
+    "proof)",
     Action.WHATIF_RUN: "run a what-if simulation",
     Action.TRACE_EXPORT: "export the job trace",
     Action.AUDIT_VIEW: "search and read the audit trail",
@@ -229,6 +232,7 @@ TOKEN_SCOPE: dict[Action, TokenScopeName] = {
             Action.FLEET_VIEW,
             Action.TELEMETRY_VIEW,
             Action.AGENT_REGISTER,
+            Action.AGENT_UPLOAD,
             Action.TRACE_EXPORT,
             Action.AUDIT_VIEW,
             Action.AUDIT_VERIFY,
@@ -403,7 +407,7 @@ RULES: list[Rule] = [
 ]
 
 #: Actions no account takes: a node agent proves itself with a bootstrap token or its node credential.
-NO_ACCOUNT_ACTIONS = frozenset({Action.AGENT_REGISTER})
+NO_ACCOUNT_ACTIONS = frozenset({Action.AGENT_REGISTER, Action.AGENT_UPLOAD})
 
 
 def rules_for(action: Action) -> list[Rule]:

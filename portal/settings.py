@@ -10,6 +10,7 @@ setting ``GPUPOOL_DATABASE_URL`` switches the database (PostgreSQL in production
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dj_database_url
@@ -365,7 +366,18 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    # Jobs' collected outputs (scheduler/services/outputs.py): files under GPUPOOL_DATA_DIR/outputs, or any Django
+    # storage backend, e.g. GPUPOOL_OUTPUTS_STORAGE=storages.backends.s3.S3Storage (pip install 'gpupool[s3]')
+    # with GPUPOOL_OUTPUTS_STORAGE_OPTIONS='{"bucket_name": "gpupool-outputs", "endpoint_url": "https://minio:9000"}'.
+    "outputs": {
+        "BACKEND": env_str("GPUPOOL_OUTPUTS_STORAGE", "django.core.files.storage.FileSystemStorage"),
+        "OPTIONS": json.loads(env_str("GPUPOOL_OUTPUTS_STORAGE_OPTIONS", "") or "null")
+        or {"location": str(DATA_DIR / "outputs")},
+    },
 }
+#: The largest output a job's replica may leave (its output_dir, packed): above it nothing is collected and the
+#: job's history says so.
+GPUPOOL_OUTPUT_MAX_BYTES = env_int("GPUPOOL_OUTPUT_MAX_BYTES", 1024 * 1024 * 1024)
 WHITENOISE_USE_FINDERS = True
 
 # --- gpupool ------------------------------------------------------------------------------------------

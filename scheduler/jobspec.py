@@ -111,6 +111,7 @@ TOP_LEVEL_FIELDS = {
     "image",
     "launcher",
     "ports",
+    "output_dir",
 }
 ARRAY_FIELDS = {"count"}
 RESOURCE_FIELDS = {"flavors", "flavor", "any_flavor", "gpus", "millis", "memory_mib", "cpu_cores", "host_memory_mib"}
@@ -526,6 +527,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     if launcher not in LAUNCHERS:
         raise _fail("launcher", f"must be one of {', '.join(sorted(LAUNCHERS))}, not {launcher!r}.")
     working_dir = _relative_path(_str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH), "working_dir")
+    output_dir = _relative_path(_str(data, "output_dir", "output_dir", max_length=MAX_PATH_LENGTH), "output_dir")
     checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)
     if checkpoint_dir and not checkpoint_dir.startswith("/"):
         checkpoint_dir = _relative_path(checkpoint_dir, "checkpoint_dir")
@@ -567,6 +569,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         **({"image": image} if image else {}),
         **({"launcher": launcher} if launcher != LAUNCHER_NONE else {}),
         **({"ports": named_ports} if named_ports else {}),
+        **({"output_dir": output_dir} if output_dir else {}),
     }
     return JobSpec(
         name=name,

@@ -8,6 +8,7 @@ Invariants the database helps keep (see ``Allocation``): per device, the active 
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.files.storage import storages
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -49,6 +50,11 @@ class NodeStatus(models.TextChoices):
     NOT_READY = "not_ready", _("not ready")
     CORDONED = "cordoned", _("cordoned")
     DRAINING = "draining", _("draining")
+
+
+def _outputs_storage():
+    """The ``outputs`` storage of ``STORAGES`` (a callable, so migrations do not record the deployment's choice)."""
+    return storages["outputs"]
 
 
 class Node(models.Model):
@@ -341,6 +347,26 @@ class ReplicaPort(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}:{self.port} job {self.job_id}/{self.replica} ({self.purpose})"
+
+
+class JobOutput(models.Model):
+    """The packed output dir (``output_dir`` of the spec, a .tar.gz) one replica of a job left, collected by its
+    node's agent when the replica ended and kept in the ``outputs`` storage (``STORAGES``)."""
+
+    job = models.ForeignKey("Job", on_delete=models.CASCADE, related_name="outputs")
+    replica = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(Node, null=True, on_delete=models.SET_NULL, related_name="+")
+    file = models.FileField(storage=_outputs_storage, upload_to="outputs/", max_length=255)
+    size_bytes = models.PositiveBigIntegerField()
+    sha256 = models.CharField(max_length=64)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job_id", "replica"]
+        constraints = [models.UniqueConstraint(fields=["job", "replica"], name="joboutput_one_per_replica")]
+
+    def __str__(self) -> str:
+        return f"output of job {self.job_id} replica {self.replica}"
 
 
 class Allocation(models.Model):

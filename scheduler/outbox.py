@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -82,6 +83,8 @@ def workload_start_frame(
         )
         or None,
         shared_dir=storage_paths.tenant_dir(job.tenant_id) or "",
+        output_dir=(job.spec or {}).get("output_dir") or "",
+        output_max_bytes=settings.GPUPOOL_OUTPUT_MAX_BYTES if (job.spec or {}).get("output_dir") else 0,
         max_runtime_s=job.max_runtime_s,
         # The agent's sandbox: the tenant's uid, and the replica's cgroup limits (0 means "no limit").
         tenant_id=job.tenant_id,

@@ -106,6 +106,11 @@ class JobSpec(serializers.Serializer):
         required=False,
         help_text="Named ports each replica serves; each gets GPUPOOL_PORT_<NAME> and an endpoint.",
     )
+    output_dir = serializers.CharField(
+        max_length=jobspec.MAX_PATH_LENGTH,
+        required=False,
+        help_text="A dir (relative to the job dir) collected when each replica ends: GET /jobs/{id}/outputs/.",
+    )
     launcher = serializers.ChoiceField(
         choices=sorted(jobspec.LAUNCHERS),
         required=False,

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from scheduler.api import logs, serving_auth, views, whatif
+from scheduler.api import logs, outputs, serving_auth, views, whatif
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -13,6 +13,8 @@ router.register("flavors", views.FlavorViewSet, basename="flavor")
 
 urlpatterns = [
     path("jobs/<int:pk>/logs/", logs.JobLogView.as_view(), name="job-logs"),
+    path("jobs/<int:pk>/outputs/", outputs.JobOutputListView.as_view(), name="job-outputs"),
+    path("jobs/<int:pk>/outputs/<int:replica>/", outputs.JobOutputDownloadView.as_view(), name="job-output"),
     path("serving/auth/<int:pk>/<str:name>/", serving_auth.ServingAuthView.as_view(), name="serving-auth"),
     path("whatif/", whatif.WhatIfView.as_view(), name="whatif"),
     path("trace-export/", whatif.TraceExportView.as_view(), name="trace-export"),

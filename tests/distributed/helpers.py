@@ -38,7 +38,12 @@ def shared_examples() -> Path:
 
 
 def start_cluster(
-    make_cluster, *, agents: int = 2, settings: dict[str, str] | None = None, caddy: CaddyServer | None = None
+    make_cluster,
+    *,
+    agents: int = 2,
+    settings: dict[str, str] | None = None,
+    caddy: CaddyServer | None = None,
+    agent_args: tuple[str, ...] = (),
 ) -> Cluster:
     """Web, worker, beat and ``agents`` agents of CARDS cards, agent i announcing 127.0.0.(i+1): distinct node
     addresses on one machine (all of 127/8 is this machine's loopback), as distinct hosts would have. With
@@ -52,7 +57,9 @@ def start_cluster(
     cluster.start_beat()
     cluster.wait_web()
     for index in range(agents):
-        cluster.add_agent(f"node-{index}-{cluster.run_id[:6]}", cards=CARDS, address=f"127.0.0.{index + 1}")
+        cluster.add_agent(
+            f"node-{index}-{cluster.run_id[:6]}", cards=CARDS, address=f"127.0.0.{index + 1}", extra_args=agent_args
+        )
     cluster.wait_nodes_ready(list(cluster.agents))
     return cluster
 

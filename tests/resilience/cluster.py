@@ -329,7 +329,14 @@ class Cluster:
         return self
 
     def add_agent(
-        self, name: str, *, cards: int = 2, via_proxy: bool = False, seed: int = 0, address: str = ""
+        self,
+        name: str,
+        *,
+        cards: int = 2,
+        via_proxy: bool = False,
+        seed: int = 0,
+        address: str = "",
+        extra_args: tuple[str, ...] = (),
     ) -> Agent:
         """Register node ``name`` with a fresh bootstrap token and run its agent (through a cuttable proxy)."""
         from scheduler.fleet.services.enrolment import bootstrap_token_create
@@ -376,6 +383,7 @@ class Cluster:
                 ),
                 # Agents of one machine share its ports: each hands out its own part of them.
                 *("--job-ports", self.job_ports(len(self.agents))),
+                *extra_args,
             ],
             self.agent_env(),
         )

@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotAuthenticated, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,9 +27,15 @@ from scheduler.fleet.api.serializers import (
     TelemetryHistoryOutput,
     TelemetryHistoryQuery,
 )
-from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create, node_credentials_revoke
+from scheduler.fleet.services.enrolment import (
+    agent_register,
+    bootstrap_token_create,
+    credential_authenticate,
+    node_credentials_revoke,
+)
 from scheduler.fleet.services.inventory import device_rehome
 from scheduler.models import Device, Node
+from scheduler.services.outputs import job_output_store
 
 
 class BootstrapTokenCreateView(APIView):
@@ -143,3 +149,32 @@ class TelemetryHistoryView(APIView):
                 uuids=options.get("device") or None,
             )
         return Response(body)
+
+
+class OutputUploadView(APIView):
+    """A node agent uploads the packed output dir of a replica it ran (``PUT``, ``application/gzip``, the body's
+    sha256 in ``X-Content-Sha256``); its node credential is the proof (``Authorization: Bearer gpn_…``)."""
+
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    policy_actions = {"put": Action.AGENT_UPLOAD}
+    parser_classes: list = []
+
+    @extend_schema(request=None, responses={201: dict, 401: dict, 404: dict})
+    def put(self, request: Request, job_id: int, replica: int) -> Response:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        credential = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+        row = credential_authenticate(credential=credential, peer=request.META.get("REMOTE_ADDR", ""))
+        if row is None:
+            raise NotAuthenticated("a node credential is required (Authorization: Bearer gpn_...)")
+        output = job_output_store(
+            node=row.node,
+            job_id=job_id,
+            replica=replica,
+            stream=request,
+            sha256=request.META.get("HTTP_X_CONTENT_SHA256", ""),
+        )
+        return Response(
+            {"job": job_id, "replica": replica, "size_bytes": output.size_bytes, "sha256": output.sha256},
+            status=status.HTTP_201_CREATED,
+        )
