@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import httpx
@@ -299,6 +300,17 @@ class Client:
     def cancel_array(self, array_id: str, *, reason: str = "") -> ArrayCancelled:
         """Cancel every job of an array that has not ended."""
         return ArrayCancelled.from_api(self.post_json(f"jobs/arrays/{array_id}/cancel/", {"reason": reason}))
+
+    def outputs(self, job_id: int) -> list[dict[str, Any]]:
+        """What each replica left in the job's ``output_dir``: ``{replica, size_bytes, sha256, created_at,
+        download_url}``, collected when the replica ended."""
+        return list(self.get_json(f"jobs/{int(job_id)}/outputs/"))
+
+    def download_output(self, job_id: int, replica: int, target: Path) -> Path:
+        """Save one replica's output (.tar.gz) as ``target``; returns it."""
+        response = self.request("GET", f"jobs/{int(job_id)}/outputs/{int(replica)}/")
+        target.write_bytes(response.content)
+        return target
 
     def logs(self, job_id: int, *, replica: int = 0, offset: int = 0) -> LogChunk:
         """The output of one replica from byte ``offset`` on (as much as the server sends at once)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
@@ -307,12 +308,57 @@ def show(job_id: int, as_json: bool) -> None:
             cards = f"{a.millis / MILLIS_PER_CARD:g}" + (" (borrowed)" if a.borrowed_millis else "")
             allocations.add_row(str(a.replica), a.node, a.device, a.flavor, cards, f"{a.memory_mib} MiB", since)
         parts += [Text("\nAllocations", style="bold"), allocations]
+    endpoints = job.raw.get("endpoints") or []
+    if endpoints:
+        table = Table("ENDPOINT", "URL", "SERVING REPLICAS", box=box.SIMPLE_HEAD)
+        for endpoint in endpoints:
+            url = endpoint.get("url") or "(no proxy: call a replica directly)"
+            table.add_row(endpoint["name"], url, ", ".join(endpoint.get("replicas") or []) or "none ready")
+        parts += [Text("\nEndpoints", style="bold"), table]
+    ports = job.raw.get("ports") or []
+    if ports:
+        table = Table("REPLICA", "ADDRESS", "PORT", "FOR", box=box.SIMPLE_HEAD)
+        for port in ports:
+            purpose = port.get("name") or {"rendezvous": "MASTER_PORT", "replica": "GPUPOOL_PORT"}.get(
+                port["purpose"], port["purpose"]
+            )
+            table.add_row(str(port["replica"]), port["address"], str(port["port"]), purpose)
+        parts += [Text("\nPorts", style="bold"), table]
     if job.events:
         events = Table("TIME", "FROM", "TO", "REASON", "BY", "MESSAGE", box=box.SIMPLE_HEAD)
         for e in job.events:
             events.add_row(local_time(e.created_at), e.from_state, e.to_state, e.reason, e.actor or "", e.message)
         parts += [Text("\nHistory", style="bold"), events]
     console().print(Group(*parts))
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--download", "directory", metavar="DIR", help="Save every replica's output (.tar.gz) into DIR.")
+@json_option
+@api_command
+def outputs(job_id: int, directory: str | None, as_json: bool) -> None:
+    """A job's outputs: what each replica left in its output_dir, collected when it ended."""
+    client = current_state().client()
+    rows = client.outputs(job_id)
+    if as_json:
+        print_json(rows)
+        return
+    if not rows:
+        click.echo(f"Job {job_id} has no outputs (yet): it names no output_dir, or has not ended.")
+        return
+    if directory:
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        for row in rows:
+            target = folder / f"job-{job_id}-replica-{row['replica']}-output.tar.gz"
+            client.download_output(job_id, row["replica"], target)
+            click.echo(f"{target}  ({row['size_bytes']} bytes, sha256 {row['sha256'][:16]}…)")
+        return
+    table = Table("REPLICA", "SIZE", "SHA256", "COLLECTED", box=box.SIMPLE_HEAD)
+    for row in rows:
+        table.add_row(str(row["replica"]), f"{row['size_bytes']} B", row["sha256"][:16] + "…", row["created_at"])
+    console().print(table)
 
 
 @cli.command()
