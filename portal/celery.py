@@ -76,6 +76,10 @@ SERVING_SYNC_S = env_int("GPUPOOL_SERVING_SYNC_S", 15)
 app.conf.beat_schedule.update(
     {"scheduler-serving-sync": {"task": "scheduler.serving_sync", "schedule": float(SERVING_SYNC_S)}}
 )
+# What each tenant keeps on the shared storage, shown beside its quotas (scheduler.storage_paths).
+app.conf.beat_schedule.update(
+    {"scheduler-shared-storage-measure": {"task": "scheduler.shared_storage_measure", "schedule": 600.0}}
+)
 # Logs of jobs finished longer ago than GPUPOOL_JOB_LOG_RETENTION_DAYS.
 app.conf.beat_schedule.update({"scheduler-job-logs-purge": {"task": "scheduler.job_logs_purge", "schedule": 3600.0}})
 

@@ -8,9 +8,14 @@ keeps its files.
 
 from __future__ import annotations
 
+import os
 import posixpath
+from pathlib import Path
 
 from django.conf import settings
+from django.utils import timezone
+
+from tenants.services.quotas import tenant_storage_usage_record
 
 
 def shared_root() -> str:
@@ -35,3 +40,38 @@ def checkpoint_dir(*, tenant_id: int, job_id: int, requested: str) -> str:
     if base is None or requested.startswith("/"):
         return requested
     return posixpath.join(base, requested or "checkpoint")
+
+
+def tree_size(root: Path) -> tuple[int, int]:
+    """(bytes, files) of the regular files under ``root``, links not followed."""
+    used = files = 0
+    stack = [str(root)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    used += entry.stat(follow_symlinks=False).st_size
+                    files += 1
+            except OSError:
+                continue
+    return used, files
+
+
+def measure_tenants() -> int:
+    """Measure every tenant's part of the shared storage where this process sees it, and record the figures.
+    Returns the tenants measured (0 without shared storage, or where it is not mounted here)."""
+    root = shared_root()
+    tenants_dir = Path(root) / "tenants" if root else None
+    if tenants_dir is None or not tenants_dir.is_dir():
+        return 0
+    usage = {}
+    for entry in os.scandir(tenants_dir):
+        if entry.is_dir(follow_symlinks=False) and entry.name.isdigit():
+            usage[int(entry.name)] = tree_size(Path(entry.path))
+    return tenant_storage_usage_record(usage=usage, measured_at=timezone.now())

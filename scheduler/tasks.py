@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
-from scheduler import eta, logs, serving
+from scheduler import eta, logs, serving, storage_paths
 from scheduler.services import cycle, reports
 
 
@@ -54,6 +54,13 @@ def serving_sync() -> bool:
     """Route every serving endpoint in Caddy (``scheduler.serving``); beat's safety net beside the syncs that
     placements and stops make."""
     return serving.serving_sync()
+
+
+@shared_task(name="scheduler.shared_storage_measure", acks_late=True, ignore_result=True)
+def shared_storage_measure() -> int:
+    """Measure each tenant's part of the shared storage (where this worker mounts it) and store the figures shown
+    beside quotas (``storage_paths.measure_tenants``; beat: every 10 minutes)."""
+    return storage_paths.measure_tenants()
 
 
 @shared_task(name="scheduler.job_logs_purge", acks_late=True, ignore_result=True)

@@ -297,3 +297,16 @@ class FlavorPrice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.flavor.name}: {self.price_per_device_hour} {self.currency}/h"
+
+
+class TenantStorageUsage(models.Model):
+    """What a tenant's part of the shared storage holds (``GPUPOOL_SHARED_STORAGE``), as last measured by the
+    worker (``scheduler.tasks.shared_storage_measure``); shown beside its quotas."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="storage_usage", primary_key=True)
+    used_bytes = models.PositiveBigIntegerField(default=0)
+    files = models.PositiveBigIntegerField(default=0)
+    measured_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.used_bytes} bytes"

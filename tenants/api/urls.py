@@ -18,6 +18,7 @@ router.register("flavor-prices", views.FlavorPriceViewSet, basename="flavorprice
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
     path("tenants/<str:pk>/quota-usage/", views.TenantQuotaUsageView.as_view(), name="tenant-quota-usage"),
+    path("tenants/<str:pk>/storage-usage/", views.TenantStorageUsageView.as_view(), name="tenant-storage-usage"),
     path(
         "tenants/<str:pk>/approval-threshold/",
         views.TenantApprovalThresholdView.as_view(),

@@ -29,7 +29,7 @@ from tenants.filtersets import (
     TenantFilterSet,
     UserFilterSet,
 )
-from tenants.models import ApiToken, FlavorPrice, Membership, Quota, User
+from tenants.models import ApiToken, FlavorPrice, Membership, Quota, TenantStorageUsage, User
 from tenants.permissions import can_manage_memberships
 from tenants.services import admissions, approvals, identity, memberships, notifications, quotas, tenancy, tokens
 
@@ -374,6 +374,24 @@ class TenantQuotaUsageView(APIView):
         tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
         usage = selectors.quota_usage(tenant)
         return Response([{"flavor": name, **values} for name, values in usage.items()])
+
+
+class TenantStorageUsageView(APIView):
+    policy_actions = {"get": Action.QUOTA_VIEW}
+    policy_hides_objects = True
+
+    @extend_schema(summary="What a tenant's part of the shared storage holds (last measured)", responses={200: dict})
+    def get(self, request: Request, pk: str) -> Response:
+        tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
+        usage = TenantStorageUsage.objects.filter(tenant=tenant).first()
+        return Response(
+            {
+                "tenant": tenant.slug,
+                "used_bytes": usage.used_bytes if usage else None,
+                "files": usage.files if usage else None,
+                "measured_at": usage.measured_at if usage else None,
+            }
+        )
 
 
 class TenantApprovalThresholdView(APIView):

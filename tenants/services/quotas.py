@@ -9,7 +9,7 @@ from django.db import transaction
 from audit.services import audit_record
 from portal.api import DomainError
 from portal.policy import Action
-from tenants.models import Tenant, User
+from tenants.models import Tenant, TenantStorageUsage, User
 from tenants.policy import allows
 from tenants.services._common import _ensure_may_write, _require
 
@@ -183,3 +183,21 @@ def flavor_price_set(
         request=request,
     )
     return row
+
+
+def tenant_storage_usage_record(*, usage: dict[int, tuple[int, int]], measured_at: Any) -> int:
+    """Store what each tenant's part of the shared storage holds (tenant id → (bytes, files)), as the worker
+    measured it; tenants not in ``usage`` keep their last figure. Returns the rows written."""
+    known = set(Tenant.objects.filter(pk__in=list(usage)).values_list("pk", flat=True))
+    rows = [
+        TenantStorageUsage(tenant_id=tenant_id, used_bytes=used, files=files, measured_at=measured_at)
+        for tenant_id, (used, files) in sorted(usage.items())
+        if tenant_id in known
+    ]
+    TenantStorageUsage.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["tenant"],
+        update_fields=["used_bytes", "files", "measured_at"],
+    )
+    return len(rows)

@@ -51,7 +51,7 @@ SHARED_READABLE = ("nodes", "devices", "flavors")
 #: Resources a tenant's users may use at all: another tenant's object must be "not found" there. Notification
 #: deliveries are the platform admins' (the access policy gives tenant roles no notification.view rule): a tenant
 #: user gets the same 403 for a real id as for a missing one.
-TENANT_OWNED = ("approvals", "jobs", "memberships", "quotas", "tenants", "tokens")
+TENANT_OWNED = ("approvals", "jobs", "memberships", "quotas", "tenants", "tokens", "serving")
 
 
 @pytest.fixture
@@ -90,6 +90,7 @@ def victim():
         "devices": Device.objects.filter(node=node).first().pk,
         "flavors": flavor.pk,
         "agents": node.pk,
+        "serving": job.pk,  # /serving/auth/{id}/{name}/: the proxy's check of a job's endpoint
     }
     return {"ids": ids, "company": company, "team": team}
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.core.files.base import ContentFile
 from django.db import transaction
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve
@@ -37,7 +38,7 @@ from audit.models import AuditRecord
 from audit.services import audit_record
 from frontend.access import policy_action_of
 from portal.policy import NO_ACCOUNT_ACTIONS, RULES, TOKEN_SCOPE, Action, Principal
-from scheduler.models import Job, Node
+from scheduler.models import Job, JobOutput, Node
 from scheduler.services.jobs import job_submit
 from tenants.models import (
     ApiToken,
@@ -102,6 +103,10 @@ READ_ACTION = {
     Job: Action.JOB_VIEW,
 }
 
+#: Actions whose view hides an object from whoever may not take the action on it (not from whoever may not read
+#: it): the serving proxy's check answers 404 for a job the caller may read but not call.
+HIDDEN_BY_OWN_ACTION = {Action.JOB_SERVE}
+
 #: Object rules finer than the table's scopes, asked through the predicate that services use (which asks
 #: the table first): an approval's step waits for one role.
 OBJECT_RULE = {Action.APPROVAL_DECIDE: can_decide_approval}
@@ -157,7 +162,17 @@ def build_world() -> World:
     quota = quota_set(actor=None, tenant=tenant, flavor=flavor, values={"guaranteed_millis": 2000})
     job = job_submit(
         actor=users["member"],
-        spec={"name": "j", "tenant": tenant.slug, "resources": {"flavors": [flavor.name], "gpus": 1}, "command": ["x"]},
+        spec={
+            "name": "j",
+            "tenant": tenant.slug,
+            "resources": {"flavors": [flavor.name], "gpus": 1},
+            "command": ["x"],
+            "ports": [{"name": "http"}],  # an endpoint for the serving proxy's check
+        },
+    )
+    # An output of the job's replica 0 (the download endpoint's object).
+    JobOutput(job=job, replica=0, size_bytes=3, sha256="0" * 64, created_at=timezone.now()).file.save(
+        "matrix.tar.gz", ContentFile(b"abc"), save=True
     )
     array_job = JobFactory(tenant=tenant, submitter=users["member"], flavors=[flavor.name], array_id=uuid.uuid4())
     approval = quota_change_request_create(
@@ -217,6 +232,8 @@ def _path_object(world: World, template: str) -> Any:
     tail = template.removeprefix("/api/v1/")
     table = [
         ("agents/devices/", world.device),
+        ("agents/outputs/", world.job),
+        ("serving/auth/", world.job),
         ("agents/nodes/", world.node),
         ("approvals/", world.approval),
         ("audit/records/", world.record),
@@ -245,7 +262,7 @@ def _url(world: World, template: str) -> str:
     elif "{array_id}" in template:
         url = template.replace("{array_id}", str(obj.array_id))
     else:
-        url = re.sub(r"\{[a-z_]+\}", str(obj.pk), template)
+        url = re.sub(r"\{[a-z_]+\}", str(obj.pk), template.replace("{name}", "http").replace("{replica}", "0"))
     now = timezone.now()
     window = {"start": (now - dt.timedelta(days=1)).isoformat(), "end": (now + dt.timedelta(hours=1)).isoformat()}
     if url in {"/api/v1/usage/", "/api/v1/audit/export/"}:
@@ -328,8 +345,8 @@ def _principal(world: World, principal: str) -> tuple[User, ApiToken | None]:
     return world.users[principal], None
 
 
-def _readable(user: User, obj: Any) -> bool:
-    action = READ_ACTION.get(type(obj))
+def _readable(user: User, obj: Any, using: Action | None = None) -> bool:
+    action = using if using in HIDDEN_BY_OWN_ACTION else READ_ACTION.get(type(obj))
     if action is None:
         return True  # pool-wide objects are not hidden per tenant: a rule decides (403)
     return restrict(type(obj).objects.all(), user, action).filter(pk=obj.pk).exists()
@@ -350,7 +367,7 @@ def expected_api(world: World, principal: str, op: Operation) -> str:
     hides = getattr(view, "policy_hides_objects", False)
     if hides:
         for named in (obj, named_tenant):
-            if named is not None and not _readable(user, named):
+            if named is not None and not _readable(user, named, action):
                 return 404
         if op.method == "GET":
             return "allowed"

@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import NotAuthenticated, ValidationError
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -160,13 +160,18 @@ class OutputUploadView(APIView):
     policy_actions = {"put": Action.AGENT_UPLOAD}
     parser_classes: list = []
 
+    def get_authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="gpupool-agent"'  # a missing or bad credential is a 401, as an agent expects
+
     @extend_schema(request=None, responses={201: dict, 401: dict, 404: dict})
     def put(self, request: Request, job_id: int, replica: int) -> Response:
         header = request.META.get("HTTP_AUTHORIZATION", "")
         credential = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
         row = credential_authenticate(credential=credential, peer=request.META.get("REMOTE_ADDR", ""))
         if row is None:
-            raise NotAuthenticated("a node credential is required (Authorization: Bearer gpn_...)")
+            raise AuthenticationFailed(
+                "A node credential is required (Authorization: Bearer gpn_...).", code="invalid_credential"
+            )
         output = job_output_store(
             node=row.node,
             job_id=job_id,
