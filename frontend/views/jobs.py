@@ -25,6 +25,7 @@ from frontend.summaries import job_chart_devices
 from frontend.tables import JobTable
 from portal.api import DomainError, NotFoundError
 from portal.policy import Action
+from scheduler import launch, serving
 from scheduler import logs as scheduler_logs
 from scheduler import selectors as scheduler_selectors
 from scheduler.jobspec import EXAMPLE_COMMAND
@@ -228,6 +229,10 @@ def job_detail(request, pk: int):
         "events": events,
         "allocations": active,
         "past_allocations": [a for a in job.allocations.all() if a.ended_at is not None],
+        # A serving job's endpoints, the ports its replicas hold, what its replicas left in its output_dir.
+        "endpoints": serving.job_endpoints(job),
+        "ports": launch.job_ports(job),
+        "outputs": list(job.outputs.order_by("replica")),
         "pending_sentence": scheduler_selectors.job_pending_sentence(job),
         "log_tail": log_tail,
         # The output panel (live logs) replaces the final log tail once the agent streams the job's output.

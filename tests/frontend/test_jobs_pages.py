@@ -232,3 +232,28 @@ def test_a_member_lets_the_scheduler_pick_among_the_flavors(client, world):
 def test_with_one_flavor_the_form_offers_no_choice_of_any(client, world):
     client.force_login(world["bob"])
     assert 'value="*"' not in client.get("/console/jobs/submit/").content.decode()
+
+
+def test_a_placed_serving_jobs_page_shows_its_ports_and_endpoint(client, world, settings):
+    from scheduler.services.cycle import run_cycle
+    from tests.frontend.factories import make_node
+
+    settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
+    node = make_node("gpu-7", devices=2)
+    node.address = "10.0.0.7"
+    node.save(update_fields=["address"])
+    spec = {
+        "name": "serve",
+        "tenant": "vision",
+        "kind": "inference",
+        "resources": {"flavors": ["nvidia-h100-80g"], "gpus": 1},
+        "ports": [{"name": "http", "ready_path": "/health"}],
+        "command": ["python3", "serve.py"],
+    }
+    job = job_submit(actor=world["bob"], spec=spec)
+    assert run_cycle().placed == [job.pk]
+    client.force_login(world["bob"])
+    page = client.get(f"/console/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="job-ports"' in page and "MASTER_PORT" in page and "10.0.0.7" in page
+    # No serving proxy configured (embedded mode): the endpoint lists the replica to call directly.
+    assert 'data-testid="job-endpoints"' in page and "call a replica directly" in page
