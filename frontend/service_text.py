@@ -326,6 +326,25 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("%(setting)s: expected a number of at least 0, got %(value)s"),
         gettext_noop("%(setting)s: expected a whole number, got %(value)s"),
         gettext_noop("%(setting)s: expected one of %(choices)s, got %(value)s"),
+        # named ports, launchers, shared storage, outputs (issues 30 and 31)
+        gettext_noop("%(field)s: %(value)s is named twice; give each port its own name."),
+        gettext_noop(
+            "%(field)s: must be 1-15 lower-case letters, digits or '-', starting with a letter (not 'replica' or "
+            "'rendezvous'), e.g. http."
+        ),
+        gettext_noop("%(field)s: must be a URL path starting with '/', e.g. /health."),
+        gettext_noop("%(field)s: unknown field; a port has %(fields)s."),
+        gettext_noop('%(field)s: must be an object such as {"name": "http"}.'),
+        gettext_noop("ports: at most %(n)s named ports."),
+        gettext_noop('ports: must be a list such as [{"name": "http", "ready_path": "/health"}].'),
+        gettext_noop("launcher: must be one of %(choices)s, not %(value)s."),
+        gettext_noop(
+            "checkpoint_dir: %(value)s is on the shared storage, where each job gets its own checkpoint dir: give a "
+            "relative checkpoint_dir (or none) and the job gets <shared>/tenants/<tenant>/jobs/<job>/<it>."
+        ),
+        gettext_noop("Node %(node)s never ran replica %(replica)s of job %(job)s."),
+        gettext_noop("the output is over GPUPOOL_OUTPUT_MAX_BYTES (%(n)s bytes)."),
+        gettext_noop("the upload does not match its sha256; send it again."),
     )
 ]
 

@@ -30,7 +30,7 @@ from django.db.models import Exists, OuterRef
 
 from nodeagent import protocol
 from scheduler.core.types import PendingReason
-from scheduler.models import MILLIS_PER_DEVICE, Allocation, Job, Node, ReplicaPort
+from scheduler.models import ACTIVE_JOB_STATES, MILLIS_PER_DEVICE, Allocation, Job, JobState, Node, ReplicaPort
 
 #: The pending reason of a gang placed on nodes whose port ranges are used up.
 PORTS_EXHAUSTED = PendingReason.PORTS_EXHAUSTED
@@ -308,6 +308,8 @@ def _release_stale(*, node_ids: Iterable[int], placing: Iterable[int]) -> int:
 
 def job_ports(job: Job) -> list[dict]:
     """The ports ``job``'s live replicas hold, for the API: ``{replica, node, address, port, purpose}``."""
+    if job.state not in ACTIVE_JOB_STATES and job.state != JobState.CANCELLED:
+        return []  # a pending or finished job holds none (and asks the database nothing, a submit's answer)
     holding = Allocation.objects.filter(
         job_id=OuterRef("job_id"), replica=OuterRef("replica"), node_id=OuterRef("node_id"), ended_at__isnull=True
     )

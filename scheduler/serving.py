@@ -250,5 +250,7 @@ def job_endpoints(job: Job) -> list[dict]:
     names = [str(port["name"]) for port in (job.spec or {}).get("ports") or []]
     if not names:
         return []
+    if job.state not in SERVING_STATES:  # nothing serves (and the database is not asked: a submit's answer)
+        return [{"name": name, "url": public_url(job.pk, name), "replicas": []} for name in names]
     serving = {endpoint.name: endpoint.upstreams for endpoint in endpoints_desired([job.pk])}
     return [{"name": name, "url": public_url(job.pk, name), "replicas": list(serving.get(name, ()))} for name in names]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.http import FileResponse
 from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
@@ -14,6 +15,14 @@ from portal.api import NotFoundError
 from portal.policy import Action
 from scheduler.models import JobOutput
 from scheduler.selectors import jobs_visible_to
+
+
+class JobOutputSerializer(serializers.Serializer):
+    replica = serializers.IntegerField()
+    size_bytes = serializers.IntegerField()
+    sha256 = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    download_url = serializers.URLField()
 
 
 def _visible_job(request: Request, pk: int):
@@ -27,7 +36,11 @@ class JobOutputListView(APIView):
     policy_actions = {"get": Action.JOB_VIEW}
     policy_hides_objects = True
 
-    @extend_schema(summary="The outputs a job's replicas left (collected when each ended)", responses={200: dict})
+    @extend_schema(
+        operation_id="v1_jobs_outputs_list",
+        summary="The outputs a job's replicas left (collected when each ended)",
+        responses={200: JobOutputSerializer(many=True)},
+    )
     def get(self, request: Request, pk: int) -> Response:
         job = _visible_job(request, pk)
         rows = JobOutput.objects.filter(job=job).order_by("replica")
@@ -49,7 +62,11 @@ class JobOutputDownloadView(APIView):
     policy_actions = {"get": Action.JOB_VIEW}
     policy_hides_objects = True
 
-    @extend_schema(summary="Download one replica's output (.tar.gz)", responses={200: bytes})
+    @extend_schema(
+        operation_id="v1_jobs_outputs_download",
+        summary="Download one replica's output (.tar.gz)",
+        responses={200: bytes},
+    )
     def get(self, request: Request, pk: int, replica: int) -> FileResponse:
         job = _visible_job(request, pk)
         row = JobOutput.objects.filter(job=job, replica=replica).first()

@@ -99,6 +99,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
                 SUBMIT_RESULT,
                 description="A replay: an earlier submit with the same Idempotency-Key created this job or array.",
             ),
+            404: OpenApiResponse(description="The spec names a tenant that does not exist or is not visible to you."),
             422: OpenApiResponse(
                 description="The Idempotency-Key was used before for a different spec (`idempotency_key_reused`)."
             ),
