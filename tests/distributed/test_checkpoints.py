@@ -54,7 +54,8 @@ def test_a_job_requeued_on_another_node_resumes_from_its_shared_checkpoint(make_
     resumed = [(int(at), node) for at, node in re.findall(r"resumed at (\d+) on (\S+)", log)]
     counts = [(int(n), node) for n, node in re.findall(r"count (\d+) on (\S+)", log)]
     assert len(resumed) == 2, log
-    (start_a, node_a), (start_b, node_b) = resumed
+    # The two runs' logs are on two nodes, read in no particular order: the first run is the one that began at 0.
+    (start_a, node_a), (start_b, node_b) = sorted(resumed)
     assert start_a == 0 and node_b != node_a, resumed
     last_on_a = max(n for n, node in counts if node == node_a)
     assert start_b >= last_on_a - 1 and start_b >= 4, (start_b, last_on_a)  # continued, not restarted
