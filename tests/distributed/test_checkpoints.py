@@ -4,7 +4,6 @@ job requeued onto another node continues from its checkpoint; each tenant's jobs
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 
@@ -12,7 +11,6 @@ from scheduler.models import Allocation, Job, JobState
 from tests.distributed.helpers import (
     gang_spec,
     replica_logs,
-    shared_examples,
     start_cluster,
     submit,
     system_admin_token,
@@ -22,13 +20,6 @@ from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE, WORKLOAD_PYTHON
 from tests.resilience.cluster import wait_until
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-
-
-@pytest.fixture
-def examples():
-    folder = shared_examples()
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_job_requeued_on_another_node_resumes_from_its_shared_checkpoint(make_cluster, examples, tmp_path):

@@ -3,7 +3,6 @@ to its own tenant; a cancelled job keeps its cards until its process has ended (
 
 from __future__ import annotations
 
-import shutil
 import time
 import urllib.request
 
@@ -15,7 +14,6 @@ from tests.distributed.helpers import (
     gang_spec,
     nft_available,
     replica_logs,
-    shared_examples,
     start_cluster,
     submit,
     wait_final,
@@ -24,13 +22,6 @@ from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE, WORKLOAD_PYTHON
 from tests.resilience.cluster import wait_until
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
-
-
-@pytest.fixture
-def examples():
-    folder = shared_examples()
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _running(job_id: int) -> bool:

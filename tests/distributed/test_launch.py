@@ -5,12 +5,11 @@ PyTorch (gloo) and Open MPI, replicas on two nodes (two agents on this machine a
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 
 from scheduler.models import JobState, ReplicaPort
-from tests.distributed.helpers import gang_spec, replica_logs, shared_examples, start_cluster, submit, wait_final
+from tests.distributed.helpers import gang_spec, replica_logs, start_cluster, submit, wait_final
 from tests.nodeagent.sandboxing import WORKLOAD_PYTHON
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -24,13 +23,6 @@ def _torch_available() -> bool:
     import subprocess
 
     return subprocess.run([WORKLOAD_PYTHON, "-c", "import torch.distributed"], capture_output=True).returncode == 0
-
-
-@pytest.fixture
-def examples():
-    folder = shared_examples()
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from scheduler.models import Job, JobState
-from tests.distributed.helpers import CaddyServer, replica_logs, shared_examples, start_cluster, submit
+from tests.distributed.helpers import CaddyServer, replica_logs, start_cluster, submit
 from tests.nodeagent.sandboxing import WORKLOAD_PYTHON
 from tests.resilience.cluster import FLAVOR, wait_until
 
@@ -28,13 +28,6 @@ def caddy(tmp_path):
     server = CaddyServer(tmp_path).start()
     yield server
     server.stop()
-
-
-@pytest.fixture
-def examples():
-    folder = shared_examples()
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _get(url: str, token: str | None) -> tuple[int, dict | str]:
