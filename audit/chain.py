@@ -219,7 +219,8 @@ FINDING_CHECKPOINT = "checkpoint"
 FINDING_TOMBSTONE = "tombstone"
 FINDING_FORGED = "forged"
 FINDING_WITNESS = "witness"
-FINDING_KEY = "key"  # a data key destroyed without a shred record, or shredded under legal hold
+FINDING_KEY = "key"  # a data key destroyed without a shred record, shredded under legal hold, or not unwrapping
+FINDING_TRUST = "trust"  # the trust root or the signing-key chain does not hold
 
 
 def _recomputed(record: ChainRecord, seq: int | None = None) -> str:

@@ -106,6 +106,26 @@ def witness_path() -> Path:
     return Path(getattr(settings, "GPUPOOL_AUDIT_WITNESS_PATH", "") or default)
 
 
+def witness_url() -> str:
+    return (getattr(settings, "GPUPOOL_AUDIT_WITNESS_URL", "") or "").rstrip("/")
+
+
+def witness_state_dir() -> Path:
+    """The embedded witness's state directory (GPUPOOL_AUDIT_WITNESS_PATH without its suffix, + ``.d``)."""
+    path = witness_path()
+    return path.with_name(path.stem + ".d") if path.suffix else path
+
+
+def trust_root() -> str | None:
+    """The pinned trust-root fingerprint (GPUPOOL_AUDIT_TRUST_ROOT), or None when unpinned."""
+    value = (getattr(settings, "GPUPOOL_AUDIT_TRUST_ROOT", "") or "").strip().lower()
+    return value or None
+
+
+def integrity_check_seconds() -> int:
+    return max(5, int(getattr(settings, "GPUPOOL_AUDIT_INTEGRITY_CHECK_SECONDS", 60)))
+
+
 def checkpoint_every_records() -> int:
     return max(1, int(getattr(settings, "GPUPOOL_AUDIT_CHECKPOINT_RECORDS", 1000)))
 
@@ -113,7 +133,7 @@ def checkpoint_every_records() -> int:
 def checkpoint_every_seconds() -> int:
     """How often beat seals every changed stream's head to the witness: the tail window a database administrator
     can delete undetected is about this long (``benchmarks/audit.py`` measures it)."""
-    return max(1, int(getattr(settings, "GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 5)))
+    return max(1, int(getattr(settings, "GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 1)))
 
 
 def witness_slack_seconds() -> int:

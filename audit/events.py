@@ -43,6 +43,15 @@ def lookup(code: str) -> AuditEvent | None:
     return event
 
 
+def codes_described_by(text: str) -> list[str]:
+    """The registered codes whose description contains ``text`` (any case): a search for the words a person
+    uses ("cancelled", "signed in") finds the records of those codes, whose details (sealed) no search reads."""
+    wanted = text.strip().casefold()
+    if not wanted:
+        return []
+    return sorted(code for code, event in REGISTRY.items() if wanted in event.description.casefold())
+
+
 _EVENTS = [
     # Authentication
     ("auth.login", "auth", "A user signed in"),
@@ -84,7 +93,8 @@ _EVENTS = [
     ("job.approve", "workload", "A job waiting for approval was approved"),
     ("job.reject", "workload", "A job waiting for approval was rejected"),
     ("job.cancel", "workload", "A job was cancelled"),
-    ("job.preempt", "workload", "A job was preempted"),
+    ("job.preempt", "workload", "A job was preempted (asked to stop and give its cards back, or its node drains)"),
+    # Until cancellations and preemptions had codes of their own, they too were recorded as job.transition.
     ("job.transition", "workload", "A job changed state"),
     ("job.output_stored", "workload", "A node agent stored the output a job's replica left"),
     ("job.array.submit", "workload", "A job array was submitted (one record for its N jobs)"),
@@ -118,6 +128,29 @@ _EVENTS = [
     ("audit.purge", "audit", "Audit records beyond retention were purged"),
     ("audit.legal_hold.set", "audit", "A legal hold was placed"),
     ("audit.legal_hold.release", "audit", "A legal hold was released"),
+    ("audit.signing_key.rotate", "audit", "The checkpoint signing key was rotated (signed by its predecessor)"),
+    ("audit.integrity_check", "audit", "The scheduled integrity check found a problem"),
+    ("alert.acknowledge", "audit", "An operator acknowledged an alert"),
 ]
 for _code, _category, _description in _EVENTS:
     register(_code, _category, _description)
+
+
+# Records that matter most to an auditor are witnessed as soon as their transaction commits (a checkpoint and the
+# witness's cosignature right after the COMMIT), not at the next beat: their tail window is one round trip.
+WITNESS_AT_COMMIT = frozenset(
+    {
+        "user.role.change",
+        "membership.role.change",
+        "token.create",
+        "audit.export",
+        "audit.tamper_detected",
+        "audit.key.rotate",
+        "audit.key.shred",
+        "audit.purge",
+        "audit.legal_hold.set",
+        "audit.legal_hold.release",
+        "audit.signing_key.rotate",
+        "audit.integrity_check",
+    }
+)

@@ -5,18 +5,24 @@ A bundle is a zip of::
     records.jsonl      one record per line: its hashed header, ciphertext (base64), prev_hash, hash, and the
                        opened details (for reading; the details are covered by the manifest signature)
     records.csv        the same records flattened for spreadsheets
-    checkpoints.json   the signed checkpoints covering the records (and the one before, which the first record
-                       links to) and any tombstones of the streams
-    keys.json          the public keys (PEM) that signed the checkpoints, by key id
-    public_key.pem     the key that signed the manifest
+    checkpoints.json   per stream: the anchor (the newest cosigned checkpoint before the range, with its compact
+                       range, and its head record), every cosigned checkpoint after it up to the witness's latest
+                       (C2SP notes with the witness's cosignature/v1), and the stream's tombstones
+    trust.json         the log's genesis entry (its SHA-256 is the trust root the auditor pins) and the signing-key
+                       rotations, each signed by its predecessor
+    witness.json       the witness's signed manifest of every stream and its size at export time, and the purges
+                       it recorded
+    public_key.pem     the key that signed the manifest (it must be a key of the trust root's chain)
     datakeys.json      every data key the records name (tenant, destroyed or not) and, for each destroyed one, the
                        ``audit.key.shred`` record that destroyed it with an RFC 6962 inclusion proof against a
-                       signed checkpoint, so the offline verifier can tell a shred from a key destroyed by hand
+                       signed, cosigned checkpoint, so the offline verifier tells a shred from a key destroyed by hand
     manifest.json      what was asked for, what is included per stream, and the SHA-256 of every file above
     manifest.sig       the signature (base64) over manifest.json
 
-The requested time range is widened to whole checkpoint ranges, so every record in the bundle is covered by a
-signed Merkle root and the chain can be checked end to end without the database.
+Each stream's records run from its anchor to the size the witness cosigned last, so the offline verifier
+recomputes the tree the witness signed: a record left out, a stream left out or a cut tail fails it. A range in
+the past therefore carries the stream's records up to the export; that is the price of proving nothing after the
+range's start was dropped.
 """
 
 from __future__ import annotations
@@ -31,25 +37,25 @@ import zipfile
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Max, Min
 
-from audit import chain
+from audit import chain, witness
+from audit import transparency as tp
 from audit.csvsafe import formula_safe_row
 from audit.models import (
     PLATFORM_STREAM,
     AuditRecord,
     ChainHead,
     Checkpoint,
+    Cosignature,
     DataKey,
-    SigningKey,
     Tombstone,
     tenant_stream,
 )
-from audit.services import _iso, audit_record, checkpoint_all, details_for, record_header
+from audit.services import _iso, _witness_pending, audit_record, checkpoint_all, details_for, record_header
 from audit.signing import get_signer
 from portal.api import DomainError
 
-BUNDLE_FORMAT = "gpupool-audit-bundle/2"
+BUNDLE_FORMAT = "gpupool-audit-bundle/3"
 CSV_COLUMNS = [
     "stream",
     "seq",
@@ -71,22 +77,45 @@ CSV_COLUMNS = [
     "prev_hash",
     "hash",
 ]
-FILES = ("records.jsonl", "records.csv", "checkpoints.json", "keys.json", "datakeys.json", "public_key.pem")
+FILES = (
+    "records.jsonl",
+    "records.csv",
+    "checkpoints.json",
+    "trust.json",
+    "witness.json",
+    "datakeys.json",
+    "public_key.pem",
+)
 
 
-def _stream_range(stream: str, start: dt.datetime, end: dt.datetime) -> tuple[int, int, dict | None] | None:
-    """(first seq, last seq, checkpoint before the first) of the checkpoint ranges covering [start, end)."""
-    found = AuditRecord.objects.filter(stream=stream, created_at__gte=start, created_at__lt=end).aggregate(
-        lo=Min("seq"), hi=Max("seq")
+def _cosigned(stream: str) -> list[Checkpoint]:
+    cosigned = Cosignature.objects.filter(stream=stream).values("seq")
+    return list(Checkpoint.objects.filter(stream=stream, seq__in=cosigned).order_by("seq"))
+
+
+def _stream_segment(
+    stream: str, start: dt.datetime, latest_size: int
+) -> tuple[Checkpoint | None, AuditRecord | None, list[Checkpoint]]:
+    """What a bundle holds of ``stream``: the anchor (the newest cosigned checkpoint whose head record is older
+    than ``start``, or None to start at the chain's start), that head record, and the cosigned checkpoints after
+    the anchor up to the witness's latest size. Every record from the anchor to that size goes in, so the offline
+    verifier recomputes the tree the witness cosigned and nothing in the range can be left out."""
+    checkpoints = [c for c in _cosigned(stream) if c.seq <= latest_size]
+    if not checkpoints or checkpoints[-1].seq != latest_size:
+        raise DomainError(f"{stream}: the witness's latest checkpoint is not in the database; run audit_verify.")
+    heads = dict(
+        AuditRecord.objects.filter(stream=stream, seq__in=[c.seq for c in checkpoints]).values_list("seq", "created_at")
     )
-    if found["lo"] is None:
-        return None
-    covering_lo = Checkpoint.objects.filter(stream=stream, seq__gte=found["lo"]).order_by("seq").first()
-    covering_hi = Checkpoint.objects.filter(stream=stream, seq__gte=found["hi"]).order_by("seq").first()
-    if covering_lo is None or covering_hi is None:
-        raise DomainError("The records are not covered by a checkpoint yet; try again in a moment.")
-    previous = Checkpoint.objects.filter(stream=stream, seq__lt=covering_lo.from_seq).order_by("-seq").first()
-    return covering_lo.from_seq, covering_hi.seq, previous.as_dict() if previous else None
+    anchor = None
+    for checkpoint in checkpoints:
+        if checkpoint.compact_range and heads.get(checkpoint.seq) is not None and heads[checkpoint.seq] < start:
+            anchor = checkpoint
+    tombstone = Tombstone.objects.filter(stream=stream).order_by("-through_seq").first()
+    if anchor is None and tombstone is not None:
+        anchor = next((c for c in checkpoints if c.seq == tombstone.through_seq), None)
+    anchor_record = AuditRecord.objects.filter(stream=stream, seq=anchor.seq).first() if anchor else None
+    after = [c for c in checkpoints if anchor is None or c.seq > anchor.seq]
+    return anchor, anchor_record, after
 
 
 def _record_line(record: AuditRecord, details: Any) -> dict[str, Any]:
@@ -146,26 +175,39 @@ def build_bundle(
     """The bundle (zip bytes) and its manifest. The export is audited (``audit.export``)."""
     if end <= start:
         raise DomainError("The export range is empty: 'to' must be after 'from'.", field="to")
-    checkpoint_all()  # sign the tail first, so the newest records are covered too
+    with transaction.atomic():
+        checkpoint_all()  # sign the tail first, so the newest records are covered too
+    streams_in_db = sorted(ChainHead.objects.values_list("stream", flat=True))
+    _witness_pending(streams_in_db)  # and have the witness cosign it now, not at the next beat
+    client = witness.get_witness()
+    log = witness.log_id()
+    try:
+        state = client.state(log)
+        witness_manifest = client.manifest(log)
+    except witness.WitnessError as exc:
+        raise DomainError(f"The witness cannot be read ({exc}); an export must carry its statement.") from exc
     signer = get_signer()
-    if tenant_id is not None:
-        streams = [tenant_stream(tenant_id)]
-    else:
-        streams = sorted(ChainHead.objects.values_list("stream", flat=True))
+    witnessed = state["streams"]
+    in_scope = [tenant_stream(tenant_id)] if tenant_id is not None else set(streams_in_db) | set(witnessed)
+    streams = sorted(in_scope)
 
     lines: list[str] = []
     csv_buffer = io.StringIO()
     writer = csv.writer(csv_buffer, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
+    anchors: dict[str, dict[str, Any]] = {}
     checkpoints: list[dict] = []
     tombstones: list[dict] = []
     included: dict[str, dict[str, Any]] = {}
     record_key_ids: set[str] = set()
+    cosignatures = {(c.stream, c.seq): c.cosignature for c in Cosignature.objects.filter(stream__in=streams)}
     for stream in streams:
-        found = _stream_range(stream, start, end)
-        if found is None:
-            continue
-        lo, hi, previous = found
+        latest = witnessed.get(stream)
+        if latest is None:
+            continue  # nothing witnessed yet (a stream younger than a checkpoint run)
+        anchor, anchor_record, after = _stream_segment(stream, start, int(latest["size"]))
+        lo = anchor.seq + 1 if anchor else 1
+        hi = int(latest["size"])
         records = list(AuditRecord.objects.filter(stream=stream, seq__gte=lo, seq__lte=hi).order_by("seq"))
         details = details_for(records)
         for record in records:
@@ -184,25 +226,36 @@ def build_bundle(
                     ]
                 )
             )
-        stream_cps = [c.as_dict() for c in Checkpoint.objects.filter(stream=stream, seq__gte=lo, seq__lte=hi)]
-        checkpoints.extend(([previous] if previous else []) + stream_cps)
+        for checkpoint in ([anchor] if anchor else []) + after:
+            checkpoints.append(
+                checkpoint.as_dict()
+                | {"compact_range": checkpoint.compact_range, "cosignature": cosignatures.get((stream, checkpoint.seq))}
+            )
+        if anchor_record is not None:
+            anchors[stream] = _record_line(anchor_record, None)
         tombstones.extend(t.as_dict() for t in Tombstone.objects.filter(stream=stream))
-        included[stream] = {"from_seq": lo, "to_seq": hi, "records": len(records)}
+        included[stream] = {"from_seq": lo, "to_seq": hi, "records": len(records), "anchor_seq": lo - 1}
 
     data_keys, shreds = _data_keys(record_key_ids)
-    checkpoints_for_keys = [shred["checkpoint"] for shred in shreds]
-    key_ids = (
-        {c["key_id"] for c in checkpoints + checkpoints_for_keys} | {t["key_id"] for t in tombstones} | {signer.key_id}
-    )
-    keys = {k.key_id: k.public_key_pem for k in SigningKey.objects.filter(key_id__in=key_ids)}
-    keys[signer.key_id] = signer.public_key_pem()
+    for shred in shreds:
+        shred["cosignature"] = (
+            cosignatures.get(("platform", shred["checkpoint"]["seq"]))
+            or Cosignature.objects.filter(stream=PLATFORM_STREAM, seq=shred["checkpoint"]["seq"])
+            .values_list("cosignature", flat=True)
+            .first()
+        )
     files = {
         "records.jsonl": ("\n".join(lines) + ("\n" if lines else "")).encode("utf-8"),
         "records.csv": csv_buffer.getvalue().encode("utf-8"),
         "checkpoints.json": json.dumps(
-            {"checkpoints": checkpoints, "tombstones": tombstones}, indent=1, sort_keys=True
+            {"checkpoints": checkpoints, "tombstones": tombstones, "anchors": anchors}, indent=1, sort_keys=True
         ).encode("utf-8"),
-        "keys.json": json.dumps(keys, indent=1, sort_keys=True).encode("utf-8"),
+        "trust.json": json.dumps(
+            {"genesis": state["genesis"], "rotations": state.get("rotations", [])}, indent=1, sort_keys=True
+        ).encode("utf-8"),
+        "witness.json": json.dumps(
+            {"manifest": witness_manifest, "tombstones": state.get("tombstones", {})}, indent=1, sort_keys=True
+        ).encode("utf-8"),
         "datakeys.json": json.dumps(
             {"keys": data_keys, "shreds": shreds}, indent=1, sort_keys=True, ensure_ascii=False, default=str
         ).encode("utf-8"),
@@ -214,9 +267,11 @@ def build_bundle(
         "created_by": getattr(actor, "username", "") or "system",
         "range": {"from": _iso(start), "to": _iso(end)},
         "tenant_id": tenant_id,
+        "log_id": log,
         "streams": included,
         "files": {name: hashlib.sha256(body).hexdigest() for name, body in files.items()},
         "signing_key_id": signer.key_id,
+        "trust_root": tp.trust_root_fingerprint(state["genesis"]),
         "algorithm": signer.algorithm,
     }
     manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode("utf-8")
@@ -241,6 +296,13 @@ def build_bundle(
             },
         )
     return output.getvalue(), manifest
+
+
+def trust_root() -> str:
+    """The trust-root fingerprint an auditor pins (``python -m audit.verify --trust-root``)."""
+    from audit.services import witness_genesis
+
+    return tp.trust_root_fingerprint(witness_genesis())
 
 
 def bundle_public_key_id() -> str:

@@ -111,6 +111,11 @@ class Checkpoint(models.Model):
     algorithm = models.CharField(max_length=16)
     key_id = models.CharField(max_length=64)
     signature = models.TextField()
+    # The same statement as a C2SP checkpoint over the whole stream's RFC 6962 tree (what the witness cosigns),
+    # and the tree's compact range at ``seq`` (what the next checkpoint's consistency proof is computed from).
+    tree_root = models.CharField(max_length=64, blank=True, default="", db_default="")
+    compact_range = models.TextField(blank=True, default="", db_default="")
+    note = models.TextField(blank=True, default="", db_default="")
 
     class Meta:
         ordering = ["stream", "seq"]
@@ -127,7 +132,41 @@ class Checkpoint(models.Model):
             "algorithm": self.algorithm,
             "key_id": self.key_id,
             "signature": self.signature,
+            "tree_root": self.tree_root,
+            "note": self.note,
         }
+
+
+class Cosignature(models.Model):
+    """A witness's ``cosignature/v1`` of a checkpoint's note: proof that the witness saw the checkpoint and that it
+    extends everything the witness cosigned before. Self-authenticating (checked against the pinned witness key),
+    insert-only."""
+
+    stream = models.CharField(max_length=40)
+    seq = models.BigIntegerField()
+    witness_key = models.TextField(help_text="The witness's verifier key (C2SP vkey).")
+    cosignature = models.TextField(help_text="The cosignature line, as the witness returned it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["stream", "seq"]
+        constraints = [models.UniqueConstraint(fields=["stream", "seq"], name="audit_cosignature_stream_seq_unique")]
+
+
+class KeyRotation(models.Model):
+    """A signing-key rotation: the new key, signed by the key it replaces (``audit.transparency.key_chain``).
+    A copy of what the witness holds; insert-only."""
+
+    number = models.PositiveIntegerField(primary_key=True)
+    statement = models.JSONField()
+    signature = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["number"]
+
+    def as_dict(self) -> dict:
+        return {"statement": self.statement, "signature": self.signature}
 
 
 class Tombstone(models.Model):
@@ -173,9 +212,57 @@ class LegalHold(models.Model):
 
 
 class SigningKey(models.Model):
-    """Public keys that have signed checkpoints, so old checkpoints verify after the signing key changes."""
+    """Public keys that have signed checkpoints: a cache for reading. No verifier trusts a key because it is
+    listed here; trust comes from the pinned trust root and signed rotations (``audit.transparency``)."""
 
     key_id = models.CharField(max_length=64, primary_key=True)
     algorithm = models.CharField(max_length=16)
     public_key_pem = models.TextField()
     first_used_at = models.DateTimeField(auto_now_add=True)
+
+
+class IntegrityCheck(models.Model):
+    """One run of the scheduled integrity check (``audit.integrity``): what it verified and what it found."""
+
+    ran_at = models.DateTimeField(db_index=True)
+    ok = models.BooleanField()
+    full = models.BooleanField(
+        help_text="Every stream walked end to end (else: the streams changed since the last run)."
+    )
+    streams = models.IntegerField(default=0)
+    records = models.BigIntegerField(default=0)
+    findings = models.JSONField(default=list, help_text="The first 50 findings.")
+    heads = models.JSONField(default=dict, help_text="Each stream's head seq when it ran (what the next run compares).")
+
+    class Meta:
+        ordering = ["-ran_at", "-id"]
+
+
+class Alert(models.Model):
+    """An alert ``raise_alert`` raised (a failed audit write, an unreachable witness, a failed integrity check), kept
+    so that operators see it in the console and acknowledge it, beside the CRITICAL log line and the hook.
+
+    An alert that repeats while nobody has acknowledged it (the witness down for an hour: one per checkpoint run)
+    is one row whose ``times_raised`` and ``last_raised_at`` move; once acknowledged, the next one opens a new row.
+    Rows keep the acknowledger's id and name, not a foreign key (the audit app sits below the accounts).
+    """
+
+    event = models.CharField(max_length=64, db_index=True)
+    message = models.TextField()
+    details = models.JSONField(default=dict, blank=True)
+    first_raised_at = models.DateTimeField()
+    last_raised_at = models.DateTimeField(db_index=True)
+    times_raised = models.PositiveIntegerField(default=1)
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by_id = models.BigIntegerField(null=True, blank=True)
+    acknowledged_by_username = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        ordering = ["-last_raised_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.event}: {self.message[:80]}"
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.acknowledged_at is not None

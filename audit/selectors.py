@@ -8,7 +8,9 @@ from typing import Any
 from django.db.models import F, Min, Q, QuerySet
 
 from audit import conf
-from audit.models import AuditRecord, ChainHead
+from audit.alerts import may_take
+from audit.events import codes_described_by
+from audit.models import Alert, AuditRecord, ChainHead
 from audit.services import details_for, record_view
 from portal.policy import Action, Principal, role_may
 
@@ -65,6 +67,21 @@ def records_for(
     return records
 
 
+def records_search(records: QuerySet[AuditRecord], text: str) -> QuerySet[AuditRecord]:
+    """The ``records`` a free-text search for ``text`` finds: its action code, target (``job:42``) or actor's
+    username contains it (any case), or the description of its action does ("cancelled" finds ``job.cancel``,
+    "preempted" ``job.preempt``). Details are sealed, so no search reads them: what a record says must show
+    in its code (cancellations and preemptions have codes of their own; older ones were ``job.transition``)."""
+    text = text.strip()
+    if not text:
+        return records
+    query = Q(action__icontains=text) | Q(target__icontains=text) | Q(actor_username__icontains=text)
+    described = codes_described_by(text)
+    if described:
+        query |= Q(action__in=described)
+    return records.filter(query)
+
+
 def readable(records: list[AuditRecord]) -> list[dict[str, Any]]:
     """Records opened for an auditor (one key query for the page)."""
     details = details_for(records)
@@ -91,3 +108,22 @@ def unwitnessed_record_age_seconds(*, now: dt.datetime) -> float:
 def witness_window_seconds() -> int:
     """The age past which every audit record must be covered by a witnessed checkpoint (``audit_verify``)."""
     return conf.witness_window_seconds()
+
+
+def integrity_status() -> dict[str, float]:
+    """The scheduled integrity check's latest run: its findings and when it ran (0, 0 when none ran)."""
+    from audit.models import IntegrityCheck
+
+    check = IntegrityCheck.objects.first()
+    if check is None:
+        return {"findings": 0.0, "last_run": 0.0}
+    return {"findings": float(len(check.findings)), "last_run": check.ran_at.timestamp()}
+
+
+def alerts_for(user: Any, *, open_only: bool = False) -> QuerySet[Alert]:
+    """The alerts ``user`` may read (``alert.view``: platform roles), newest raising first; none for anyone else.
+    ``open_only``: those nobody has acknowledged yet."""
+    if not may_take(user, Action.ALERT_VIEW):
+        return Alert.objects.none()
+    alerts = Alert.objects.all()
+    return alerts.filter(acknowledged_at__isnull=True) if open_only else alerts

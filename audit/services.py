@@ -29,13 +29,19 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from audit import chain, conf, crypto, events, witness
+from audit import transparency as tp
+from audit import witness_service as ws_errors
+from audit.alerts import alert_store, may_take
 from audit.context import Origin, current_origin, request_origin
 from audit.models import (
     PLATFORM_STREAM,
+    Alert,
     AuditRecord,
     ChainHead,
     Checkpoint,
+    Cosignature,
     DataKey,
+    KeyRotation,
     LegalHold,
     Outcome,
     SigningKey,
@@ -43,9 +49,10 @@ from audit.models import (
     tenant_stream,
 )
 from audit.signing import get_signer
-from portal.api import ConflictError, DomainError
+from portal.api import ConflictError, DomainError, PermissionDeniedError
 from portal.db import precommit
 from portal.db.bulk import insert_instances, insert_rows, mark_saved, reserve_ids
+from portal.policy import Action
 
 logger = logging.getLogger(__name__)
 alert_logger = logging.getLogger("audit.alert")
@@ -60,9 +67,11 @@ _json_encoder = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_
 
 
 def raise_alert(*, event: str, message: str, details: dict | None = None) -> None:
-    """Log at CRITICAL and call the optional hook (``GPUPOOL_AUDIT_ALERT_HOOK``: a dotted path to a callable
-    ``hook(event: str, message: str, details: dict)``). A broken hook is logged, never raised."""
+    """Log at CRITICAL, keep the alert for the console's alerts page (``audit.alerts``) and call the optional hook
+    (``GPUPOOL_AUDIT_ALERT_HOOK``: a dotted path to a callable ``hook(event: str, message: str, details: dict)``).
+    A broken hook or store is logged, never raised."""
     alert_logger.critical("%s: %s", event, message, extra={"audit_event": event, "audit_details": details or {}})
+    alert_store(event=event, message=message, details=details)
     path = conf.alert_hook_path()
     if not path:
         return
@@ -70,6 +79,29 @@ def raise_alert(*, event: str, message: str, details: dict | None = None) -> Non
         import_string(path)(event, message, details or {})
     except Exception:
         alert_logger.exception("audit alert hook %s failed", path)
+
+
+def alert_acknowledge(*, alert: Alert, actor: Any, request: Any | None = None) -> Alert:
+    """Mark an open alert as seen and handled by ``actor`` (platform admins: ``alert.acknowledge``); audited.
+    Acknowledging it again changes nothing. If it is raised again later, it opens a new alert."""
+    if not may_take(actor, Action.ALERT_ACKNOWLEDGE):
+        raise PermissionDeniedError("Only a system or security admin acknowledges alerts.")
+    with transaction.atomic():
+        alert = Alert.objects.select_for_update().get(pk=alert.pk)
+        if alert.acknowledged_at is not None:
+            return alert
+        alert.acknowledged_at = timezone.now()
+        alert.acknowledged_by_id = actor.pk
+        alert.acknowledged_by_username = actor.get_username()
+        alert.save(update_fields=["acknowledged_at", "acknowledged_by_id", "acknowledged_by_username"])
+        audit_record(
+            action="alert.acknowledge",
+            actor=actor,
+            target=f"alert:{alert.pk}",
+            details={"event": alert.event, "times_raised": alert.times_raised},
+            request=request,
+        )
+    return alert
 
 
 # --- building a record ------------------------------------------------------------------------------------
@@ -382,9 +414,10 @@ def _link_and_insert(db: Any, payloads: list[_Pending], after_commit: Any) -> No
             details={"actions": sorted({p.record.action for p in payloads})},
         )
         raise
+    urgent = {p.record.stream for p in payloads if p.record.action in events.WITNESS_AT_COMMIT}
     for head in heads.values():
-        if head.seq - head.checkpoint_seq >= conf.checkpoint_every_records():
-            after_commit(lambda stream=head.stream: checkpoint_create(stream=stream))
+        if head.stream in urgent or head.seq - head.checkpoint_seq >= conf.checkpoint_every_records():
+            after_commit(lambda stream=head.stream: _checkpoint_after_commit(stream))
     if conf.siem_url():
         from audit.siem import forward_on_commit
 
@@ -579,20 +612,58 @@ def _lock_head_briefly(stream: str) -> ChainHead | None:
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
 
 
+def _note(signer: Any, body: str) -> str:
+    """``body`` as a C2SP signed note by the log's key (the configured signer, whatever its backend)."""
+    name = tp.log_key_name(witness.log_id())
+    public_raw = tp.raw_public_key(signer.public_key_pem())
+    blob = tp.key_hash(name, tp.ALG_ED25519, public_raw) + base64.b64decode(signer.sign(body.encode("utf-8")))
+    return f"{body}\n{tp.NOTE_DASH} {name} {base64.b64encode(blob).decode('ascii')}\n"
+
+
+def _hashes(stream: str, first: int, last: int) -> list[str]:
+    """The record hashes of ``stream`` from seq ``first`` to ``last``; raises when any is missing."""
+    if last < first:
+        return []
+    hashes = list(
+        AuditRecord.objects.filter(stream=stream, seq__gte=first, seq__lte=last)
+        .order_by("seq")
+        .values_list("hash", flat=True)
+    )
+    if len(hashes) != last - first + 1:
+        raise RuntimeError(f"{stream}: records seq {first}..{last} are incomplete ({len(hashes)} found)")
+    return hashes
+
+
+def compact_range_at(stream: str, size: int) -> tp.CompactRange:
+    """The stream's tree at ``size`` leaves: the compact range of the newest checkpoint at or below it, extended
+    by the records after that checkpoint."""
+    base = (
+        Checkpoint.objects.filter(stream=stream, seq__lte=size).exclude(compact_range="").order_by("-seq").first()
+        if size
+        else None
+    )
+    found = tp.CompactRange.decode(base.compact_range) if base else tp.CompactRange.empty()
+    found.extend(tp.leaf_hash(h) for h in _hashes(stream, found.size + 1, size))
+    return found
+
+
 def _checkpoint_stream(stream: str) -> Checkpoint | None:
-    """Sign the head of ``stream`` and the Merkle root of its records since the previous checkpoint, in its own
-    transaction (the head row locked FOR UPDATE for that moment only). None when nothing was appended since."""
+    """Sign the head of ``stream``: the Merkle root of its records since the previous checkpoint and the root of its
+    whole RFC 6962 tree, as a C2SP checkpoint note, in its own transaction (the head row locked FOR UPDATE for that
+    moment only). None when nothing was appended since."""
     signer = get_signer()
     with transaction.atomic():
         head = _lock_head_briefly(stream)
         if head is None or head.seq <= head.checkpoint_seq:
             return None
         from_seq = head.checkpoint_seq + 1
-        hashes = list(
-            AuditRecord.objects.filter(stream=stream, seq__gte=from_seq, seq__lte=head.seq)
-            .order_by("seq")
-            .values_list("hash", flat=True)
-        )
+        try:
+            tree = compact_range_at(stream, head.checkpoint_seq)
+            hashes = _hashes(stream, from_seq, head.seq)
+        except RuntimeError as exc:
+            raise_alert(event="audit.checkpoint_failed", message=f"not signing {stream}: {exc}", details={})
+            return None
+        tree.extend(tp.leaf_hash(h) for h in hashes)
         fields = {
             "stream": stream,
             "from_seq": from_seq,
@@ -602,77 +673,132 @@ def _checkpoint_stream(stream: str) -> Checkpoint | None:
             "signed_at": _iso(timezone.now()),
             "key_id": signer.key_id,
         }
+        body = tp.Checkpoint(
+            origin=tp.origin(witness.log_id(), stream),
+            size=head.seq,
+            root=tree.root(),
+            head=head.hash,
+            segment_from=from_seq,
+            segment_root=fields["merkle_root"],
+            time=fields["signed_at"],
+        ).body()
         checkpoint = Checkpoint.objects.create(
-            **fields, algorithm=signer.algorithm, signature=signer.sign(chain.checkpoint_payload(fields))
+            **fields,
+            algorithm=signer.algorithm,
+            signature=signer.sign(chain.checkpoint_payload(fields)),
+            tree_root=tree.root().hex(),
+            compact_range=tree.encode(),
+            note=_note(signer, body),
         )
         ChainHead.objects.filter(stream=stream).update(checkpoint_seq=head.seq)
         _remember_signer_key()
     return checkpoint
 
 
+# (witness, log id) → the witness's key, once this process has seen the log's genesis there: a checkpoint run
+# (every second) then asks the witness nothing but to cosign.
+_known_logs: dict[tuple[str, str], str] = {}
+
+
+def _witness_key(client: Any) -> str:
+    known = (witness.describe(), witness.log_id())
+    if known not in _known_logs:
+        _known_logs[known] = witness_genesis(client)["statement"]["witness_key"]
+    return _known_logs[known]
+
+
+def witness_genesis(client: Any | None = None) -> dict[str, Any]:
+    """This log's genesis entry in the witness, made on first contact with the configured signing key as the root
+    (what ``audit_trust_root`` prints for the auditor to pin)."""
+    client = client or witness.get_witness()
+    log = witness.log_id()
+    try:
+        return client.state(log)["genesis"]
+    except witness.WitnessError as exc:
+        if not isinstance(exc, ws_errors.UnknownLog):
+            raise
+    return client.genesis(log, get_signer().public_key_pem())
+
+
+def _submit(client: Any, stream: str, old_size: int, checkpoint: Checkpoint) -> str:
+    """Send one checkpoint with its consistency proof from ``old_size``; on a 409 retry once from the witness's
+    size (a checkpoint the witness cosigned whose cosignature was not stored)."""
+    for attempt in range(2):
+        proof = tp.consistency_proof(
+            compact_range_at(stream, old_size),
+            [tp.leaf_hash(h) for h in _hashes(stream, old_size + 1, checkpoint.seq)],
+        )
+        try:
+            return client.add_checkpoint(old_size, proof, checkpoint.note)
+        except witness.Conflict as conflict:
+            if attempt or conflict.size is None or conflict.size >= checkpoint.seq or conflict.size == old_size:
+                raise
+            old_size = conflict.size
+    raise AssertionError("unreachable")
+
+
 def _witness_pending(streams: list[str]) -> int:
-    """Append every committed checkpoint of ``streams`` that the witness does not hold yet (above the head's
-    ``witnessed_seq``) in one write and one fsync, then move ``witnessed_seq``. A checkpoint whose append was
-    lost (a crash between its COMMIT and the write, a witness outage) is appended by the next run. Returns the
-    number of entries appended."""
-    behind = list(
+    """Have the witness cosign every committed checkpoint of ``streams`` it has not cosigned yet (above the head's
+    ``witnessed_seq``), in order, each with its RFC 9162 consistency proof, and store the cosignatures. A checkpoint
+    whose cosigning failed (a crash, a witness outage) is sent by the next run. Returns the number cosigned."""
+    behind = dict(
         ChainHead.objects.filter(stream__in=streams, checkpoint_seq__gt=F("witnessed_seq")).values_list(
             "stream", "witnessed_seq"
         )
     )
     if not behind:
         return 0
-    wanted = Q()
-    for stream, witnessed_seq in behind:
-        wanted |= Q(stream=stream, seq__gt=witnessed_seq)
-    checkpoints = list(Checkpoint.objects.filter(wanted).order_by("stream", "seq"))
-    if not checkpoints:
-        return 0
-    keys = {k.key_id: k.public_key_pem for k in SigningKey.objects.filter(key_id__in={c.key_id for c in checkpoints})}
-    signer = get_signer()
-    keys[signer.key_id] = signer.public_key_pem()  # the signer's own key, never the table's copy of it
-    entries = [{"type": "checkpoint", **c.as_dict(), "public_key_pem": keys.get(c.key_id, "")} for c in checkpoints]
+    client = witness.get_witness()
+    cosigned = 0
     try:
-        witness.append_many(entries)
-    except OSError as exc:
+        witness_key = _witness_key(client)
+    except witness.WitnessError as exc:
         raise_alert(
             event="audit.witness_failed",
-            message=f"could not append to the audit witness file {conf.witness_path()}: {exc}; the next checkpoint "
-            "run retries",
-            details={"streams": sorted({c.stream for c in checkpoints})},
+            message=f"could not reach {witness.describe()}: {exc}; the next checkpoint run retries",
+            details={"streams": sorted(behind)},
         )
         return 0
-    tops: dict[str, int] = {}
-    for checkpoint in checkpoints:
-        tops[checkpoint.stream] = max(tops.get(checkpoint.stream, 0), checkpoint.seq)
-    for stream, top in tops.items():
-        ChainHead.objects.filter(stream=stream, witnessed_seq__lt=top).update(witnessed_seq=top)
-    return len(entries)
+    for stream, witnessed_seq in sorted(behind.items()):
+        old_size = witnessed_seq
+        for checkpoint in Checkpoint.objects.filter(stream=stream, seq__gt=witnessed_seq).order_by("seq"):
+            try:
+                line = _submit(client, stream, old_size, checkpoint)
+            except (witness.WitnessError, RuntimeError, tp.ProofError) as exc:
+                raise_alert(
+                    event="audit.witness_failed",
+                    message=f"{witness.describe()} refused the checkpoint of {stream} at seq {checkpoint.seq}: {exc}",
+                    details={"stream": stream, "seq": checkpoint.seq},
+                )
+                break
+            Cosignature.objects.get_or_create(
+                stream=stream, seq=checkpoint.seq, defaults={"witness_key": witness_key, "cosignature": line}
+            )
+            ChainHead.objects.filter(stream=stream, witnessed_seq__lt=checkpoint.seq).update(
+                witnessed_seq=checkpoint.seq
+            )
+            old_size = checkpoint.seq
+            cosigned += 1
+    return cosigned
+
+
+def _checkpoint_after_commit(stream: str) -> None:
+    checkpoint_create(stream=stream)
+    _witness_pending([stream])  # outside any transaction here: on_commit would run it at once anyway
 
 
 def checkpoint_create(*, stream: str) -> Checkpoint | None:
-    """Sign the head of ``stream`` (see ``_checkpoint_stream``) and append it to the witness once committed.
+    """Sign the head of ``stream`` (see ``_checkpoint_stream``) and have the witness cosign it once committed.
     None when nothing was appended since the last checkpoint."""
     checkpoint = _checkpoint_stream(stream)
     transaction.on_commit(lambda: _witness_pending([stream]))
     return checkpoint
 
 
-def _witness(entry: dict[str, Any]) -> None:
-    try:
-        witness.append_many([entry])
-    except OSError as exc:
-        raise_alert(
-            event="audit.witness_failed",
-            message=f"could not append to the audit witness file {conf.witness_path()}: {exc}",
-            details={"stream": entry.get("stream"), "seq": entry.get("seq")},
-        )
-
-
 def checkpoint_all() -> list[Checkpoint]:
-    """Seal every stream whose head moved since its last checkpoint, and re-append checkpoints the witness
-    missed. Beat runs this every ``GPUPOOL_AUDIT_CHECKPOINT_SECONDS`` and the worker on shutdown, so it is
-    one indexed query on the (one row per stream) head table when nothing changed."""
+    """Seal every stream whose head moved since its last checkpoint, and send the witness what it has not cosigned.
+    Beat runs this every ``GPUPOOL_AUDIT_CHECKPOINT_SECONDS`` and the worker on shutdown, so it is one indexed
+    query on the (one row per stream) head table when nothing changed."""
     streams = list(
         ChainHead.objects.filter(Q(seq__gt=F("checkpoint_seq")) | Q(checkpoint_seq__gt=F("witnessed_seq")))
         .order_by("stream")
@@ -683,6 +809,47 @@ def checkpoint_all() -> list[Checkpoint]:
     made = [c for c in (_checkpoint_stream(stream) for stream in streams) if c is not None]
     transaction.on_commit(lambda: _witness_pending(streams))
     return made
+
+
+def signing_key_rotate(*, actor: Any | None, new_seed: bytes) -> dict[str, Any]:
+    """Rotate the checkpoint signing key: a rotation statement naming the new key, signed by the current one, is
+    accepted by the witness (which refuses it unless the current key is the log's newest) and kept here. Then set
+    ``GPUPOOL_AUDIT_SIGNING_KEY`` to the new seed and restart. Returns the rotation."""
+    from audit.signing import Ed25519Signer
+
+    old, new = get_signer(), Ed25519Signer(new_seed)
+    client = witness.get_witness()
+    log = witness.log_id()
+    with transaction.atomic():
+        checkpoint_all()
+    _witness_pending(list(ChainHead.objects.values_list("stream", flat=True)))
+    genesis = witness_genesis(client)
+    state = client.state(log)
+    keys = tp.key_chain(genesis["statement"]["root_key_pem"], state["rotations"])
+    if keys[-1][0] != old.key_id:
+        raise ConflictError(
+            f"the configured signing key {old.key_id} is not the log's current key {keys[-1][0]}: rotate from the "
+            "current key",
+            code="not_current_key",
+        )
+    statement = tp.rotation_statement(
+        log_id=log,
+        number=len(keys),
+        previous_key_id=old.key_id,
+        public_key_pem=new.public_key_pem(),
+        at=_iso(timezone.now()),
+    )
+    rotation = {"statement": statement, "signature": old.sign(tp.rotation_payload(statement))}
+    client.add_rotation(log, rotation)
+    with transaction.atomic():
+        KeyRotation.objects.create(number=statement["number"], statement=statement, signature=rotation["signature"])
+        audit_record(
+            action="audit.signing_key.rotate",
+            actor=actor,
+            target=f"signing_key:{new.key_id}",
+            details={"previous_key_id": old.key_id, "key_id": new.key_id, "number": statement["number"]},
+        )
+    return rotation
 
 
 # --- keys -------------------------------------------------------------------------------------------------
@@ -829,7 +996,11 @@ def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[
             newest_old = old_seqs.aggregate(top=Max("seq"))["top"]
             if newest_old is None:
                 continue
-            candidates = Checkpoint.objects.filter(stream=head.stream, seq__gt=start, seq__lte=newest_old)
+            # Only a checkpoint the witness cosigned: the witness accepts a purge only of what it has seen.
+            cosigned = Cosignature.objects.filter(stream=head.stream).values("seq")
+            candidates = Checkpoint.objects.filter(
+                stream=head.stream, seq__gt=start, seq__lte=newest_old, seq__in=cosigned
+            )
             if limit_seq is not None:
                 candidates = candidates.filter(seq__lt=limit_seq)
             checkpoint = candidates.order_by("-seq").first()
@@ -854,8 +1025,14 @@ def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[
             if deleted != purged:
                 raise ConflictError(f"{head.stream}: expected to purge {purged} records, deleted {deleted}")
             tombstones.append(tombstone)
-            entry = {"type": "tombstone", **tombstone.as_dict(), "public_key_pem": signer.public_key_pem()}
-            transaction.on_commit(lambda entry=entry: _witness(entry))
+            # The witness records the purge before it commits: refused (or unreachable), nothing is purged.
+            try:
+                witness.get_witness().add_tombstone(witness.log_id(), tombstone.as_dict())
+            except witness.WitnessError as exc:
+                raise ConflictError(
+                    f"{head.stream}: {witness.describe()} did not record the purge ({exc}); nothing was purged",
+                    code="witness_refused",
+                ) from exc
         _remember_signer_key()
         audit_record(
             action="audit.purge",

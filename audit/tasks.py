@@ -20,6 +20,14 @@ def checkpoint() -> int:
     return len(checkpoint_all())
 
 
+@shared_task(name="audit.integrity_check", acks_late=True)
+def integrity_check() -> bool:
+    """Verify what changed since the last run against the witness and the trust root (audit.integrity)."""
+    from audit.integrity import run_integrity_check
+
+    return run_integrity_check().ok
+
+
 @worker_shutdown.connect
 def checkpoint_on_shutdown(**_kwargs) -> None:
     """A worker going down seals what it (and the web processes) appended since the last beat, so a stopped

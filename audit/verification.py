@@ -1,15 +1,19 @@
-"""Verifying the stored audit trail against its hash chain, signed checkpoints, tombstones and the witness file.
+"""Verifying the stored audit trail against its hash chain, signed checkpoints, tombstones and the witness.
 
 Reports OK or exactly which records were edited, deleted, inserted, reordered or truncated at the tail, which
-checkpoints were forged or removed, which records do not open under their data key (forged), which data keys were
-destroyed without an ``audit.key.shred`` record (or shredded under a legal hold), and where the witness is missing,
-behind the database or contradicts it. A failed verification is itself audited (``audit.tamper_detected``) and
-raises an alert.
+checkpoints were forged or removed, which records do not open under their data key (forged) or cannot be checked
+(a data key that does not unwrap: fail closed, never skipped), which data keys were destroyed without an
+``audit.key.shred`` record (or shredded or purged under a legal hold), and where the witness contradicts the
+database. A failed verification is itself audited (``audit.tamper_detected``) and raises an alert.
 
-The witness is required: without it a database administrator can rewrite the whole trail consistently, or cut
-its tail. Records older than ``GPUPOOL_AUDIT_CHECKPOINT_SECONDS`` + ``GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS`` must be
-covered by a witnessed checkpoint; younger ones are the tail window (a warning). ``witness_required=False``
-(``audit_verify --no-witness``) checks the database alone and says so.
+Trust comes from outside the database: the trust root (the log's genesis entry in the witness, pinned by its
+fingerprint, ``GPUPOOL_AUDIT_TRUST_ROOT``) names the first signing key and the witness's key; later signing keys
+count only through rotations signed by their predecessors. No key is trusted because a database row lists it.
+The witness's latest cosigned checkpoint of every stream is recomputed from the stored records (RFC 6962 roots),
+so a rewrite, a cut tail, a dropped stream or an emptied table is found. Records older than
+``GPUPOOL_AUDIT_CHECKPOINT_SECONDS`` + ``GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS`` must be covered by a cosigned
+checkpoint; younger ones are the tail window (a warning). ``witness_required=False`` (``audit_verify
+--no-witness``) checks the database alone and says so.
 """
 
 from __future__ import annotations
@@ -24,8 +28,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit import chain, conf, crypto, witness
+from audit import transparency as tp
+from audit import witness_service as ws
 from audit.chain import Finding
-from audit.models import PLATFORM_STREAM, AuditRecord, ChainHead, Checkpoint, DataKey, Tombstone, tenant_stream
+from audit.models import (
+    PLATFORM_STREAM,
+    AuditRecord,
+    ChainHead,
+    Checkpoint,
+    Cosignature,
+    DataKey,
+    Tombstone,
+    tenant_stream,
+)
 from audit.services import _raw_key, audit_record, open_details, raise_alert, record_header
 from audit.signing import get_signer
 
@@ -42,6 +57,9 @@ class VerificationReport:
     warnings: list[str] = field(default_factory=list)
     witness_required: bool = True
     witness_entries: int = 0
+    trust_root: str = ""
+    trust_root_pinned: bool = False
+    witness_key: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,12 +71,27 @@ class VerificationReport:
             "warnings": self.warnings,
             "witness_required": self.witness_required,
             "witness_entries": self.witness_entries,
+            "trust_root": self.trust_root,
+            "trust_root_pinned": self.trust_root_pinned,
+            "witness_key": self.witness_key,
         }
+
+
+@dataclass
+class Trust:
+    """What the verifier trusts, all of it from outside the database."""
+
+    keys: dict[str, str] = field(default_factory=dict)  # signing key id → PEM, from the root through rotations
+    witness_key: tp.VerifierKey | None = None
+    streams: dict[str, dict[str, Any]] = field(default_factory=dict)  # the witness's latest cosigned checkpoints
+    tombstones: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    fingerprint: str = ""
+    known: bool = False  # the witness has a genesis for this log
 
 
 @dataclass(frozen=True)
 class _WitnessRule:
-    """What the witness must cover: every record (and checkpoint, tombstone) older than ``cutoff``."""
+    """What the witness must cover: every record older than ``cutoff``."""
 
     required: bool
     cutoff: dt.datetime
@@ -66,26 +99,57 @@ class _WitnessRule:
     now: dt.datetime
 
 
-def _signed_moment(value: str) -> dt.datetime | None:
-    try:
-        moment = dt.datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
-
-
 def _span(seqs: list[int]) -> str:
     return f"seq {seqs[0]}" if len(seqs) == 1 else f"seq {seqs[0]}..{seqs[-1]}"
 
 
-def _trusted_keys(witness_entries: list[dict[str, Any]]) -> dict[str, str]:
+def load_trust(report: VerificationReport) -> Trust:
+    """The pinned trust root, the signing-key chain and the witness's view; problems become findings."""
+    trust = Trust()
+    try:
+        state = witness.get_witness().state(witness.log_id())
+    except ws.UnknownLog:
+        return trust
+    except witness.WitnessError as exc:
+        report.findings.append(
+            Finding(
+                chain.FINDING_WITNESS,
+                "",
+                f"the witness cannot be read ({exc}): nothing outside the database vouches for the trail",
+            )
+        )
+        return trust
+    trust.known = True
+    pinned = conf.trust_root()
+    genesis = state["genesis"]
+    trust.fingerprint = tp.trust_root_fingerprint(genesis)
+    report.trust_root, report.trust_root_pinned = trust.fingerprint, pinned is not None
+    try:
+        trust.witness_key, root_pem = tp.check_genesis(genesis, pinned)
+        report.witness_key = str(trust.witness_key)
+        trust.keys = dict(tp.key_chain(root_pem, state.get("rotations", [])))
+    except tp.ProofError as exc:
+        report.findings.append(Finding(chain.FINDING_TRUST, "", f"the trust root does not hold: {exc}"))
+        return trust
+    if pinned is None:
+        report.warnings.append(
+            f"the trust root is not pinned: using the witness's ({trust.fingerprint}); set "
+            f"GPUPOOL_AUDIT_TRUST_ROOT={trust.fingerprint} once you have compared it with the one printed at install"
+        )
     signer = get_signer()
-    keys = {signer.key_id: signer.public_key_pem()}
-    for entry in witness_entries:
-        pem = entry.get("public_key_pem")
-        if pem and chain.public_key_id(pem) == entry.get("key_id"):
-            keys[entry["key_id"]] = pem
-    return keys
+    if signer.key_id not in trust.keys:
+        report.findings.append(
+            Finding(
+                chain.FINDING_TRUST,
+                "",
+                f"the configured signing key {signer.key_id} is not certified by the trust root (keys "
+                f"{sorted(trust.keys)}): the witness refuses what it signs; rotate to it with "
+                "`gpupool audit_rotate_signing_key` from the current key",
+            )
+        )
+    trust.streams = state.get("streams", {})
+    trust.tombstones = state.get("tombstones", {})
+    return trust
 
 
 def _chain_records(stream: str) -> tuple[list[chain.ChainRecord], dict[int, AuditRecord]]:
@@ -105,30 +169,251 @@ def _chain_records(stream: str) -> tuple[list[chain.ChainRecord], dict[int, Audi
     return chain_records, rows
 
 
+def _destroyed(data_key: DataKey) -> bool:
+    return data_key.destroyed_at is not None or not bytes(data_key.wrapped_key)
+
+
+def _check_seals(
+    stream: str,
+    records: list[chain.ChainRecord],
+    rows: dict[int, AuditRecord],
+    keys: dict[str, DataKey],
+    broken: set[int],
+) -> list[Finding]:
+    """A well-linked record whose ciphertext does not open under its data key and header was forged or rewritten;
+    one whose key is unknown or does not unwrap cannot be checked, and that fails too (never skipped). A
+    destroyed key passes here only because ``_check_key_destruction`` demands a shred record for it."""
+    findings = []
+    for record in records:
+        if record.seq in broken:
+            continue
+        row = rows[record.seq]
+        data_key = keys.get(row.key_id)
+        if data_key is None:
+            findings.append(
+                Finding(
+                    chain.FINDING_FORGED,
+                    stream,
+                    f"record seq {record.seq} names an unknown data key {row.key_id}",
+                    [record.seq],
+                )
+            )
+            continue
+        try:
+            raw = _raw_key(data_key)
+        except crypto.KeyUnavailable as exc:
+            if _destroyed(data_key):
+                continue  # crypto-shredded: the hash chain still covers the ciphertext
+            findings.append(
+                Finding(
+                    chain.FINDING_KEY,
+                    stream,
+                    f"record seq {record.seq}: its data key {row.key_id} does not unwrap ({exc}), so its seal cannot "
+                    "be checked: the key was overwritten or planted",
+                    [record.seq],
+                )
+            )
+            continue
+        try:
+            crypto.open_sealed(
+                row.cipher, raw, base64.b64decode(row.nonce), record.ciphertext, chain.canonical_json(record.header)
+            )
+        except (crypto.SealBroken, ValueError):
+            findings.append(
+                Finding(
+                    chain.FINDING_FORGED,
+                    stream,
+                    f"record seq {record.seq} does not open under its data key: it was forged or rewritten",
+                    [record.seq],
+                )
+            )
+    return findings
+
+
+def _check_notes(
+    stream: str, db_checkpoints: list[Checkpoint], cosignatures: dict[int, Cosignature], trust: Trust
+) -> list[Finding]:
+    """Each checkpoint's C2SP note is signed by a trusted key and says what its row says; its cosignature (when
+    stored) is the pinned witness's."""
+    findings = []
+    for cp in db_checkpoints:
+        if not cp.note:
+            continue  # a checkpoint from before notes: its JSON signature is checked by check_checkpoints
+        pem = trust.keys.get(cp.key_id)
+        key = tp.VerifierKey(tp.log_key_name(witness.log_id()), tp.ALG_ED25519, tp.raw_public_key(pem)) if pem else None
+        try:
+            body = tp.split_note(cp.note)[0]
+            parsed = tp.parse_checkpoint(body)
+        except tp.ProofError:
+            body, parsed = "", None
+        if (
+            key is None
+            or parsed is None
+            or not tp.note_signed_by(cp.note, key)
+            or parsed.size != cp.seq
+            or parsed.head != cp.head_hash
+            or parsed.root.hex() != cp.tree_root
+            or parsed.stream != stream
+        ):
+            findings.append(
+                Finding(
+                    chain.FINDING_CHECKPOINT,
+                    stream,
+                    f"checkpoint at seq {cp.seq}: its signed note does not verify under the trust root's keys "
+                    "or says something else than the row",
+                    [cp.seq],
+                )
+            )
+            continue
+        cosignature = cosignatures.get(cp.seq)
+        if cosignature is not None and (
+            trust.witness_key is None or tp.cosignature_time(cosignature.cosignature, body, trust.witness_key) is None
+        ):
+            findings.append(
+                Finding(
+                    chain.FINDING_WITNESS,
+                    stream,
+                    f"checkpoint at seq {cp.seq}: its stored cosignature is not the pinned witness's",
+                    [cp.seq],
+                )
+            )
+    return findings
+
+
+def _check_tree(
+    stream: str,
+    records: list[chain.ChainRecord],
+    start_seq: int,
+    db_checkpoints: list[Checkpoint],
+    trust: Trust,
+    rows: dict[int, AuditRecord],
+    rule: _WitnessRule,
+    report: VerificationReport,
+) -> list[Finding]:
+    """Recompute the stream's RFC 6962 tree from the stored records and hold it against every checkpoint and the
+    witness's latest cosigned one; records older than the window must be inside what the witness cosigned."""
+    findings: list[Finding] = []
+    by_seq = {cp.seq: cp for cp in db_checkpoints}
+    if start_seq == 1:
+        tree = tp.CompactRange.empty()
+    else:
+        anchor = by_seq.get(start_seq - 1)
+        if anchor is None or not anchor.compact_range:
+            return findings  # a purge from before compact ranges: the chain walk from the tombstone still holds
+        tree = tp.CompactRange.decode(anchor.compact_range)
+        if tree.root().hex() != anchor.tree_root:
+            return [
+                Finding(
+                    chain.FINDING_CHECKPOINT,
+                    stream,
+                    f"checkpoint at seq {anchor.seq}: its compact range does not give its signed root",
+                    [anchor.seq],
+                )
+            ]
+    latest = trust.streams.get(stream)
+    witnessed_size = int(latest["size"]) if latest else 0
+    witnessed_root = base64.b64decode(latest["root"]) if latest else None
+    if latest and witnessed_size < start_seq - 1:
+        witnessed_root = None  # purged past it: the tombstone (witnessed) vouches for the start
+    expected = start_seq
+    for record in records:
+        if record.seq != expected:
+            break  # a gap: the chain walk names it; the tree cannot be recomputed past it
+        tree.append(tp.leaf_hash(record.hash))
+        cp = by_seq.get(record.seq)
+        if cp is not None and cp.tree_root and tree.root().hex() != cp.tree_root:
+            findings.append(
+                Finding(
+                    chain.FINDING_CHECKPOINT,
+                    stream,
+                    f"the stored records do not give the tree root checkpoint seq {cp.seq} signed (rewritten)",
+                    [cp.seq],
+                )
+            )
+        if record.seq == witnessed_size and witnessed_root is not None and tree.root() != witnessed_root:
+            findings.append(
+                Finding(
+                    chain.FINDING_WITNESS,
+                    stream,
+                    f"the stored records do not give the root the witness cosigned at size {witnessed_size}: "
+                    "history the witness saw was rewritten",
+                    [witnessed_size],
+                )
+            )
+        expected += 1
+    last = records[-1].seq if records else start_seq - 1
+    if witnessed_size > last:
+        missing = list(range(last + 1, witnessed_size + 1))
+        findings.append(
+            Finding(
+                chain.FINDING_TRUNCATED,
+                stream,
+                f"the witness cosigned {witnessed_size} records of this stream, the database holds records only "
+                f"up to seq {last}: records {_span(missing)} were removed"
+                + (" (the whole stream is gone)" if not records else ""),
+                missing,
+            )
+        )
+    if rule.required and trust.known:
+        tail = sorted(seq for seq in rows if seq > witnessed_size)
+        if tail:
+            stale = [seq for seq in tail if rows[seq].created_at < rule.cutoff]
+            age = (rule.now - min(rows[seq].created_at for seq in tail)).total_seconds()
+            if stale:
+                findings.append(
+                    Finding(
+                        chain.FINDING_WITNESS,
+                        stream,
+                        f"the witness is behind the database: records {_span(tail)} are covered by no cosigned "
+                        f"checkpoint, the oldest written {age:.0f} s ago (allowed: {rule.window_seconds} s = "
+                        "GPUPOOL_AUDIT_CHECKPOINT_SECONDS + GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS); is beat running "
+                        "audit.checkpoint, and can it reach the witness?",
+                        stale,
+                    )
+                )
+            else:
+                report.warnings.append(
+                    f"{stream}: records {_span(tail)} (written in the last {max(age, 0):.0f} s) are not witnessed "
+                    f"yet (the tail window, up to {rule.window_seconds} s)"
+                )
+    return findings
+
+
 def _verify_stream(
     stream: str,
     head: ChainHead | None,
-    trusted: dict[str, str],
-    witnessed: list[dict],
+    trust: Trust,
     keys: dict[str, DataKey],
     report: VerificationReport,
     check_seals: bool,
     rule: _WitnessRule,
-    witness_known: bool,
 ) -> None:
     findings: list[Finding] = []
-    # Where the chain starts: genesis, or the latest valid tombstone.
+    # Where the chain starts: genesis, or the latest tombstone that is signed by a trusted key and witnessed.
     start_seq, start_hash, purged_through = 1, chain.GENESIS_HASH, 0
-    witnessed_tombstones = [e for e in witnessed if e.get("type") == "tombstone"]
+    witnessed_tombstones = trust.tombstones.get(stream, [])
+    signed_fields = ("stream", "through_seq", "through_hash", "purged_count", "purged_at", "key_id", "signature")
     for tombstone in Tombstone.objects.filter(stream=stream).order_by("through_seq"):
         data = tombstone.as_dict()
-        pem = trusted.get(tombstone.key_id)
+        pem = trust.keys.get(tombstone.key_id)
         if pem is None or not chain.verify_ed25519(pem, tombstone.signature, chain.tombstone_payload(data)):
             findings.append(
                 Finding(
                     chain.FINDING_TOMBSTONE,
                     stream,
-                    f"tombstone through seq {tombstone.through_seq} has a bad signature (forged purge)",
+                    f"tombstone through seq {tombstone.through_seq} is not signed by a key of the trust root "
+                    "(forged purge)",
+                    [tombstone.through_seq],
+                )
+            )
+            continue
+        if rule.required and not any(all(w.get(k) == data[k] for k in signed_fields) for w in witnessed_tombstones):
+            findings.append(
+                Finding(
+                    chain.FINDING_TOMBSTONE,
+                    stream,
+                    f"tombstone through seq {tombstone.through_seq} was never recorded by the witness (a purge "
+                    "the witness did not see)",
                     [tombstone.through_seq],
                 )
             )
@@ -157,85 +442,25 @@ def _verify_stream(
             )
         )
         records = [r for r in records if r.seq >= start_seq]
+        rows = {seq: row for seq, row in rows.items() if seq >= start_seq}
     findings.extend(chain.walk_chain(stream, records, start_seq=start_seq, start_hash=start_hash))
     broken = {seq for f in findings for seq in f.seqs}
-
-    # Forged: a well-linked record whose ciphertext does not open under its data key and header. Only someone
-    # holding the keys could have written it, so this catches a rehashed (rewritten) or appended fake record.
     if check_seals:
-        for record in records:
-            if record.seq in broken:
-                continue
-            row = rows[record.seq]
-            data_key = keys.get(row.key_id)
-            if data_key is None:
-                findings.append(
-                    Finding(
-                        chain.FINDING_FORGED,
-                        stream,
-                        f"record seq {record.seq} names an unknown data key {row.key_id}",
-                        [record.seq],
-                    )
-                )
-                continue
-            try:
-                raw = _raw_key(data_key)
-            except crypto.KeyUnavailable:
-                continue  # crypto-shredded: the hash chain still covers the ciphertext
-            try:
-                crypto.open_sealed(
-                    row.cipher, raw, base64.b64decode(row.nonce), record.ciphertext, chain.canonical_json(record.header)
-                )
-            except (crypto.SealBroken, ValueError):
-                findings.append(
-                    Finding(
-                        chain.FINDING_FORGED,
-                        stream,
-                        f"record seq {record.seq} does not open under its data key: it was forged or rewritten",
-                        [record.seq],
-                    )
-                )
+        findings.extend(_check_seals(stream, records, rows, keys, broken))
 
-    # Checkpoints in the database and in the witness file.
     hashes = {r.seq: r.hash for r in records}
-    db_checkpoints = [c.as_dict() for c in Checkpoint.objects.filter(stream=stream).order_by("seq")]
+    db_rows = list(Checkpoint.objects.filter(stream=stream).order_by("seq"))
+    db_checkpoints = [c.as_dict() for c in db_rows]
     report.checkpoints += len(db_checkpoints)
-    findings.extend(chain.check_checkpoints(stream, db_checkpoints, hashes, trusted, purged_through=purged_through))
-    witnessed_cps = [e for e in witnessed if e.get("type") == "checkpoint"]
-    by_seq = {c["seq"]: c for c in db_checkpoints}
-    for entry in witnessed_cps:
-        stored = by_seq.get(entry["seq"])
-        if stored is None:
-            if entry["seq"] > purged_through:
-                findings.append(
-                    Finding(
-                        chain.FINDING_WITNESS,
-                        stream,
-                        f"checkpoint at seq {entry['seq']} is in the witness file but was removed from the database",
-                        [entry["seq"]],
-                    )
-                )
-        elif stored["head_hash"] != entry["head_hash"] or stored["signature"] != entry["signature"]:
-            findings.append(
-                Finding(
-                    chain.FINDING_WITNESS,
-                    stream,
-                    f"checkpoint at seq {entry['seq']} differs from its witnessed copy (rewritten)",
-                    [entry["seq"]],
-                )
-            )
-    findings.extend(chain.check_checkpoints(stream, witnessed_cps, hashes, trusted, purged_through=purged_through))
-    if rule.required and witness_known:
-        findings.extend(_witness_coverage(stream, rows, db_checkpoints, witnessed, purged_through, rule, report))
+    findings.extend(chain.check_checkpoints(stream, db_checkpoints, hashes, trust.keys, purged_through=purged_through))
+    cosignatures = {c.seq: c for c in Cosignature.objects.filter(stream=stream)}
+    findings.extend(_check_notes(stream, db_rows, cosignatures, trust))
+    if rule.required:
+        findings.extend(_check_tree(stream, records, start_seq, db_rows, trust, rows, rule, report))
 
-    # Tail truncation: the records end before what the head row, a checkpoint or the witness says exists.
+    # Tail truncation against the head row and the stored checkpoints (the witness's view is in _check_tree).
     last = records[-1].seq if records else purged_through
-    expected_tail = max(
-        [head.seq if head else 0]
-        + [c["seq"] for c in db_checkpoints]
-        + [e["seq"] for e in witnessed_cps]
-        + [purged_through]
-    )
+    expected_tail = max([head.seq if head else 0] + [c["seq"] for c in db_checkpoints] + [purged_through])
     if expected_tail > last:
         missing = list(range(last + 1, expected_tail + 1))
         findings.append(
@@ -262,78 +487,86 @@ def _verify_stream(
             report.findings.append(finding)
 
 
-def _witness_coverage(
-    stream: str,
-    rows: dict[int, AuditRecord],
-    db_checkpoints: list[dict],
-    witnessed: list[dict],
-    purged_through: int,
-    rule: _WitnessRule,
-    report: VerificationReport,
-) -> list[Finding]:
-    """The witness must hold every checkpoint and tombstone, and cover every record, older than the window."""
-    findings: list[Finding] = []
-    witnessed_cps = {e["seq"] for e in witnessed if e.get("type") == "checkpoint"}
-    missing_old, missing_new = [], []
-    for cp in db_checkpoints:
-        if cp["seq"] in witnessed_cps or cp["seq"] <= purged_through:
-            continue
-        signed = _signed_moment(cp["signed_at"])
-        (missing_old if signed is None or signed < rule.cutoff else missing_new).append(cp["seq"])
-    if missing_old:
-        findings.append(
+def _check_size(stream: str, trust: Trust, report: VerificationReport) -> None:
+    """The cheap check of a stream that did not change: every record the witness cosigned is still there (one
+    indexed count), and the cosigned head is the stored checkpoint's."""
+    latest = trust.streams.get(stream)
+    if latest is None:
+        return
+    size = int(latest["size"])
+    purged = Tombstone.objects.filter(stream=stream).order_by("-through_seq").values_list("through_seq", flat=True)
+    purged_through = purged.first() or 0
+    stored = AuditRecord.objects.filter(stream=stream, seq__gt=purged_through, seq__lte=size).count()
+    checkpoint = Checkpoint.objects.filter(stream=stream, seq=size).first()
+    if stored != size - purged_through:
+        report.findings.append(
+            Finding(
+                chain.FINDING_TRUNCATED,
+                stream,
+                f"the witness cosigned {size} records of this stream; {size - purged_through - stored} of them "
+                "are gone from the database",
+                [],
+            )
+        )
+    elif checkpoint is None or base64.b64decode(latest["root"]).hex() != checkpoint.tree_root:
+        report.findings.append(
             Finding(
                 chain.FINDING_WITNESS,
                 stream,
-                f"checkpoints at seq {missing_old} are missing from the witness file (signed more than "
-                f"{rule.window_seconds} s ago): the witness was not written, or was rolled back",
-                missing_old,
+                f"the checkpoint the witness cosigned at size {size} is missing or different in the database",
+                [size],
             )
         )
-    if missing_new:
-        report.warnings.append(f"{stream}: checkpoints at seq {missing_new} are not in the witness file yet")
-    witnessed_tombstones = {e["through_seq"] for e in witnessed if e.get("type") == "tombstone"}
-    for tombstone in Tombstone.objects.filter(stream=stream, through_seq__gt=0):
-        if tombstone.through_seq in witnessed_tombstones:
+
+
+def _hold_events(tenant_ids: set[int]) -> dict[int, list[AuditRecord]]:
+    """The chain's own record of legal holds per tenant (set and release), oldest first, one copy per event."""
+    events_by_tenant: dict[int, list[AuditRecord]] = {}
+    seen: set[str] = set()
+    hold_records = AuditRecord.objects.filter(
+        action__in=("audit.legal_hold.set", "audit.legal_hold.release"), tenant_id__in=tenant_ids
+    ).order_by("created_at", "id")
+    for record in hold_records:
+        if record.event_id in seen:  # a platform operator's action is in two streams
             continue
-        purged = _signed_moment(tombstone.purged_at)
-        if purged is None or purged < rule.cutoff:
-            findings.append(
+        seen.add(record.event_id)
+        events_by_tenant.setdefault(record.tenant_id, []).append(record)
+    return events_by_tenant
+
+
+def _holds_active_at(events: list[AuditRecord], moment: dt.datetime) -> dict[str, dt.datetime]:
+    active: dict[str, dt.datetime] = {}
+    for event in events:
+        if event.created_at > moment:
+            break
+        if event.action == "audit.legal_hold.set":
+            active[event.target] = event.created_at
+        else:
+            active.pop(event.target, None)
+    return active
+
+
+def _check_purges_under_hold(report: VerificationReport) -> None:
+    """No tenant stream may be purged while the chain shows its tenant under a legal hold."""
+    tombstones = [t for t in Tombstone.objects.filter(stream__startswith="tenant:")]
+    tenants = {int(t.stream.split(":", 1)[1]): t for t in tombstones}
+    if not tenants:
+        return
+    events = _hold_events(set(tenants))
+    for tombstone in tombstones:
+        tenant_id = int(tombstone.stream.split(":", 1)[1])
+        moment = dt.datetime.fromisoformat(tombstone.purged_at)
+        active = _holds_active_at(events.get(tenant_id, []), moment)
+        if active:
+            report.findings.append(
                 Finding(
-                    chain.FINDING_WITNESS,
-                    stream,
-                    f"the tombstone through seq {tombstone.through_seq} is missing from the witness file",
+                    chain.FINDING_TOMBSTONE,
+                    tombstone.stream,
+                    f"the tombstone through seq {tombstone.through_seq} purged tenant {tenant_id}'s records while "
+                    f"the legal hold {', '.join(sorted(active))} was active",
                     [tombstone.through_seq],
                 )
             )
-    covered = max(
-        [0]
-        + [e["seq"] for e in witnessed if e.get("type") == "checkpoint"]
-        + [e["through_seq"] for e in witnessed if e.get("type") == "tombstone"]
-    )
-    tail = sorted(seq for seq in rows if seq > covered)
-    if tail:
-        stale = [seq for seq in tail if rows[seq].created_at < rule.cutoff]
-        oldest = min(rows[seq].created_at for seq in tail)
-        age = (rule.now - oldest).total_seconds()
-        if stale:
-            findings.append(
-                Finding(
-                    chain.FINDING_WITNESS,
-                    stream,
-                    f"the witness is behind the database: records {_span(tail)} are covered by no witnessed "
-                    f"checkpoint, the oldest written {age:.0f} s ago (allowed: {rule.window_seconds} s = "
-                    "GPUPOOL_AUDIT_CHECKPOINT_SECONDS + GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS); is beat running "
-                    "audit.checkpoint, and can it write the witness?",
-                    stale,
-                )
-            )
-        else:
-            report.warnings.append(
-                f"{stream}: records {_span(tail)} (written in the last {max(age, 0):.0f} s) are not witnessed yet "
-                f"(the tail window, up to {rule.window_seconds} s)"
-            )
-    return findings
 
 
 def _check_key_destruction(keys: dict[str, DataKey], report: VerificationReport) -> None:
@@ -387,26 +620,9 @@ def _check_key_destruction(keys: dict[str, DataKey], report: VerificationReport)
             )
     if not shred_tenants:
         return
-    hold_records = AuditRecord.objects.filter(
-        action__in=("audit.legal_hold.set", "audit.legal_hold.release"),
-        tenant_id__in={tenant for tenant, _ in shred_tenants},
-    ).order_by("created_at", "id")
-    events_by_tenant: dict[int, list[AuditRecord]] = {}
-    seen: set[str] = set()
-    for record in hold_records:
-        if record.event_id in seen:  # a platform operator's action is in two streams
-            continue
-        seen.add(record.event_id)
-        events_by_tenant.setdefault(record.tenant_id, []).append(record)
+    events_by_tenant = _hold_events({tenant for tenant, _ in shred_tenants})
     for tenant_id, shred in shred_tenants:
-        active: dict[str, dt.datetime] = {}
-        for event in events_by_tenant.get(tenant_id, []):
-            if event.created_at > shred.created_at:
-                break
-            if event.action == "audit.legal_hold.set":
-                active[event.target] = event.created_at
-            else:
-                active.pop(event.target, None)
+        active = _holds_active_at(events_by_tenant.get(tenant_id, []), shred.created_at)
         if active:
             holds = ", ".join(f"{target} (placed {moment.isoformat()})" for target, moment in sorted(active.items()))
             report.findings.append(
@@ -427,8 +643,10 @@ def verify_trail(
     check_seals: bool = True,
     witness_required: bool = True,
     now: dt.datetime | None = None,
+    only_streams: set[str] | None = None,
 ) -> VerificationReport:
-    """Verify every stream. With ``record_result``, the run is audited (``audit.verify``), and a failure also
+    """Verify every stream (or, with ``only_streams``, those; the trust root and every witnessed stream's size are
+    checked either way). With ``record_result``, the run is audited (``audit.verify``), and a failure also
     records ``audit.tamper_detected`` and raises an alert.
 
     ``witness_required`` (the default) makes a missing, lagging or contradicting witness a failure; False checks
@@ -439,34 +657,33 @@ def verify_trail(
         required=witness_required, cutoff=now - dt.timedelta(seconds=window), window_seconds=window, now=now
     )
     report = VerificationReport(ok=True, witness_required=witness_required)
-    entries = witness.entries() if witness_required else []
-    report.witness_entries = len(entries)
-    if not witness_required:
+    if witness_required:
+        trust = load_trust(report)
+    else:
         report.warnings.append(
             "NO WITNESS: verified the database alone (--no-witness). A database administrator can rewrite the "
             "whole trail consistently or cut its tail, and this run cannot tell."
         )
-    trusted = _trusted_keys(entries)
+        # Without the witness there is no trust root: the configured key is all there is (and proves little).
+        trust = Trust(keys={get_signer().key_id: get_signer().public_key_pem()})
+    report.witness_entries = sum(1 for _ in trust.streams)
     heads = {h.stream: h for h in ChainHead.objects.all()}
     streams = (
         set(heads)
         | set(AuditRecord.objects.values_list("stream", flat=True).distinct())
         | set(Checkpoint.objects.values_list("stream", flat=True).distinct())
-        | {e["stream"] for e in entries if "stream" in e}
+        | (set(trust.streams) if witness_required else set())
     )
     keys = {k.key_id: k for k in DataKey.objects.all()}
-    corrupt = [e["line"] for e in entries if e.get("type") == "corrupt"]
-    if corrupt:
-        report.findings.append(Finding(chain.FINDING_WITNESS, "", f"witness file lines {corrupt} are unreadable"))
-    witness_known = any(e.get("type") in ("checkpoint", "tombstone") for e in entries)
-    if witness_required and not witness_known:
+    if witness_required and not trust.known:
         _no_witness_entries(heads, rule, report)
     for stream in sorted(streams):
-        stream_entries = [e for e in entries if e.get("stream") == stream]
-        _verify_stream(
-            stream, heads.get(stream), trusted, stream_entries, keys, report, check_seals, rule, witness_known
-        )
+        if only_streams is not None and stream not in only_streams:
+            _check_size(stream, trust, report)
+            continue
+        _verify_stream(stream, heads.get(stream), trust, keys, report, check_seals, rule)
     _check_key_destruction(keys, report)
+    _check_purges_under_hold(report)
     report.streams = len(streams)
     report.ok = not report.findings
     if record_result:
@@ -475,9 +692,9 @@ def verify_trail(
 
 
 def _no_witness_entries(heads: dict[str, ChainHead], rule: _WitnessRule, report: VerificationReport) -> None:
-    """The witness holds nothing for this database. Fine for a new installation whose first records are younger
+    """The witness has never heard of this database. Fine for a new installation whose first records are younger
     than the window; a failure once anything should have been witnessed (a checkpoint or tombstone exists, a
-    head was ever checkpointed, or a record is older than the window) — e.g. every audit table truncated."""
+    head was ever checkpointed, or a record is older than the window)."""
     old_records = AuditRecord.objects.filter(created_at__lt=rule.cutoff).count()
     checkpoints = Checkpoint.objects.count()
     tombstones = Tombstone.objects.count()
@@ -485,7 +702,7 @@ def _no_witness_entries(heads: dict[str, ChainHead], rule: _WitnessRule, report:
     if not (old_records or checkpoints or tombstones or checkpointed_heads):
         if AuditRecord.objects.exists():
             report.warnings.append(
-                "the witness holds no entries for this database yet; its records are younger than "
+                "the witness holds nothing for this database yet; its records are younger than "
                 f"{rule.window_seconds} s (a new installation)"
             )
         return
@@ -493,11 +710,11 @@ def _no_witness_entries(heads: dict[str, ChainHead], rule: _WitnessRule, report:
         Finding(
             chain.FINDING_WITNESS,
             "",
-            f"the witness file {conf.witness_path()} holds no entries for this database "
-            f"({witness.database_identity()}), but the database has {old_records} records older than "
-            f"{rule.window_seconds} s, {checkpoints} checkpoints, {tombstones} tombstones and {checkpointed_heads} "
-            "checkpointed chain heads: the witness was lost or never written, or the database was replaced. Point "
-            "GPUPOOL_AUDIT_WITNESS_PATH at the witness (or run with --no-witness, which cannot detect a rewrite)",
+            f"{witness.describe()} has no trust root for this database ({witness.database_identity()}, log "
+            f"{witness.log_id()}), but the database has {old_records} records older than {rule.window_seconds} s, "
+            f"{checkpoints} checkpoints, {tombstones} tombstones and {checkpointed_heads} checkpointed chain heads: "
+            "the witness was lost or never reached, or the database was replaced. Point GPUPOOL_AUDIT_WITNESS_URL "
+            "at the witness (or run with --no-witness, which cannot detect a rewrite)",
         )
     )
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import datetime as dt
 import hashlib
 import io
 import json
@@ -28,6 +29,7 @@ import zipfile
 from typing import Any
 
 from audit import chain
+from audit import transparency as tp
 from audit.csvsafe import formula_safe
 
 REQUIRED = (
@@ -36,11 +38,14 @@ REQUIRED = (
     "records.jsonl",
     "records.csv",
     "checkpoints.json",
-    "keys.json",
+    "trust.json",
+    "witness.json",
     "datakeys.json",
     "public_key.pem",
 )
 SHREDDED = "[shredded]"
+# How far the witness's signed manifest may be from the bundle's creation: it is fetched during the export.
+MANIFEST_SKEW_SECONDS = 300
 
 
 class BundleError(Exception):
@@ -54,8 +59,50 @@ def _read(bundle: zipfile.ZipFile, name: str) -> bytes:
         raise BundleError(f"{name} is missing from the bundle") from None
 
 
-def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str | None = None) -> dict[str, Any]:
-    """Verify the bundle at ``path``; returns a summary, raises BundleError naming the first problem."""
+def _json(bodies: dict[str, bytes], name: str) -> Any:
+    try:
+        return json.loads(bodies[name])
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{name} is not JSON: {exc}") from None
+
+
+def _checkpoint_ok(cp: dict[str, Any], stream: str, keys: dict[str, str], witness_key: tp.VerifierKey, log: str) -> str:
+    """The checkpoint's note body, after checking the log's signature (a key of the chain), the JSON signature,
+    the note saying what the fields say, and the pinned witness's cosignature."""
+    where = f"{stream}: checkpoint at seq {cp.get('seq')}"
+    pem = keys.get(cp.get("key_id", ""))
+    if pem is None:
+        raise BundleError(f"{where} is signed by key {cp.get('key_id')}, which is not in the trust root's key chain")
+    if not chain.verify_ed25519(pem, cp["signature"], chain.checkpoint_payload(cp)):
+        raise BundleError(f"{where} has a bad signature")
+    note = cp.get("note") or ""
+    key = tp.VerifierKey(tp.log_key_name(log), tp.ALG_ED25519, tp.raw_public_key(pem))
+    try:
+        body = tp.split_note(note)[0]
+        parsed = tp.parse_checkpoint(body)
+    except tp.ProofError as exc:
+        raise BundleError(f"{where}: its note is malformed ({exc})") from None
+    if not tp.note_signed_by(note, key) or parsed.size != cp["seq"] or parsed.head != cp["head_hash"]:
+        raise BundleError(f"{where}: its signed note does not verify or says something else")
+    if parsed.root.hex() != cp.get("tree_root") or parsed.stream != stream or parsed.log_id != log:
+        raise BundleError(f"{where}: its note names another tree, stream or log")
+    if tp.cosignature_time(cp.get("cosignature") or "", body, witness_key) is None:
+        raise BundleError(f"{where} is not cosigned by the pinned witness")
+    return body
+
+
+def verify_bundle(path: str, *, trust_root: str | None = None) -> dict[str, Any]:
+    """Verify the bundle at ``path`` against the pinned ``trust_root`` fingerprint (None: internally consistent
+    only); returns a summary, raises BundleError naming the first problem (malformed content included)."""
+    try:
+        return _verify_bundle(path, trust_root)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        if isinstance(exc, BundleError):
+            raise
+        raise BundleError(f"the bundle is malformed: {exc!r}") from exc
+
+
+def _verify_bundle(path: str, trust_root: str | None) -> dict[str, Any]:
     try:
         bundle = zipfile.ZipFile(path)
         names = set(bundle.namelist())
@@ -66,13 +113,22 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
     if extra:
         raise BundleError(f"unexpected files in the bundle: {sorted(extra)}")
 
-    # 1. The manifest is signed by the bundle's key (pinned by the caller, if given).
+    # 1. The trust root: the genesis entry the auditor pinned, the witness it names, the signing-key chain.
+    trust = _json(bodies, "trust.json")
+    fingerprint = tp.trust_root_fingerprint(trust["genesis"])
+    try:
+        witness_key, root_pem = tp.check_genesis(trust["genesis"], trust_root)
+        key_chain = tp.key_chain(root_pem, trust.get("rotations", []))
+    except (tp.ProofError, KeyError, TypeError) as exc:
+        raise BundleError(f"trust.json: {exc}") from None
+    keys = dict(key_chain)
+    log = str(trust["genesis"]["statement"]["log"])
+
+    # 2. The manifest is signed by a key of that chain.
     pem = bodies["public_key.pem"].decode("ascii", errors="replace")
-    if public_key_pem is not None and public_key_pem.strip() != pem.strip():
-        raise BundleError("the bundle is signed by a different public key than the one you pinned")
     bundle_key_id = chain.public_key_id(pem)
-    if key_id is not None and key_id != bundle_key_id:
-        raise BundleError(f"the bundle is signed by key {bundle_key_id}, not the pinned {key_id}")
+    if keys.get(bundle_key_id, "").strip() != pem.strip():
+        raise BundleError(f"the bundle is signed by key {bundle_key_id}, which is not in the trust root's key chain")
     signature = bodies["manifest.sig"].decode("ascii", errors="replace").strip()
     if bodies["manifest.sig"] != (signature + "\n").encode("ascii", errors="replace"):
         raise BundleError("manifest.sig is malformed")
@@ -82,10 +138,8 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
         manifest = json.loads(bodies["manifest.json"])
     except json.JSONDecodeError as exc:
         raise BundleError(f"manifest.json is not JSON: {exc}") from exc
-    if manifest.get("signing_key_id") != bundle_key_id:
-        raise BundleError("the manifest names another signing key than public_key.pem")
-
-    # 2. Every file is the one the manifest hashed.
+    if manifest.get("signing_key_id") != bundle_key_id or manifest.get("log_id") != log:
+        raise BundleError("the manifest names another signing key or log than the bundle")
     listed = manifest.get("files", {})
     if set(listed) != set(REQUIRED) - {"manifest.json", "manifest.sig"}:
         raise BundleError("the manifest does not list exactly the bundle's files")
@@ -93,12 +147,27 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
         if hashlib.sha256(bodies[name]).hexdigest() != digest:
             raise BundleError(f"{name} was changed: its SHA-256 does not match the manifest")
 
-    # 3. The chain, per stream, against the signed checkpoints.
-    keys: dict[str, str] = json.loads(bodies["keys.json"])
-    for kid, key_pem in keys.items():
-        if chain.public_key_id(key_pem) != kid:
-            raise BundleError(f"keys.json: key {kid} does not match its id")
-    signed = json.loads(bodies["checkpoints.json"])
+    # 3. Completeness: the witness's signed manifest of streams, fetched during the export.
+    witness_info = _json(bodies, "witness.json")
+    statement = witness_info["manifest"]["statement"]
+    if not tp.statement_signed(statement, witness_info["manifest"]["signature"], witness_key):
+        raise BundleError("witness.json: the stream manifest is not signed by the pinned witness")
+    created = dt.datetime.fromisoformat(manifest["created_at"]).timestamp()
+    if statement.get("log") != log or abs(int(statement["time"]) - created) > MANIFEST_SKEW_SECONDS:
+        raise BundleError("witness.json: the witness's stream manifest is of another log or another moment")
+    witnessed: dict[str, list] = statement["streams"]
+    streams = manifest.get("streams", {})
+    tenant_id = manifest.get("tenant_id")
+    in_scope = [f"tenant:{tenant_id}"] if tenant_id is not None else list(witnessed)
+    for stream in in_scope:
+        if stream in witnessed and stream not in streams:
+            raise BundleError(
+                f"{stream}: the witness cosigned {witnessed[stream][0]} records of this stream, the bundle has none "
+                "of them (a stream left out)"
+            )
+
+    # 4. Each stream: from its anchor, every record up to the size the witness cosigned, and that tree's root.
+    signed = _json(bodies, "checkpoints.json")
     records_by_stream: dict[str, list[dict]] = {}
     for number, line in enumerate(bodies["records.jsonl"].decode("utf-8").splitlines(), start=1):
         try:
@@ -106,35 +175,70 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
             records_by_stream.setdefault(record["header"]["stream"], []).append(record)
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise BundleError(f"records.jsonl line {number} is malformed: {exc}") from exc
-    streams = manifest.get("streams", {})
-    if set(records_by_stream) != set(streams):
+    if set(records_by_stream) - set(streams):
         raise BundleError("records.jsonl holds other streams than the manifest lists")
-    findings: list[chain.Finding] = []
+    range_start = dt.datetime.fromisoformat(manifest["range"]["from"])
     total = 0
     for stream, info in streams.items():
-        records = sorted(records_by_stream[stream], key=lambda r: r["header"]["seq"])
+        records = sorted(records_by_stream.get(stream, []), key=lambda r: r["header"]["seq"])
         if len(records) != info["records"]:
             raise BundleError(f"{stream}: the manifest lists {info['records']} records, the bundle has {len(records)}")
         total += len(records)
-        checkpoints = [c for c in signed["checkpoints"] if c["stream"] == stream]
-        tombstones = [t for t in signed["tombstones"] if t["stream"] == stream]
-        start_seq, start_hash = info["from_seq"], chain.GENESIS_HASH
-        if start_seq > 1:
-            anchors = [c for c in checkpoints if c["seq"] == start_seq - 1]
-            anchors += [
-                t | {"seq": t["through_seq"], "head_hash": t["through_hash"]}
-                for t in tombstones
-                if t["through_seq"] == start_seq - 1
-            ]
-            if not anchors:
-                raise BundleError(f"{stream}: nothing signed anchors the first record (seq {start_seq})")
-            start_hash = anchors[0]["head_hash"]
-        for tombstone in tombstones:
+        if stream not in witnessed or witnessed[stream][0] != info["to_seq"]:
+            raise BundleError(
+                f"{stream}: the bundle ends at seq {info['to_seq']}, the witness cosigned "
+                f"{witnessed.get(stream, [0])[0]} (a cut tail)"
+            )
+        checkpoints = sorted((c for c in signed["checkpoints"] if c["stream"] == stream), key=lambda c: c["seq"])
+        by_seq = {c["seq"]: c for c in checkpoints}
+        for cp in checkpoints:
+            _checkpoint_ok(cp, stream, keys, witness_key, log)
+        anchor_seq = info["from_seq"] - 1
+        if anchor_seq:
+            anchor = by_seq.get(anchor_seq)
+            if anchor is None or not anchor.get("compact_range"):
+                raise BundleError(f"{stream}: nothing signed anchors the first record (seq {info['from_seq']})")
+            tree = tp.CompactRange.decode(anchor["compact_range"])
+            if tree.size != anchor_seq or tree.root().hex() != anchor["tree_root"]:
+                raise BundleError(f"{stream}: the anchor's compact range does not give its signed root")
+            start_hash = anchor["head_hash"]
+            anchor_record = signed.get("anchors", {}).get(stream)
+            tombstoned = any(t["stream"] == stream and t["through_seq"] == anchor_seq for t in signed["tombstones"])
+            if anchor_record is not None:
+                header = anchor_record["header"]
+                ciphertext = base64.b64decode(anchor_record["ciphertext"], validate=True)
+                if (
+                    header.get("seq") != anchor_seq
+                    or chain.record_hash(anchor_record["prev_hash"], header, ciphertext) != anchor["head_hash"]
+                ):
+                    raise BundleError(f"{stream}: the anchor record is not the one its checkpoint signed")
+                if dt.datetime.fromisoformat(header["time"]) >= range_start:
+                    raise BundleError(f"{stream}: the bundle starts after the range's start (records left out)")
+            elif not tombstoned:
+                raise BundleError(f"{stream}: the anchor's record is missing")
+        else:
+            tree, start_hash = tp.CompactRange.empty(), chain.GENESIS_HASH
+        for tombstone in (t for t in signed["tombstones"] if t["stream"] == stream):
             tkey = keys.get(tombstone["key_id"])
             if tkey is None or not chain.verify_ed25519(
                 tkey, tombstone["signature"], chain.tombstone_payload(tombstone)
             ):
                 raise BundleError(f"{stream}: tombstone through seq {tombstone['through_seq']} has a bad signature")
+            witnessed_purges = witness_info.get("tombstones", {}).get(stream, [])
+            if not any(
+                w.get("signature") == tombstone["signature"]
+                and tp.statement_signed(
+                    {
+                        "type": "tombstone",
+                        "log": log,
+                        "tombstone": {k: v for k, v in w.items() if k != "witness_signature"},
+                    },
+                    w.get("witness_signature", ""),
+                    witness_key,
+                )
+                for w in witnessed_purges
+            ):
+                raise BundleError(f"{stream}: tombstone through seq {tombstone['through_seq']} was never witnessed")
         chain_records = [
             chain.ChainRecord(
                 seq=r["header"]["seq"],
@@ -145,28 +249,27 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
             )
             for r in records
         ]
-        findings.extend(chain.walk_chain(stream, chain_records, start_seq=start_seq, start_hash=start_hash))
-        hashes = {r.seq: r.hash for r in chain_records}
-        findings.extend(chain.check_checkpoints(stream, checkpoints, hashes, keys, purged_through=start_seq - 1))
-        covered = set()
-        for checkpoint in checkpoints:
-            covered |= set(range(checkpoint["from_seq"], checkpoint["seq"] + 1))
-        uncovered = sorted(set(hashes) - covered)
-        if uncovered or (chain_records and chain_records[-1].seq != info["to_seq"]):
-            raise BundleError(
-                f"{stream}: records {uncovered[:5]}… are not covered by a signed checkpoint"
-                if uncovered
-                else f"{stream}: the records end before seq {info['to_seq']}"
-            )
-    if findings:
-        raise BundleError("; ".join(f"{f.stream}: {f.message}" for f in findings[:10]))
+        findings = chain.walk_chain(stream, chain_records, start_seq=info["from_seq"], start_hash=start_hash)
+        if findings:
+            raise BundleError("; ".join(f"{f.stream}: {f.message}" for f in findings[:10]))
+        for expected, record in enumerate(chain_records, start=info["from_seq"]):
+            if record.seq != expected:
+                raise BundleError(f"{stream}: record seq {expected} is missing")
+            tree.append(tp.leaf_hash(record.hash))
+            cp = by_seq.get(record.seq)
+            if cp is not None and tree.root().hex() != cp["tree_root"]:
+                raise BundleError(f"{stream}: the records do not give the tree root checkpoint seq {cp['seq']} signed")
+        if tree.size != info["to_seq"] or tree.root() != base64.b64decode(witnessed[stream][1]):
+            raise BundleError(f"{stream}: the records do not give the root the witness cosigned at {info['to_seq']}")
 
-    # 4. No data key was destroyed without a shred record in the chain.
-    _check_data_keys(json.loads(bodies["datakeys.json"]), records_by_stream, keys)
+    # 5. No data key was destroyed without a shred record in the chain.
+    _check_data_keys(_json(bodies, "datakeys.json"), records_by_stream, keys, witness_key, log)
 
-    # 5. The CSV says what the JSON Lines say.
+    # 6. The CSV says what the JSON Lines say.
     rows = list(csv.DictReader(io.StringIO(bodies["records.csv"].decode("utf-8"))))
-    expected = [r for stream in streams for r in sorted(records_by_stream[stream], key=lambda r: r["header"]["seq"])]
+    expected = [
+        r for stream in streams for r in sorted(records_by_stream.get(stream, []), key=lambda r: r["header"]["seq"])
+    ]
     if len(rows) != len(expected):
         raise BundleError("records.csv has a different number of records than records.jsonl")
     for row, record in zip(rows, expected, strict=True):
@@ -185,11 +288,13 @@ def verify_bundle(path: str, *, key_id: str | None = None, public_key_pem: str |
         "streams": len(streams),
         "checkpoints": len(signed["checkpoints"]),
         "key_id": bundle_key_id,
+        "trust_root": fingerprint,
+        "witness_key": str(witness_key),
         "range": manifest.get("range"),
     }
 
 
-def _proved_shred(shred: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
+def _proved_shred(shred: dict[str, Any], keys: dict[str, str], witness_key: tp.VerifierKey, log: str) -> dict[str, Any]:
     """The details of a shred record after checking its hash, its action and its inclusion in a signed
     checkpoint of the platform stream; raises BundleError otherwise."""
     record, checkpoint = shred["record"], shred["checkpoint"]
@@ -207,6 +312,7 @@ def _proved_shred(shred: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]
         raise BundleError(f"datakeys.json: the checkpoint proving {where} has a bad signature")
     if checkpoint.get("stream") != "platform":
         raise BundleError(f"datakeys.json: the checkpoint proving {where} is of another stream")
+    _checkpoint_ok(checkpoint | {"cosignature": shred.get("cosignature")}, "platform", keys, witness_key, log)
     index, size = header["seq"] - checkpoint["from_seq"], checkpoint["seq"] - checkpoint["from_seq"] + 1
     root = chain.root_from_inclusion_proof(record["hash"], index, size, shred["proof"])
     if root != checkpoint["merkle_root"]:
@@ -216,11 +322,17 @@ def _proved_shred(shred: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]
     return record["details"]
 
 
-def _check_data_keys(data_keys: dict[str, Any], records_by_stream: dict[str, list[dict]], keys: dict[str, str]) -> None:
+def _check_data_keys(
+    data_keys: dict[str, Any],
+    records_by_stream: dict[str, list[dict]],
+    keys: dict[str, str],
+    witness_key: tp.VerifierKey,
+    log: str,
+) -> None:
     listed: dict[str, dict[str, Any]] = data_keys.get("keys", {})
     named: dict[str, Any] = {}
     for shred in data_keys.get("shreds", []):
-        details = _proved_shred(shred, keys)
+        details = _proved_shred(shred, keys, witness_key, log)
         for key_id in details.get("key_ids") or []:
             named[str(key_id)] = details.get("tenant_id")
     for stream, records in records_by_stream.items():
@@ -250,35 +362,37 @@ def _check_data_keys(data_keys: dict[str, Any], records_by_stream: dict[str, lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m audit.verify", description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", help="the export bundle (.zip)")
-    parser.add_argument("--key-id", help="the signing key id you expect (from the exporting site)")
-    parser.add_argument("--public-key", help="a PEM file with the public key you expect")
+    parser.add_argument(
+        "--trust-root",
+        help="the trust-root fingerprint you pinned (printed at install by `gpupool audit_trust_root`, shown on the "
+        "console's audit page)",
+    )
     parser.add_argument(
         "--unpinned",
         action="store_true",
-        help="accept a bundle without a pinned key (checks only that it is internally consistent)",
+        help="accept a bundle without a pinned trust root (checks only that it is internally consistent)",
     )
     args = parser.parse_args(argv)
-    pinned = open(args.public_key, encoding="ascii").read() if args.public_key else None
     try:
-        summary = verify_bundle(args.bundle, key_id=args.key_id, public_key_pem=pinned)
+        summary = verify_bundle(args.bundle, trust_root=args.trust_root)
     except BundleError as exc:
         print(f"FAILED: {exc}")
         return 1
     except Exception as exc:  # any malformed content is a failure, never a traceback that looks like a pass
         print(f"FAILED: the bundle could not be checked: {exc!r}")
         return 1
-    pinned_key = bool(args.key_id or args.public_key)
-    if not pinned_key and not args.unpinned:
+    if not args.trust_root and not args.unpinned:
         print(
-            f"FAILED: the signing key is not pinned: the bundle is internally consistent and signed by key "
-            f"{summary['key_id']}, but anyone can make such a bundle. Compare that id with the exporting site and "
-            f"run again with --key-id {summary['key_id']} (or --public-key FILE; --unpinned to accept it as is)"
+            f"FAILED: the trust root is not pinned: the bundle is internally consistent under trust root "
+            f"{summary['trust_root']}, but anyone can make such a bundle. Compare that fingerprint with the one you "
+            f"pinned at install (the console's audit page shows it) and run again with --trust-root "
+            f"{summary['trust_root']} (--unpinned to accept it as is)"
         )
         return 1
-    pin = "" if pinned_key else " (UNPINNED: --unpinned; compare the key id with the exporting site)"
+    pin = "" if args.trust_root else " (UNPINNED: --unpinned; compare the trust root with the one you pinned)"
     print(
         f"OK: {summary['records']} records in {summary['streams']} streams, {summary['checkpoints']} checkpoints, "
-        f"signed by key {summary['key_id']}{pin}"
+        f"each cosigned by witness {summary['witness_key'].split('+')[0]}; trust root {summary['trust_root']}{pin}"
     )
     return 0
 

@@ -11,11 +11,13 @@ Prints figures, not assertions:
   3. the tail window: while records are appended at ``--window-rate`` records/s, the checkpoints run as in
      production (a real ``celery worker -B`` whose beat runs ``audit.checkpoint`` every
      GPUPOOL_AUDIT_CHECKPOINT_SECONDS, when Redis is configured; else a thread calling the task's function on that
-     interval). Every 100 ms it reads the witness file and the database: the records no witnessed checkpoint
-     covers are what a DBA could delete (and move the head back over) undetected. Prints the maximum, p95 and
+     interval). Every 100 ms it reads the witness's cosignatures and the database: the records no cosigned checkpoint
+     covers are what a DBA could delete (and move the head back over) undetected. Records that matter
+     (``audit.events.WITNESS_AT_COMMIT``) are cosigned before their call returns: their commit-to-cosignature
+     time is printed too. Prints the maximum, p95 and
      median in seconds and records, and whether the worker's shutdown sealed the tail;
   4. verification throughput (records/s) of ``audit_verify`` over the whole trail, with and without opening every
-     record's seal, and of the offline bundle verifier (key pinned).
+     record's seal, and of the offline bundle verifier (trust root pinned).
 
 The database is a fresh SQLite file in a temporary directory unless ``--database-url`` (or
 GPUPOOL_DATABASE_URL) names another (use an empty PostgreSQL database: the benchmark migrates it).
@@ -27,7 +29,6 @@ GPUPOOL_DATABASE_URL) names another (use an empty PostgreSQL database: the bench
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -83,25 +84,41 @@ def _append_one_per_transaction(tenant_ids: list[int], per_thread: int) -> float
 
 
 class _WitnessTail:
-    """Reads the witness file incrementally: the highest witnessed seq of one stream."""
+    """The highest seq of one stream the witness has cosigned (its cosignatures, as the portal stored them)."""
 
-    def __init__(self, path: Path, stream: str, database: str) -> None:
-        self.path, self.stream, self.database = path, stream, database
-        self.offset, self.top = 0, 0
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
 
     def witnessed_seq(self) -> int:
-        if not self.path.exists():
-            return self.top
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            chunk = handle.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            entry = json.loads(line)
-            if entry.get("db") == self.database and entry.get("stream") == self.stream and entry.get("seq"):
-                self.top = max(self.top, int(entry["seq"]))
-        return self.top
+        from django.db.models import Max
+
+        from audit.models import Cosignature
+
+        return Cosignature.objects.filter(stream=self.stream).aggregate(top=Max("seq"))["top"] or 0
+
+
+def _witnessed_at_commit(tenant_id: int, count: int) -> str:
+    """How long after its transaction commits a record that matters (``events.WITNESS_AT_COMMIT``) is cosigned."""
+    from django.db import transaction
+
+    from audit.models import Cosignature
+    from audit.services import audit_record
+
+    samples = []
+    for n in range(count):
+        start = time.perf_counter()
+        with transaction.atomic():
+            record = audit_record(action="token.create", actor=None, tenant=tenant_id, target=f"token:{n}")
+        if not Cosignature.objects.filter(stream=record.stream, seq__gte=record.seq).exists():
+            raise RuntimeError("a record that matters was not cosigned when its transaction returned")
+        samples.append(time.perf_counter() - start)
+    samples.sort()
+    p50_ms, p95_ms = statistics.median(samples) * 1000, samples[int(len(samples) * 0.95)] * 1000
+    return (
+        f"records that matter (role changes, tokens, exports, key and hold actions): cosigned by the witness before "
+        f"the call returns, tail window 0; commit + checkpoint + cosignature p50 {p50_ms:.1f} ms, p95 {p95_ms:.1f} ms"
+        f" ({count} records)"
+    )
 
 
 def _start_sealer(use_celery: bool, interval_s: int, data_dir: str):
@@ -133,14 +150,14 @@ def _measure_window(args, data_dir: str, tenant_id: int) -> None:
     from django.db import connection
     from django.utils import timezone
 
-    from audit import conf, witness
+    from audit import conf
     from audit.models import AuditRecord, ChainHead, tenant_stream
     from audit.services import audit_record
 
     interval_s = conf.checkpoint_every_seconds()
     use_celery = bool(settings.REDIS_URL) and connection.vendor == "postgresql"
     stream = tenant_stream(tenant_id)
-    tail = _WitnessTail(conf.witness_path(), stream, witness.database_identity())
+    tail = _WitnessTail(stream)
     sealer = _start_sealer(use_celery, interval_s, data_dir)
     stop = threading.Event()
     written = [0]
@@ -281,6 +298,7 @@ def main() -> None:
     checkpoint_all()
 
     _measure_window(args, data_dir, tenant_id=1011)
+    print(_witnessed_at_commit(1012, 50))
 
     # Fill up to --records for the verification figures (1,000 records per transaction).
     remaining = args.records - AuditRecord.objects.count()
@@ -331,7 +349,7 @@ def main() -> None:
     path = Path(data_dir) / "bundle.zip"
     path.write_bytes(body)
     start = time.perf_counter()
-    summary = verify_bundle(str(path), key_id=_manifest["signing_key_id"])
+    summary = verify_bundle(str(path), trust_root=_manifest["trust_root"])
     offline_s = time.perf_counter() - start
     print(
         f"export bundle of {summary['records']:,} records: {export_s:.1f} s ({len(body) / 1e6:.1f} MB); offline "

@@ -25,7 +25,8 @@ AUDITOR_ONLY = [APIView.permission_classes[0], AuditTrailPermission, *APIView.pe
 
 class AuditRecordListView(generics.ListAPIView):
     """Search audit records (newest first). Filters: created_after, created_before, actor, actor_id, tenant,
-    action (prefix), outcome, stream, target, request_id. Every search is itself audited."""
+    action (prefix), outcome, stream, target, request_id, q (free text, as the console's search box). Every
+    search is itself audited."""
 
     permission_classes = AUDITOR_ONLY
     policy_actions = {"get": Action.AUDIT_VIEW}
@@ -100,4 +101,5 @@ class AuditExportView(APIView):
         stamp = manifest["created_at"][:19].replace(":", "").replace("-", "")
         response["Content-Disposition"] = f'attachment; filename="gpupool-audit-{stamp}.zip"'
         response["X-Audit-Signing-Key"] = manifest["signing_key_id"]
+        response["X-Audit-Trust-Root"] = manifest["trust_root"]
         return response

@@ -9,15 +9,30 @@ from audit.models import AuditRecord
 from audit.services import audit_record, checkpoint_create
 from tests.factories import TenantFactory, UserFactory
 
+AUDIT_TABLES = (
+    "audit_auditrecord",
+    "audit_chainhead",
+    "audit_checkpoint",
+    "audit_cosignature",
+    "audit_keyrotation",
+    "audit_tombstone",
+    "audit_signingkey",
+    "audit_datakey",
+    "audit_legalhold",
+)
+
 
 def raw(sql: str, params: list | None = None) -> None:
-    """Run raw SQL with the append-only trigger disabled (PostgreSQL; the change rolls back with the test)."""
+    """Run raw SQL as a superuser would: with every audit table's triggers disabled (PostgreSQL; the change rolls
+    back with the test)."""
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("ALTER TABLE audit_auditrecord DISABLE TRIGGER USER")
+            for table in AUDIT_TABLES:
+                cursor.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
         cursor.execute(sql, params or [])
         if connection.vendor == "postgresql":
-            cursor.execute("ALTER TABLE audit_auditrecord ENABLE TRIGGER USER")
+            for table in AUDIT_TABLES:
+                cursor.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
 
 
 def make_chain(count: int = 10, *, checkpoint: bool = True):

