@@ -9,7 +9,9 @@ GPU allocation and utilisation, time to first start, total time queued (every wa
 p95), JCT (mean, p95), total time queued of gangs of 32+ GPUs (p95), preemptions (total, per job p99 and max,
 jobs preempted 3+ times, most in one hour), the share of jobs kept within their tenant's guarantee, the share
 of time some tenant starved within its guarantee while another borrowed (raw, and beyond the tolerance),
-Jain's fairness; ``--per-tenant`` adds a table per tenant; a PNG of allocation over time per policy.
+the longest wait of a job owed room in its guarantee beyond grace + minimum runtime + one cycle (the reclaim
+promise; overall, and per tenant on its own line), Jain's fairness; ``--per-tenant`` adds a table per
+tenant; a PNG of allocation over time per policy.
 Guarantees (and so the static partition) are sized from the replayed window (``--guarantees-from trace``: from
 the whole trace, the earlier setting). Ties in submit time break in numeric job order.
 Alibaba: the FGD paper's experiment — tasks arrive until the cluster is over-full; the share of GPUs left
@@ -61,9 +63,16 @@ def philly(args: argparse.Namespace, plot_dir: Path | None) -> None:
     print(f"guarantees sized from: {workload.meta.get('guarantees_from')}; command: {' '.join(sys.argv)}")
     print()
     print(cli.format_table([s for s, _ in runs]))
-    if args.per_tenant:
-        from scheduler.sim.metrics import per_tenant
+    from scheduler.sim.metrics import per_tenant
 
+    for s, result in runs:
+        # The reclaim promise, per tenant: the longest wait of a job owed room in its guarantee beyond it.
+        owed = ", ".join(f"{row['tenant']} {row['owed_wait_beyond_s']:,.0f}" for row in per_tenant(result))
+        print(
+            f"{s['policy']}: longest owed wait beyond grace + min runtime + cycle "
+            f"({result.reclaim_bound_s:,.0f} s), s per tenant: {owed}"
+        )
+    if args.per_tenant:
         for s, result in runs:
             print(f"\n{s['policy']} per tenant")
             print(cli.format_table(per_tenant(result), cli.TENANT_COLUMNS, "tenant"))

@@ -30,6 +30,7 @@ class Section:
     REPORTS = "reports"
     APPROVALS = "approvals"
     AUDIT = "audit"
+    ALERTS = "alerts"
     WHATIF = "whatif"
     USERS = "users"
     LOCKOUTS = "lockouts"
@@ -54,6 +55,7 @@ NAV_ITEMS = [
     NavItem(Section.REPORTS, _("Reports"), "frontend:reports"),
     NavItem(Section.WHATIF, _("What-if"), "frontend:whatif"),
     NavItem(Section.AUDIT, _("Audit"), "frontend:audit"),
+    NavItem(Section.ALERTS, _("Alerts"), "frontend:alerts"),
     NavItem(Section.USERS, _("Users & roles"), "frontend:user-list"),
     NavItem(Section.LOCKOUTS, _("Sign-in lockouts"), "frontend:lockouts"),
     NavItem(Section.ACCOUNT, _("API tokens"), "frontend:tokens", account=True),
@@ -70,6 +72,7 @@ SECTION_ACTIONS: dict[str, Action] = {
     Section.REPORTS: Action.USAGE_VIEW,
     Section.APPROVALS: Action.APPROVAL_DECIDE,
     Section.AUDIT: Action.AUDIT_VIEW,
+    Section.ALERTS: Action.ALERT_VIEW,
     Section.WHATIF: Action.WHATIF_RUN,
     Section.USERS: Action.USER_MANAGE,
     Section.LOCKOUTS: Action.LOCKOUT_VIEW,

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from frontend.forms import QuotaChangeForm
 from frontend.service_text import localize
 from portal.api import DomainError
+from portal.policy import TOKEN_SCOPE, Action
 from tenants.models import MembershipRole, PlatformRole, TenantKind, TokenScope, User
 from tenants.services.tokens import TOKEN_DEFAULT_LIFETIME_DAYS, TOKEN_MAX_LIFETIME_DAYS
 
@@ -30,7 +31,12 @@ class TokenCreateForm(forms.Form):
     name = forms.CharField(
         label=_("Name"), max_length=100, help_text=_("Say where it is used, e.g. “laptop CLI” or “CI pipeline”.")
     )
-    scope = forms.ChoiceField(label=_("Scope"))
+    scope = forms.ChoiceField(
+        label=_("Scope"),
+        help_text=_(
+            "gpupool-cli needs write to submit and cancel jobs; a read token can only look (jobs, logs, quotas)."
+        ),
+    )
     lifetime_days = forms.IntegerField(
         label=_("Valid for (days)"),
         min_value=1,
@@ -48,6 +54,10 @@ class TokenCreateForm(forms.Form):
         """``scopes``: those the signed-in person's role allows (``tenants.permissions.token_scopes_allowed``)."""
         super().__init__(*args, **kwargs)
         self.fields["scope"].choices = [(scope, self.SCOPE_LABELS[scope]) for scope in scopes]
+        # Preselected: the scope the CLI's everyday use needs (submitting a job), where the role offers it. With
+        # no default the browser picked the first, read, and a token made that way could not submit.
+        everyday = TOKEN_SCOPE[Action.JOB_SUBMIT]
+        self.fields["scope"].initial = everyday if everyday in scopes else scopes[0]
         # Formatted per request, in the page's language (a lazy string formatted at import would stay English).
         self.fields["lifetime_days"].help_text = gettext("Tokens always expire; at most %(days)s days.") % {
             "days": TOKEN_MAX_LIFETIME_DAYS
@@ -213,3 +223,47 @@ class QuotaSetForm(QuotaChangeForm):
         "guaranteed_memory_mib": "guaranteed_memory_gib",
         "max_running_jobs": "max_running_jobs",
     }
+
+
+class FlavorPriceForm(forms.Form):
+    """The price of one card-hour of a flavor (``tenants.services.quotas.flavor_price_set`` checks the rest)."""
+
+    flavor = forms.ChoiceField(label=_("Flavor"))
+    price_per_device_hour = forms.DecimalField(
+        label=_("Price per card-hour"), min_value=0, max_digits=12, decimal_places=4
+    )
+    currency = forms.RegexField(
+        label=_("Currency"),
+        regex=r"^[A-Za-z]{3}\Z",
+        initial="CNY",
+        max_length=3,
+        help_text=_("Three letters (ISO 4217), e.g. CNY, USD, EUR."),
+        error_messages={"invalid": _("Give the currency as three letters, e.g. CNY.")},
+    )
+
+    def __init__(self, *args, flavors: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["flavor"].choices = [(name, name) for name in flavors]
+
+
+class BootstrapTokenForm(forms.Form):
+    """A one-time token for enrolling a node (``scheduler.fleet.services.enrolment.bootstrap_token_create``)."""
+
+    node_name = forms.RegexField(
+        label=_("Node name"),
+        regex=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z",
+        required=False,
+        help_text=_("Optional: put into the command line below (else the agent uses the node's host name)."),
+        error_messages={
+            "invalid": _("Letters, digits, “.”, “_” or “-”, starting with a letter or digit (at most 128).")
+        },
+    )
+    ttl_minutes = forms.IntegerField(
+        label=_("Valid for (minutes)"),
+        min_value=1,
+        max_value=30 * 24 * 60,
+        help_text=_("The token works once, within this time; use it soon."),
+    )
+    description = forms.CharField(
+        label=_("Note"), max_length=200, required=False, help_text=_("For the audit trail, e.g. the rack or ticket.")
+    )

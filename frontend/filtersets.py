@@ -8,6 +8,7 @@ from django.db.models import Q
 from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
+from audit import selectors as audit_selectors
 from audit.models import Outcome
 from frontend.forms import DateInput
 from frontend.tables import PENDING_REASON_WORDS
@@ -67,9 +68,7 @@ class AuditFilterSet(django_filters.FilterSet):
         self.filters["tenant"].extra["choices"] = tenants
 
     def search(self, queryset, name, value):
-        return queryset.filter(
-            Q(action__icontains=value) | Q(target__icontains=value) | Q(actor_username__icontains=value)
-        )
+        return audit_selectors.records_search(queryset, value)
 
 
 class JobFilterSet(django_filters.FilterSet):

@@ -13,6 +13,7 @@ import re
 
 from django.utils.translation import gettext, gettext_noop
 
+from scheduler import message_text as scheduler_text
 from scheduler.models import JobKind, JobState
 from tenants.models import ApprovalStatus, ApprovalStepRole
 
@@ -301,6 +302,8 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("since must be before until"),
         gettext_noop("the window is longer than %(max)s days; export it in parts"),
         gettext_noop("The records are not covered by a checkpoint yet; try again in a moment."),
+        gettext_noop("%(stream)s: the witness's latest checkpoint is not in the database; run audit_verify."),
+        gettext_noop("The witness cannot be read (%(error)s); an export must carry its statement."),
         gettext_noop("The export range is empty: 'to' must be after 'from'."),
         # an approval request's result (approval_detail.html, |service_text)
         gettext_noop("Applied."),
@@ -345,6 +348,9 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("Node %(node)s never ran replica %(replica)s of job %(job)s."),
         gettext_noop("the output is over GPUPOOL_OUTPUT_MAX_BYTES (%(n)s bytes)."),
         gettext_noop("the upload does not match its sha256; send it again."),
+        # A job the pool or its quota tree can never give what it asks (scheduler.core.feasibility): the bounds
+        # and the fix are the scheduler's sentences (scheduler.message_text).
+        gettext_noop("%(field)s: never fits: %(sentences)s; %(fix)s."),
     )
 ]
 
@@ -370,5 +376,8 @@ def localize(message: str) -> str:
             }
             if "reason" in data:  # a service's refusal quoted in a result ("Approved, but it no longer fits: ...")
                 data["reason"] = localize(data["reason"])
+            for name in ("sentences", "fix"):  # the scheduler's own sentences, in its own patterns
+                if name in data:
+                    data[name] = scheduler_text.localize(data[name])
             return gettext(template) % data
     return message

@@ -8,12 +8,13 @@ import django_tables2 as tables
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.translation import gettext, pgettext
 from django.utils.translation import gettext_lazy as _
 
 from frontend.audit_details import role_words
 from frontend.datetimes import format_moment
 from scheduler.core.types import PendingReason
-from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, PENDING_JOB_STATES, JobState, Node
+from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, PENDING_JOB_STATES, JobState, Node, NodeStatus
 from scheduler.selectors import QueuePosition, job_pending_sentence, job_start_estimate_words, queue_order
 
 
@@ -52,6 +53,22 @@ class ConsoleTable(tables.Table):
         per_page = 50
 
 
+#: How a draining node that no job holds any more is shown (it stays out of service until returned to it).
+DRAINED = "drained"
+
+
+def node_status_shown(status: str, *, holds_work: bool) -> tuple[str, str]:
+    """The status code and label a node is shown with. A drain has no end state of its own (the node stays
+    ``draining`` until an admin returns it to service), so a draining node whose jobs have all stopped and moved
+    is shown as "drained": safe to take down, distinct from "draining" while jobs still stop."""
+    if status == NodeStatus.DRAINING and not holds_work:
+        return DRAINED, pgettext("node status", "drained")
+    try:
+        return status, str(NodeStatus(status).label)
+    except ValueError:
+        return status, gettext(status)
+
+
 class NodeTable(ConsoleTable):
     name = tables.LinkColumn("frontend:node-detail", args=[tables.A("pk")], verbose_name=_("Name"))
     status = BadgeColumn(verbose_name=_("Status"))
@@ -79,6 +96,13 @@ class NodeTable(ConsoleTable):
     def __init__(self, *args, utilisation: dict[int, float] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.utilisation_by_node = utilisation or {}
+
+    def render_status(self, record):
+        code, label = node_status_shown(record.status, holds_work=record.holds_work)
+        return format_html('<span class="badge {}" data-node-status="{}">{}</span>', code, code, label)
+
+    def value_status(self, record):
+        return node_status_shown(record.status, holds_work=record.holds_work)[0]
 
     def render_utilisation(self, record):
         value = self.utilisation_by_node.get(record.pk)
@@ -133,6 +157,7 @@ class AuditTable(ConsoleTable):
 PENDING_REASON_WORDS = {
     PendingReason.AWAITING_APPROVAL: _("approval"),
     PendingReason.INVALID_REQUEST: _("invalid request"),
+    PendingReason.NEVER_FITS: _("never fits"),
     PendingReason.NO_QUOTA: _("no quota"),
     PendingReason.QUOTA_EXHAUSTED: _("quota used up"),
     PendingReason.QUOTA_LIMIT: _("quota limit"),

@@ -1,12 +1,25 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from frontend.views import account, admin_users, audit, jobs, nodes, overview, reports, tenant_admin, tenants, whatif
+from frontend.views import (
+    account,
+    admin_users,
+    alerts,
+    audit,
+    jobs,
+    nodes,
+    overview,
+    reports,
+    tenant_admin,
+    tenants,
+    whatif,
+)
 
 console_patterns = [
     path("overview/", overview.overview, name="overview"),
     path("overview/numbers/", overview.overview_numbers, name="overview-numbers"),
     path("nodes/", nodes.node_list, name="node-list"),
+    path("nodes/enrol/", nodes.node_enrol, name="node-enrol"),
     path("nodes/<int:pk>/", nodes.node_detail, name="node-detail"),
     path("nodes/<int:pk>/action/", nodes.node_action, name="node-action"),
     path("tenants/", tenants.tenant_list, name="tenant-list"),
@@ -24,12 +37,15 @@ console_patterns = [
     path("jobs/<int:pk>/", jobs.job_detail, name="job-detail"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel, name="job-cancel"),
     path("reports/", reports.usage_reports, name="reports"),
+    path("reports/prices/", reports.price_list, name="prices"),
     path("whatif/", whatif.whatif_page, name="whatif"),
     path("whatif/trace/", whatif.trace_download, name="whatif-trace"),
     path("audit/", audit.audit_list, name="audit"),
     path("audit/verify/", audit.audit_verify, name="audit-verify"),
     path("audit/export/", audit.audit_export, name="audit-export"),
     path("audit/<int:pk>/", audit.audit_detail, name="audit-detail"),
+    path("alerts/", alerts.alert_list, name="alerts"),
+    path("alerts/acknowledge/", alerts.alert_acknowledge_view, name="alert-acknowledge"),
     path("account/tokens/", account.token_list, name="tokens"),
     path("account/tokens/<int:pk>/revoke/", account.token_revoke, name="token-revoke"),
     path("users/", admin_users.user_list, name="user-list"),

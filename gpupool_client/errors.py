@@ -52,6 +52,7 @@ class ApiError(GpupoolError):
         errors: dict[str, Any] | None = None,
         method: str = "",
         url: str = "",
+        extra: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(f"{detail} ({code}, HTTP {status})")
         self.status = status
@@ -60,10 +61,12 @@ class ApiError(GpupoolError):
         self.errors = errors or {}
         self.method = method
         self.url = url
+        # The rest of the body: e.g. ``limit`` of a ``job_never_fits`` refusal (the largest shape there is).
+        self.extra = extra or {}
 
     def as_dict(self) -> dict[str, Any]:
         """The error as the server sent it, plus its HTTP status."""
-        body: dict[str, Any] = {"code": self.code, "detail": self.detail, "status": self.status}
+        body: dict[str, Any] = {**self.extra, "code": self.code, "detail": self.detail, "status": self.status}
         if self.errors:
             body["errors"] = self.errors
         return body
@@ -100,8 +103,10 @@ def error_for(*, status: int, body: Any, method: str = "", url: str = "") -> Api
         code = str(body.get("code") or f"http_{status}")
         detail = str(body.get("detail") or f"HTTP {status}")
         errors = body.get("errors") if isinstance(body.get("errors"), dict) else None
+        extra = {key: value for key, value in body.items() if key not in ("code", "detail", "errors", "status")}
     else:
         code, detail, errors = f"http_{status}", (str(body or "").strip()[:300] or f"HTTP {status}"), None
+        extra = {}
     if status in (401, 403):
         kind: type[ApiError] = AuthError
     elif status == 404:
@@ -112,4 +117,4 @@ def error_for(*, status: int, body: Any, method: str = "", url: str = "") -> Api
         kind = RefusedError
     else:
         kind = ApiError
-    return kind(status=status, code=code, detail=detail, errors=errors, method=method, url=url)
+    return kind(status=status, code=code, detail=detail, errors=errors, method=method, url=url, extra=extra)

@@ -25,6 +25,7 @@ __all__ = [
     "JobEvent",
     "LogChunk",
     "Me",
+    "MeToken",
     "Membership",
     "Node",
     "Quota",
@@ -234,12 +235,28 @@ class Membership(Model):
 
 
 @dataclass(frozen=True)
+class MeToken(Model):
+    """The token a request was made with: its scope, and whether that scope submits and cancels jobs
+    (``submit_scope`` is the scope that does)."""
+
+    id: int
+    name: str = ""
+    key_prefix: str = ""
+    scope: str = ""
+    expires_at: datetime | None = None
+    submits_jobs: bool = True
+    submit_scope: str = "write"
+
+
+@dataclass(frozen=True)
 class Me(Model):
     id: int
     username: str = ""
     email: str | None = None
     platform_role: str = ""
     memberships: tuple[Membership, ...] = ()
+    #: None for a session, or from a server too old to say.
+    token: MeToken | None = None
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,16 @@ class DomainError(Exception):
     code = "invalid"
     status_code = 400
 
-    def __init__(self, message: str, *, code: str | None = None, field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: str | None = None, field: str | None = None, extra: dict | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         if code:
             self.code = code
         self.field = field
+        # More of the answer's body, machine-readable (``job_never_fits`` adds the ``limit`` it is over).
+        self.extra = extra or {}
 
 
 class NotFoundError(DomainError):
@@ -61,6 +65,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         body: dict[str, Any] = {"code": exc.code, "detail": exc.message}
         if exc.field:
             body["errors"] = {exc.field: [exc.message]}
+        # A subclass with its own ``__init__`` may not have set ``extra``.
+        body.update({key: value for key, value in (getattr(exc, "extra", None) or {}).items() if key not in body})
         return Response(body, status=exc.status_code)
     if isinstance(exc, RequestDataTooBig):
         return Response(

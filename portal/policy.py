@@ -146,6 +146,9 @@ class Action(StrEnum):
     AUDIT_VIEW = "audit.view"
     AUDIT_VERIFY = "audit.verify"
     AUDIT_EXPORT = "audit.export"
+    # alerts the platform raised (a failed audit write, an unreachable witness, a failed integrity check)
+    ALERT_VIEW = "alert.view"
+    ALERT_ACKNOWLEDGE = "alert.acknowledge"
 
 
 #: What each action is, in words (the generated page's glossary).
@@ -203,6 +206,8 @@ ACTION_TEXT: dict[Action, str] = {
     Action.AUDIT_VIEW: "search and read the audit trail",
     Action.AUDIT_VERIFY: "verify the audit trail",
     Action.AUDIT_EXPORT: "export signed audit bundles",
+    Action.ALERT_VIEW: "read the alerts the platform raised (the console's alerts page)",
+    Action.ALERT_ACKNOWLEDGE: "acknowledge an alert",
 }
 
 
@@ -237,6 +242,7 @@ TOKEN_SCOPE: dict[Action, TokenScopeName] = {
             Action.AUDIT_VIEW,
             Action.AUDIT_VERIFY,
             Action.AUDIT_EXPORT,
+            Action.ALERT_VIEW,
         )
     },
     **{
@@ -271,6 +277,7 @@ TOKEN_SCOPE: dict[Action, TokenScopeName] = {
             Action.NODE_OPERATE,
             Action.FLAVOR_CREATE,
             Action.FLEET_MANAGE,
+            Action.ALERT_ACKNOWLEDGE,
         )
     },
 }
@@ -350,6 +357,8 @@ RULES: list[Rule] = [
         _A.TELEMETRY_VIEW,
         _A.WHATIF_RUN,
         _A.TRACE_EXPORT,
+        _A.ALERT_VIEW,
+        _A.ALERT_ACKNOWLEDGE,
     ),
     # Security admin: accounts, platform roles, memberships, tokens, sign-in; no tenant's work.
     *_rules(
@@ -370,6 +379,8 @@ RULES: list[Rule] = [
         _A.NOTIFICATION_VIEW,
         _A.NOTIFICATION_RETRY,
         _A.DEVICE_IDENTIFY,
+        _A.ALERT_VIEW,
+        _A.ALERT_ACKNOWLEDGE,
     ),
     # Auditor: reads everything a tenant's work leaves behind and the audit trail; changes nothing.
     *_rules(
@@ -386,6 +397,7 @@ RULES: list[Rule] = [
         _A.AUDIT_VIEW,
         _A.AUDIT_VERIFY,
         _A.AUDIT_EXPORT,
+        _A.ALERT_VIEW,
     ),
     # Tenant roles, each in the subtree of the tenant where it is held.
     *_rules(_P.TENANT_ADMIN, _S.SUBTREE, *_TENANT_READS),

@@ -88,6 +88,7 @@ TEMPLATES = [
                 "django.template.context_processors.i18n",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "frontend.context_processors.audit_integrity",
             ],
         },
     },
@@ -422,11 +423,19 @@ GPUPOOL_AUDIT_MASTER_KEYS = env_str("GPUPOOL_AUDIT_MASTER_KEYS", "")
 GPUPOOL_AUDIT_CIPHER = env_str("GPUPOOL_AUDIT_CIPHER", "aes-256-gcm")  # or sm4-gcm (国密)
 GPUPOOL_AUDIT_SIGNER = env_str("GPUPOOL_AUDIT_SIGNER", "audit.signing.Ed25519Signer")
 GPUPOOL_AUDIT_SIGNING_KEY = env_str("GPUPOOL_AUDIT_SIGNING_KEY", "")  # base64 Ed25519 seed; unset = dev-derived
+# The witness (docs/audit-trail.md): production runs `python -m audit.witness_service serve` under its own user and
+# points GPUPOOL_AUDIT_WITNESS_URL at it; unset, an embedded witness keeps its state in a directory named after
+# GPUPOOL_AUDIT_WITNESS_PATH (development and the demo only: the portal's own user can write it).
+GPUPOOL_AUDIT_WITNESS_URL = env_str("GPUPOOL_AUDIT_WITNESS_URL", "")
 GPUPOOL_AUDIT_WITNESS_PATH = env_str("GPUPOOL_AUDIT_WITNESS_PATH", str(DATA_DIR / "audit-witness.jsonl"))
+# The trust-root fingerprint the verifiers pin (printed by `gpupool audit_trust_root`, shown in the console); unset,
+# the online check takes the witness's and says it is unpinned.
+GPUPOOL_AUDIT_TRUST_ROOT = env_str("GPUPOOL_AUDIT_TRUST_ROOT", "")
+GPUPOOL_AUDIT_INTEGRITY_CHECK_SECONDS = env_int("GPUPOOL_AUDIT_INTEGRITY_CHECK_SECONDS", 60)
 GPUPOOL_AUDIT_CHECKPOINT_RECORDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_RECORDS", 1000)
 # Every changed stream's head is sealed to the witness this often (the tail a DBA can cut undetected); audit_verify
 # fails when records older than this + the slack are not covered by a witnessed checkpoint.
-GPUPOOL_AUDIT_CHECKPOINT_SECONDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 5)
+GPUPOOL_AUDIT_CHECKPOINT_SECONDS = env_int("GPUPOOL_AUDIT_CHECKPOINT_SECONDS", 1)
 GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS = env_int("GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS", 25)
 GPUPOOL_AUDIT_RETENTION_DAYS = env_int("GPUPOOL_AUDIT_RETENTION_DAYS", 365)  # audit refuses < 180
 GPUPOOL_AUDIT_ALERT_HOOK = env_str("GPUPOOL_AUDIT_ALERT_HOOK", "")  # dotted path: hook(event, message, details)
@@ -435,6 +444,10 @@ GPUPOOL_AUDIT_TRUST_FORWARDED_FOR = env_bool("GPUPOOL_AUDIT_TRUST_FORWARDED_FOR"
 CELERY_BEAT_SCHEDULE["audit-checkpoint"] = {
     "task": "audit.checkpoint",
     "schedule": float(GPUPOOL_AUDIT_CHECKPOINT_SECONDS),
+}
+CELERY_BEAT_SCHEDULE["audit-integrity-check"] = {
+    "task": "audit.integrity_check",
+    "schedule": float(GPUPOOL_AUDIT_INTEGRITY_CHECK_SECONDS),
 }
 
 LOGGING = {

@@ -10,7 +10,13 @@ Three steps, refreshed by the ``scheduler.estimate_starts`` task (``job_start_es
    ``OVERDUE_REMAINING_S`` when it has run past the prediction).
 2. **Forecast** (``scheduler.core.eta``): the live snapshot stepped forward through the engine itself, once per
    percentile; the band is the three forecasts' starts.
-3. **Write** every pending job's ``estimated_start_at`` (median), ``estimated_start_p10_at``,
+3. **Calibrate** (``core_eta.Calibration``): the median forecast's wait is scaled by the 10th, 50th and 90th
+   percentile of the errors past estimates of its class made (forecast wait, tenant, size; the most specific
+   class with ``CALIBRATION_MIN_ERRORS``), so that about 80 % of starts fall inside the band. Each job's first
+   estimate is remembered in the cache; once the job has started, its error joins the calibration. Without
+   enough errors yet, the three forecasts' band is shown. Then the age rule (``core_eta.age_aware``): a job
+   still waiting past the band it was shown gets a wider, open-ended band instead of the same figure again.
+4. **Write** every pending job's ``estimated_start_at`` (median), ``estimated_start_p10_at``,
    ``estimated_start_p90_at`` and ``estimated_at`` in one UPDATE. No start within the forecast's limits
    (``GPUPOOL_ETA_HORIZON_S``, ``GPUPOOL_ETA_MAX_CYCLES``), or a job that cannot start (awaiting approval,
    no such flavor), leaves them empty.
@@ -26,7 +32,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -59,6 +65,13 @@ DEFAULT_SPREAD = (0.5, 2.0)
 # At most this many finished jobs are read for the predictions (the most recent ones).
 HISTORY_MAX_ROWS = 50_000
 _FINISHED = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+# The calibration's past errors by class, and each pending job's first estimate (job id → [made at, forecast
+# wait s, class keys]) until it starts; both in the cache, JSON-shaped.
+CALIBRATION_KEY = "scheduler:eta:calibration"
+FIRST_ESTIMATES_KEY = "scheduler:eta:first"
+# A class calibrates with at least this many errors (else a coarser class; else the forecasts' own band).
+CALIBRATION_MIN_ERRORS = 30
+CALIBRATION_MAX_ERRORS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +322,7 @@ def estimates_compute(*, now: datetime | None = None) -> EstimatesRefresh:
     ]
     median_run, short_run, long_run = results
     bands = core_eta.bands_from(snap, short_run.starts, median_run.starts, long_run.starts)
+    bands = _calibrated(snap, median_run.starts, bands, no_basis=history.pool_band is None)
     forecast_done = time.perf_counter()
     written = estimates_write(bands, now=at)
     if median_run.stopped == core_eta.StopReason.OUT_OF_TIME:
@@ -329,6 +343,73 @@ def estimates_compute(*, now: datetime | None = None) -> EstimatesRefresh:
         forecast_s=round(forecast_done - predicted, 4),
         write_s=round(time.perf_counter() - forecast_done, 4),
     )
+
+
+def calibration_keys(job: core.PendingJob, wait_s: float) -> list[tuple[str, ...]]:
+    """The classes a job's error is kept under, most specific first: (forecast wait, tenant, size), (forecast
+    wait, size), (forecast wait), all."""
+    cards = job.request.millis * job.replicas / core.MILLIS_PER_DEVICE
+    wait, size = core_eta.wait_class(wait_s), core_eta.size_class(cards)
+    return [(wait, job.tenant, size), (wait, size), (wait,), ()]
+
+
+def _calibrated(
+    snap: core.Snapshot, median: dict[str, float], bands: dict[str, core_eta.StartBand], *, no_basis: bool
+) -> dict[str, core_eta.StartBand]:
+    """The calibrated, age-aware band of every pending job (see the module's docstring); the forecasts' bands
+    as they are when the cache is unreachable. ``no_basis``: no finished job to predict runtimes from (every
+    runtime is the default): a job that waits, with no calibration either, gets no p90 — its wait is a guess,
+    and a band would dress the guess up as a range."""
+    try:
+        calibration = core_eta.Calibration.from_dict(
+            cache.get(CALIBRATION_KEY) or {},
+            min_samples=CALIBRATION_MIN_ERRORS,
+            max_samples=CALIBRATION_MAX_ERRORS,
+        )
+        first: dict[str, list] = cache.get(FIRST_ESTIMATES_KEY) or {}
+    except Exception:
+        logger.warning("start-time estimates not calibrated: the cache is unreachable", exc_info=True)
+        return bands
+    now = snap.now
+    pending = {j.job_id: j for j in snap.pending}
+    gone = [job_id for job_id in first if job_id not in pending]
+    if gone:
+        rows = Job.objects.filter(AnyOf("pk", [int(j) for j in gone])).values_list("pk", "started_at")
+        for pk, started_at in rows:
+            made_at, wait_s, keys = first[str(pk)]
+            if started_at is not None:
+                calibration.add([tuple(k) for k in keys], wait_s, started_at.timestamp() - made_at)
+        for job_id in gone:
+            del first[job_id]
+    shown = {
+        str(pk): (p10, p50, p90, submitted)
+        for pk, p10, p50, p90, submitted in Job.objects.filter(AnyOf("pk", [int(j) for j in pending])).values_list(
+            "pk", "estimated_start_p10_at", "estimated_start_at", "estimated_start_p90_at", "submitted_at"
+        )
+    }
+    out = {}
+    for job_id, band in bands.items():
+        job = pending[job_id]
+        start = median.get(job_id)
+        if start is not None:
+            keys = calibration_keys(job, start - now)
+            first.setdefault(job_id, [now, start - now, [list(k) for k in keys]])
+            calibrated = calibration.band(keys, now=now, forecast_wait_s=start - now)
+            if calibrated is not None:
+                band = calibrated
+            elif no_basis and start - now >= core_eta.WAIT_CLASS_EDGES_S[0]:
+                band = replace(band, p90_at=None)
+        p10, p50, p90, submitted = shown.get(job_id, (None, None, None, None))
+        previous = core_eta.StartBand(*(None if d is None else d.timestamp() for d in (p10, p50, p90)))
+        out[job_id] = core_eta.age_aware(
+            band, previous, now=now, submitted_at=submitted.timestamp() if submitted else job.submitted_at
+        )
+    try:
+        cache.set(CALIBRATION_KEY, calibration.as_dict(), timeout=None)
+        cache.set(FIRST_ESTIMATES_KEY, first, timeout=None)
+    except Exception:
+        logger.warning("start-time calibration not saved: the cache is unreachable", exc_info=True)
+    return out
 
 
 def _deadline(seconds: float) -> Callable[[], bool]:

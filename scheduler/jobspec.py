@@ -48,6 +48,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from nodeagent.protocol import DEFAULT_ENV_DENYLIST, env_denied
 from portal.api import DomainError
+from scheduler.core.feasibility import NeverFits
 from scheduler.core.types import FRACTION_STEP_MILLIS
 from scheduler.models import (
     MILLIS_PER_DEVICE,
@@ -173,6 +174,19 @@ LAUNCHERS = {LAUNCHER_NONE, LAUNCHER_MPI}
 
 class JobSpecError(DomainError):
     code = "invalid_job_spec"
+
+
+class JobNeverFitsError(JobSpecError):
+    """A well-formed job that the registered nodes or the quota tree can never give what it asks (like
+    ``sbatch``'s "Requested node configuration is not available"). The answer names the field, the most the
+    pool or the tree can ever give, per flavor the job names (``limits``; the first is also ``limit``)."""
+
+    code = "job_never_fits"
+
+    def __init__(self, message: str, *, why: NeverFits) -> None:
+        limits = [refusal.as_dict() for refusal in why.refusals]
+        super().__init__(message, field=why.field, extra={"limit": limits[0], "limits": limits})
+        self.why = why
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,22 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         ),
     ),
     (
+        rf"(?P<jobs>\d+) job\(s\) borrowing {_FLAVOR} under that limit are reclaimed for it once they have run "
+        r"the minimum runtime, in about (?P<minutes>\d+) min",
+        gettext_noop(
+            "%(jobs)s job(s) borrowing %(flavor)s under that limit are reclaimed for it once they have run the "
+            "minimum runtime, in about %(minutes)s min"
+        ),
+    ),
+    (
+        rf"the (?P<left>[\d.]+) cards left under the quota limit of (?P<tenant>[\w.-]+) for {_FLAVOR} are owed "
+        r"to queued jobs within their guarantee",
+        gettext_noop(
+            "the %(left)s cards left under the quota limit of %(tenant)s for %(flavor)s are owed to queued jobs "
+            "within their guarantee"
+        ),
+    ),
+    (
         rf"tenant (?P<tenant>[\w.-]+) already runs (?P<jobs>\d+)/(?P<max>\d+) jobs on {_FLAVOR}",
         gettext_noop("tenant %(tenant)s already runs %(jobs)s/%(max)s jobs on %(flavor)s"),
     ),
@@ -219,6 +235,89 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
             "job starts when a job there ends, or an administrator widens the range (gpupool-agent --job-ports, "
             "GPUPOOL_JOB_PORT_RANGE)."
         ),
+    ),
+    # never_fits (scheduler.core.feasibility): the most the registered pool or the quota tree can ever give.
+    (
+        rf"per-replica cards: (?P<n>\d+) asked, the largest {_FLAVOR} node has (?P<m>\d+)",
+        gettext_noop("per-replica cards: %(n)s asked, the largest %(flavor)s node has %(m)s"),
+    ),
+    (
+        rf"memory_mib: (?P<n>\d+) asked, the largest {_FLAVOR} card has (?P<m>\d+)",
+        gettext_noop("memory_mib: %(n)s asked, the largest %(flavor)s card has %(m)s"),
+    ),
+    (
+        rf"CPU cores per replica: (?P<n>[\d.]+) asked, the largest {_FLAVOR} node has (?P<m>[\d.]+)",
+        gettext_noop("CPU cores per replica: %(n)s asked, the largest %(flavor)s node has %(m)s"),
+    ),
+    (
+        rf"host memory per replica: (?P<n>\d+) MiB asked, the largest {_FLAVOR} node has (?P<m>\d+) MiB",
+        gettext_noop("host memory per replica: %(n)s MiB asked, the largest %(flavor)s node has %(m)s MiB"),
+    ),
+    (
+        rf"cards at once: (?P<n>[\d.]+) asked \((?P<r>\d+) x (?P<c>[\d.]+)\), the pool has (?P<m>\d+) {_FLAVOR} "
+        r"cards in all",
+        gettext_noop("cards at once: %(n)s asked (%(r)s x %(c)s), the pool has %(m)s %(flavor)s cards in all"),
+    ),
+    (
+        rf"device memory at once: (?P<n>\d+) MiB asked \((?P<r>\d+) x (?P<c>\d+)\), the {_FLAVOR} cards have "
+        r"(?P<m>\d+) MiB in all",
+        gettext_noop(
+            "device memory at once: %(n)s MiB asked (%(r)s x %(c)s), the %(flavor)s cards have %(m)s MiB in all"
+        ),
+    ),
+    (
+        rf"cards on one node \(same_node\): (?P<n>[\d.]+) asked, the largest {_FLAVOR} node has (?P<m>\d+)",
+        gettext_noop("cards on one node (same_node): %(n)s asked, the largest %(flavor)s node has %(m)s"),
+    ),
+    (
+        rf"the tenant's quota tree allows at most (?P<m>[\d.]+) {_FLAVOR} cards \(limit of (?P<tenant>[\w.-]+)\), "
+        r"this job asks (?P<n>[\d.]+)",
+        gettext_noop(
+            "the tenant's quota tree allows at most %(m)s %(flavor)s cards (limit of %(tenant)s), this job asks %(n)s"
+        ),
+    ),
+    (
+        rf"a job that is not preemptible gets only its tenant's guarantee: at most (?P<m>[\d.]+) {_FLAVOR} cards "
+        r"\(guarantee of (?P<tenant>[\w.-]+)\), this job asks (?P<n>[\d.]+)",
+        gettext_noop(
+            "a job that is not preemptible gets only its tenant's guarantee: at most %(m)s %(flavor)s cards "
+            "(guarantee of %(tenant)s), this job asks %(n)s"
+        ),
+    ),
+    (r"it cannot start until nodes or quotas change", gettext_noop("it cannot start until nodes or quotas change")),
+    # ... and how to change such a job so that it fits (the refusal at submit).
+    (
+        r"a replica's cards are on one node: ask for at most (?P<m>\d+) per replica and more replicas",
+        gettext_noop("a replica's cards are on one node: ask for at most %(m)s per replica and more replicas"),
+    ),
+    (
+        r"ask for at most (?P<m>\d+) MiB of device memory per card",
+        gettext_noop("ask for at most %(m)s MiB of device memory per card"),
+    ),
+    (r"ask for at most (?P<m>[\d.]+) cores per replica", gettext_noop("ask for at most %(m)s cores per replica")),
+    (
+        r"ask for at most (?P<m>\d+) MiB of host memory per replica",
+        gettext_noop("ask for at most %(m)s MiB of host memory per replica"),
+    ),
+    (
+        r"all replicas start together: ask for at most (?P<m>\d+) cards in all",
+        gettext_noop("all replicas start together: ask for at most %(m)s cards in all"),
+    ),
+    (
+        r"all replicas start together: ask for fewer replicas or less memory each",
+        gettext_noop("all replicas start together: ask for fewer replicas or less memory each"),
+    ),
+    (
+        r'ask for at most (?P<m>\d+) cards in all, or a topology other than "same_node"',
+        gettext_noop('ask for at most %(m)s cards in all, or a topology other than "same_node"'),
+    ),
+    (
+        r"ask for at most (?P<m>[\d.]+) cards in all, or ask an admin of (?P<tenant>[\w.-]+) to raise its limit",
+        gettext_noop("ask for at most %(m)s cards in all, or ask an admin of %(tenant)s to raise its limit"),
+    ),
+    (
+        r'set "preemptible": true to borrow idle cards, or ask for at most (?P<m>[\d.]+)',
+        gettext_noop('set "preemptible": true to borrow idle cards, or ask for at most %(m)s'),
     ),
     (r"Cancelled\.", gettext_noop("Cancelled.")),
     (r"Approved\.", gettext_noop("Approved.")),

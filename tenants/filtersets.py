@@ -6,7 +6,7 @@ import django_filters
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from portal.filters import IdFilter
+from portal.filters import IdFilter, StrictBooleanFilter
 from tenants.models import (
     ApiToken,
     ApprovalKind,
@@ -55,7 +55,7 @@ class MembershipFilterSet(django_filters.FilterSet):
 class UserFilterSet(django_filters.FilterSet):
     username = django_filters.CharFilter(lookup_expr="icontains")
     platform_role = django_filters.ChoiceFilter(choices=PlatformRole.choices)
-    is_active = django_filters.BooleanFilter()
+    is_active = StrictBooleanFilter()
     tenant = IdFilter(field_name="memberships__tenant_id", distinct=True)
 
     class Meta:
@@ -66,7 +66,7 @@ class UserFilterSet(django_filters.FilterSet):
 class ApiTokenFilterSet(django_filters.FilterSet):
     user = IdFilter(field_name="user_id")
     scope = django_filters.ChoiceFilter(choices=TokenScope.choices)
-    active = django_filters.BooleanFilter(method="filter_active")
+    active = StrictBooleanFilter(method="filter_active")
 
     class Meta:
         model = ApiToken
@@ -90,7 +90,7 @@ class ApprovalFilterSet(django_filters.FilterSet):
     kind = django_filters.ChoiceFilter(choices=ApprovalKind.choices)
     status = django_filters.ChoiceFilter(choices=ApprovalStatus.choices)
     tenant = IdFilter(field_name="tenant_id")
-    awaiting_me = django_filters.BooleanFilter(method="filter_awaiting_me", label="only requests you can decide now")
+    awaiting_me = StrictBooleanFilter(method="filter_awaiting_me", label="only requests you can decide now")
 
     class Meta:
         model = ApprovalRequest

@@ -130,9 +130,10 @@ def quota_usage(tenant: Tenant) -> dict[str, dict[str, Any]]:
     - ``borrowed``: the part of ``in_use`` above the guarantee (reclaimable by lenders);
     - ``lent``: the part of the tenant's idle, lendable guarantee that siblings are using now (siblings'
       borrowing shared among the lenders in proportion to what each can lend);
-    - ``available_to_borrow``: how much more the tenant could borrow now: the siblings' lendable idle
-      guarantee plus the parent's unassigned guarantee, less what siblings already borrow, capped by the
-      tenant's limit.
+    - ``available_to_borrow``: how much more the tenant could borrow now, above its unused guarantee: what
+      the scheduler's own admission rule would grant a preemptible job (``borrow_headroom``) — the minimum
+      over the whole path up the tree of every limit's room and every level's lending — less the unused
+      guarantee.
     """
     from tenants.models import Quota
 
@@ -159,6 +160,7 @@ def quota_usage(tenant: Tenant) -> dict[str, dict[str, Any]]:
     from scheduler.models import ResourceFlavor
 
     names = dict(ResourceFlavor.objects.filter(pk__in=flavor_ids).values_list("pk", "name"))
+    headroom = borrow_headroom(tenant, flavor_ids, own_use)
     result: dict[str, dict[str, Any]] = {}
     for flavor_id in sorted(flavor_ids, key=lambda pk: names.get(pk, "")):
         row = quotas.get((tenant.pk, flavor_id))
@@ -182,9 +184,7 @@ def quota_usage(tenant: Tenant) -> dict[str, dict[str, Any]]:
             unassigned = max(0, parent_row.guaranteed_millis - assigned)
         pool = own_lendable + siblings_lendable + unassigned
         lent = 0 if pool == 0 else min(own_lendable, siblings_borrowed * own_lendable // pool)
-        available = max(0, siblings_lendable + unassigned - max(0, siblings_borrowed - own_lendable))
-        if limit is not None:
-            available = min(available, max(0, limit - max(in_use, guaranteed)))
+        available = headroom.get(flavor_id, 0)
         result[names[flavor_id]] = {
             "guaranteed": guaranteed,
             "limit": limit,
@@ -198,6 +198,54 @@ def quota_usage(tenant: Tenant) -> dict[str, dict[str, Any]]:
             "running_jobs": used(tenant.pk, flavor_id, "jobs"),
             "max_running_jobs": row.max_running_jobs if row else None,
         }
+    return result
+
+
+def borrow_headroom(
+    tenant: Tenant, flavor_ids: Iterable[int], own_use: dict[tuple[int, int], dict[str, int]] | None = None
+) -> dict[int, int]:
+    """Per flavor id: how many millis ``tenant`` could borrow now above its unused guarantee — the answer of
+    the scheduler's admission rule (``scheduler.core.quota.QuotaBook.headroom``) on the pool as it is: every
+    limit on the path up the tree, every level's lendable idle guarantee, the capacity promised to nobody. The
+    one figure behind the API, ``gpupool-cli quota`` and the console's "Could borrow now", so it can never
+    promise a job that a parent's or an ancestor's limit refuses. ``own_use``: active use per (tenant id,
+    flavor id), as ``_active_millis_by_tenant`` gives it (read when not passed)."""
+    from scheduler.core import types as core
+    from scheduler.core.quota import QuotaBook
+    from scheduler.models import Device, DeviceHealth, NodeStatus
+    from tenants.models import Quota
+
+    flavor_ids = sorted(set(flavor_ids))
+    if not flavor_ids:
+        return {}
+    if own_use is None:
+        own_use = _active_millis_by_tenant(flavor_ids)
+    tree = tuple(
+        core.Tenant(str(pk), None if parent is None else str(parent))
+        for pk, parent in Tenant.objects.values_list("pk", "parent_id")
+    )
+    rows = Quota.objects.filter(flavor_id__in=flavor_ids).values_list(
+        "tenant_id", "flavor_id", "guaranteed_millis", "limit_millis", "lending_limit_millis"
+    )
+    quotas = tuple(core.Quota(str(t), str(f), guaranteed, limit, lending) for t, f, guaranteed, limit, lending in rows)
+    usable = Device.objects.filter(
+        flavor_id__in=flavor_ids, health=DeviceHealth.HEALTHY, node__status=NodeStatus.READY
+    ).values_list("flavor_id", flat=True)
+    capacity: dict[str, int] = {}
+    for flavor_id in usable:
+        capacity[str(flavor_id)] = capacity.get(str(flavor_id), 0) + core.MILLIS_PER_DEVICE
+    book = QuotaBook(core.Snapshot(now=0.0, nodes=(), tenants=tree, quotas=quotas), capacity, require_quota=True)
+    for (tenant_id, flavor_id), use in sorted(own_use.items()):
+        if flavor_id in flavor_ids and (node := book.account(str(tenant_id), str(flavor_id))) is not None:
+            book.charge(node=node, flavor=str(flavor_id), millis=use["millis"], jobs=use["jobs"])
+    result = {}
+    for flavor_id in flavor_ids:
+        node = book.account(str(tenant.pk), str(flavor_id))
+        if node is None:
+            result[flavor_id] = 0
+            continue
+        unused = max(0, book.guaranteed(node, str(flavor_id)) - book.usage(node, str(flavor_id)))
+        result[flavor_id] = max(0, book.headroom(str(tenant.pk), str(flavor_id)) - unused)
     return result
 
 

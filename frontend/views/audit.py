@@ -46,6 +46,19 @@ def last_verification(user) -> AuditRecord | None:
     return audit_selectors.records_for(user, action="audit.verify").defer("ciphertext").first()
 
 
+def _trust_root() -> tuple[str, str, str]:
+    """(fingerprint, witness key, error) of this log's trust root, from the witness (never from the database)."""
+    from audit import transparency
+    from audit.services import witness_genesis
+    from audit.witness import WitnessError
+
+    try:
+        genesis = witness_genesis()
+    except WitnessError as exc:
+        return "", "", str(exc)
+    return transparency.trust_root_fingerprint(genesis), genesis["statement"]["witness_key"], ""
+
+
 @section_required(Section.AUDIT)
 def audit_list(request):
     filterset = AuditFilterSet(request.GET, queryset=_records(request), tenants=_tenant_choices(request))
@@ -55,7 +68,11 @@ def audit_list(request):
         return export_response(table, fmt="csv", filename="audit-records")
     RequestConfig(request, paginate={"per_page": 50}).configure(table)
     verification = last_verification(request.user)
+    trust_root, witness_key, trust_root_error = _trust_root()
     context = {
+        "trust_root": trust_root,
+        "witness_key": witness_key,
+        "trust_root_error": trust_root_error,
         "section": Section.AUDIT,
         "filter": filterset,
         "table": table,

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import shlex
+
+from django.conf import settings
 from django.contrib import messages
-from django.db.models import Count, OuterRef, Prefetch, Subquery, Sum
+from django.db.models import Count, Exists, OuterRef, Prefetch, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
 from frontend.access import Section, action_required, section_required
+from frontend.admin_forms import BootstrapTokenForm, attach_domain_error
 from frontend.export import export_response
 from frontend.filtersets import NodeFilterSet
 from frontend.service_text import localize
 from frontend.summaries import devices_for_charts, node_utilisation
-from frontend.tables import NodeTable
+from frontend.tables import NodeTable, node_status_shown
 from portal.api import DomainError
 from portal.policy import Action
+from scheduler.fleet.selectors import bootstrap_tokens_recent
+from scheduler.fleet.services.enrolment import bootstrap_token_create
 from scheduler.models import Allocation, Device, Node
 from scheduler.services.nodes import node_cordon, node_drain, node_uncordon
-from tenants.policy import allows
+from tenants.policy import allows, may
 
 
 def _nodes():
@@ -39,6 +47,7 @@ def _nodes():
         Node.objects.annotate(
             device_count=Coalesce(Subquery(cards), 0),
             allocated_millis=Coalesce(Subquery(allocated), 0),
+            holds_work=Exists(Allocation.objects.active().filter(node=OuterRef("pk"))),
         )
         .prefetch_related(Prefetch("devices", queryset=Device.objects.select_related("flavor")))
         .order_by("name")
@@ -55,14 +64,20 @@ def node_list(request):
         RequestConfig(request, paginate=False).configure(table)
         return export_response(table, fmt=export, filename="nodes")
     RequestConfig(request, paginate={"per_page": 50}).configure(table)
-    return render(request, "frontend/nodes/list.html", {"section": Section.NODES, "filter": filterset, "table": table})
+    context = {
+        "section": Section.NODES,
+        "filter": filterset,
+        "table": table,
+        "can_enrol": may(request.user, Action.FLEET_MANAGE),
+    }
+    return render(request, "frontend/nodes/list.html", context)
 
 
 @section_required(Section.NODES)
 def node_detail(request, pk: int):
     node = get_object_or_404(Node, pk=pk)
     devices = list(node.devices.select_related("flavor", "node"))
-    active = Allocation.objects.active().filter(node=node).select_related("job", "tenant")
+    active = list(Allocation.objects.active().filter(node=node).select_related("job", "tenant"))
     jobs_by_device: dict[int, list] = {}
     for allocation in active:
         jobs_by_device.setdefault(allocation.device_id, []).append(allocation)
@@ -70,6 +85,7 @@ def node_detail(request, pk: int):
     context = {
         "section": Section.NODES,
         "node": node,
+        "status_shown": node_status_shown(node.status, holds_work=bool(active)),
         "rows": rows,
         "chart_devices": devices_for_charts(devices),
         "can_operate": allows(request.user, Action.NODE_OPERATE, node),
@@ -100,3 +116,52 @@ def node_action(request, pk: int):
     else:
         messages.success(request, done % {"name": node.name})
     return redirect("frontend:node-detail", pk=node.pk)
+
+
+def enrol_commands(*, server: str, secret: str, node_name: str) -> list[str]:
+    """The command lines that add a node with ``secret``: register (trade the token for the node's credential),
+    then run the agent (it reads the server and credential from the file register wrote)."""
+    register = ["gpupool-agent", "register", "--server", server, "--token", secret]
+    if node_name:
+        register += ["--node-name", node_name]
+    return [shlex.join(register), "gpupool-agent run --backend auto"]
+
+
+@never_cache
+@action_required(Action.FLEET_MANAGE)
+def node_enrol(request):
+    """Add a node: make a one-time bootstrap token (the service ``gpupool agent_bootstrap_token`` and
+    ``POST /api/v1/agents/bootstrap-tokens/`` use) and show it, with the command lines to run on the node, on
+    this answer only (no redirect): the secret is not kept, so a reload cannot show it again."""
+    ttl_default_min = max(1, settings.GPUPOOL_BOOTSTRAP_TOKEN_TTL_S // 60)
+    form = BootstrapTokenForm(initial={"ttl_minutes": ttl_default_min})
+    created = None
+    if request.method == "POST":
+        form = BootstrapTokenForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                token, secret = bootstrap_token_create(
+                    actor=request.user,
+                    ttl_s=data["ttl_minutes"] * 60,
+                    description=data["description"] or data["node_name"],
+                    request=request,
+                )
+            except DomainError as exc:
+                attach_domain_error(form, exc, {"ttl_s": "ttl_minutes"})
+            else:
+                server = request.build_absolute_uri("/").rstrip("/")
+                created = {
+                    "token": token,
+                    "secret": secret,
+                    "commands": enrol_commands(server=server, secret=secret, node_name=data["node_name"]),
+                }
+                form = BootstrapTokenForm(initial={"ttl_minutes": ttl_default_min})
+    context = {
+        "section": Section.NODES,
+        "form": form,
+        "created": created,
+        "tokens": bootstrap_tokens_recent(),
+        "now": timezone.now(),
+    }
+    return render(request, "frontend/nodes/enrol.html", context)

@@ -7,15 +7,22 @@ import datetime
 from collections import defaultdict
 from decimal import Decimal
 
+from django.contrib import messages
 from django.http import HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
-from frontend.access import Section, section_required, visible_tenant_ids
+from frontend.access import Section, action_required, section_required, visible_tenant_ids
+from frontend.admin_forms import FlavorPriceForm, attach_domain_error
 from frontend.forms import UsageReportForm
+from portal.api import DomainError
 from portal.policy import Action
+from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
 from tenants import usage
+from tenants.policy import may
+from tenants.services.quotas import flavor_price_set
 
 CHART_COLORS = 6
 
@@ -106,5 +113,44 @@ def usage_reports(request):
             response["Content-Disposition"] = f'attachment; filename="gpupool-usage-{stamp}.xlsx"'
             return response
         chart = usage_chart(report)
-    context = {"section": Section.REPORTS, "form": form, "report": report, "chart": chart}
+    context = {
+        "section": Section.REPORTS,
+        "form": form,
+        "report": report,
+        "chart": chart,
+        "can_set_prices": may(request.user, Action.PRICE_SET),
+    }
     return render(request, "frontend/reports/usage.html", context)
+
+
+@action_required(Action.PRICE_SET)
+def price_list(request):
+    """Prices of a card-hour per flavor (what the reports' cost column multiplies by), and the form that sets one
+    through the same service as ``POST /api/v1/flavor-prices/``."""
+    flavors = list(ResourceFlavor.objects.select_related("price").order_by("name"))
+    names = [flavor.name for flavor in flavors]
+    form = FlavorPriceForm(flavors=names, initial={"flavor": request.GET.get("flavor", "")})
+    if request.method == "POST":
+        form = FlavorPriceForm(request.POST, flavors=names)
+        if form.is_valid():
+            data = form.cleaned_data
+            flavor = next(f for f in flavors if f.name == data["flavor"])
+            try:
+                price = flavor_price_set(
+                    actor=request.user,
+                    flavor=flavor,
+                    price_per_device_hour=data["price_per_device_hour"],
+                    currency=data["currency"],
+                    request=request,
+                )
+            except DomainError as exc:
+                attach_domain_error(form, exc)
+            else:
+                messages.success(
+                    request,
+                    _("A card-hour of %(flavor)s now costs %(price)s %(currency)s.")
+                    % {"flavor": flavor.name, "price": price.price_per_device_hour, "currency": price.currency},
+                )
+                return redirect("frontend:prices")
+    context = {"section": Section.REPORTS, "flavors": flavors, "form": form}
+    return render(request, "frontend/reports/prices.html", context)

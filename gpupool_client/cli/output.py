@@ -25,10 +25,15 @@ STATE_STYLES = {
 
 
 def console(*, stderr: bool = False) -> Console:
+    """Where the commands print. Every string given to it is printed as it is: job names, commands, reasons
+    and node names are user data, and rich would read ``[bold]``, ``x[i]`` as markup and ``:smile:`` as an
+    emoji code, dropping or changing them. Markup and emoji codes are off here rather than each string escaped
+    at its call site (``rich.markup.escape`` misses emoji codes and doubles a trailing backslash); styles come
+    only from ``Text`` objects and column styles."""
     # Piped output (scripts, tests) gets wide, uncoloured tables instead of rich's 80-column default.
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else 200
-    return Console(file=stream, width=width, soft_wrap=False, highlight=False)
+    return Console(file=stream, width=width, soft_wrap=False, highlight=False, markup=False, emoji=False)
 
 
 def clip(text: str, width: int) -> str:

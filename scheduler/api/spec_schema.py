@@ -64,7 +64,7 @@ class JobSpec(serializers.Serializer):
     tenant = serializers.SlugField(
         required=False, help_text="Tenant slug; may be left out when the submitter is in one tenant only."
     )
-    kind = serializers.ChoiceField(choices=JobKind.values, default=JobKind.TRAINING)
+    kind = serializers.ChoiceField(choices=JobKind.choices, default=JobKind.TRAINING)
     priority_class = serializers.ChoiceField(choices=list(jobspec.PRIORITY_NAMES), default="normal")
     preemptible = serializers.BooleanField(default=True)
     replicas = serializers.IntegerField(

@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from .backfill import HeadReservations
 from .capacity import Cluster
 from .explain import Pending, explanations
+from .feasibility import split_never_fits, with_never_fits
 from .fragment import Fragmentation
 from .holds import Holds
-from .order import FairShare, aged_gang, ordered
+from .order import FairShare, aged_gang, job_key, ordered
 from .placement import Failure, Placer, Take, rollback
 from .preempt import Preemptor, VictimChoice
 from .quota import Admission, QuotaBook, cards
@@ -187,6 +188,8 @@ class _Cycle:
         self.pending: list[Pending] = []
         self.failed_shapes: dict[tuple, Failure] = {}
         self.failed_searches: set[tuple] = set()
+        # Per queued job within its tenant's guarantee: (quota node, flavor, millis) of the guarantee owed to it.
+        self.claims: dict[str, tuple[str, str, int]] = self._claim_guarantees() if policy.borrowing else {}
         self.searches = 0
         self.stats = {
             "skipped_repeat_shapes": 0,
@@ -204,7 +207,7 @@ class _Cycle:
             if cap is not None and i >= cap:
                 self._wait(job, PendingReason.CYCLE_LIMIT, f"not looked at this cycle (at most {cap} jobs a cycle)")
                 continue
-            self._schedule(job)
+            self._schedule_claimed(job)
         self.stats["placed"] = len(self.places)
         self.stats["preempted"] = len(self.preemptions)
         self.stats["pending"] = len(self.pending)
@@ -228,6 +231,45 @@ class _Cycle:
 
     def _wait(self, job: PendingJob, code: PendingReason, message: str) -> None:
         self.pending.append(Pending(job, code, message))
+
+    # -- guarantee owed to queued jobs -----------------------------------------------------------------------
+
+    def _claim_guarantees(self) -> dict[str, tuple[str, str, int]]:
+        """Each tenant's unused guarantee handed out over its queued jobs in its queue order (priority, submit
+        time): a job that fits in what is left claims its size on the first of its flavors it fits on
+        (``QuotaBook.claim``). Claimed guarantee is not lent to borrowers served before the claimant this cycle
+        (a borrower of a higher priority class): the room a reclaim frees for a lender, or its idle guarantee,
+        stays its own instead of going to fresh work that it would then wait a minimum runtime to reclaim."""
+        claims: dict[str, tuple[str, str, int]] = {}
+        queue = sorted(self.s.pending, key=lambda j: (-int(j.priority), job_key(j)))
+        for job in queue:
+            if job.awaiting_approval or validate(job) is not None:
+                continue
+            millis = job.request.millis * job.gang_min
+            for flavor in job.request.flavors:
+                node = self.book.account(job.tenant, flavor)
+                if node is not None and millis <= self.book.unclaimed_guarantee(node, flavor):
+                    self.book.claim(node=node, flavor=flavor, millis=millis)
+                    claims[job.job_id] = (node, flavor, millis)
+                    break
+        return claims
+
+    def _schedule_claimed(self, job: PendingJob) -> None:
+        """``_schedule`` with the job's own claim released while it is decided (it is admitted on its own
+        guarantee, not against itself); a job that is still waiting and charged nothing claims again what its
+        guarantee has left for it, for the jobs behind it."""
+        claim = self.claims.pop(job.job_id, None)
+        if claim is None:
+            self._schedule(job)
+            return
+        node, flavor, millis = claim
+        self.book.claim(node=node, flavor=flavor, millis=-millis)
+        waiting = len(self.pending)
+        self._schedule(job)
+        charged = len(self.pending) == waiting or self.pending[-1].code == PendingReason.WAITING_FOR_PREEMPTION
+        if not charged and millis <= self.book.unclaimed_guarantee(node, flavor):
+            self.book.claim(node=node, flavor=flavor, millis=millis)
+            self.claims[job.job_id] = claim
 
     # -- one job, one straight line --------------------------------------------------------------------------
 
@@ -329,6 +371,8 @@ class _Cycle:
             return
         reason = diagnosis.reason()
         message = reason.message
+        if reason.code == PendingReason.QUOTA_LIMIT:
+            message += self._reclaim_note(job)
         if diagnosis.unfit and reason.code in _CAPACITY_REASONS:
             first = diagnosis.unfit[0]
             head = self.heads.reserve(job, first.flavor, first.count)
@@ -652,14 +696,83 @@ class _Cycle:
     def _preempt(self, job: PendingJob, diagnosis: _Diagnosis, unfit: list[_Attempt]) -> bool:
         """Step 4 for a job that fits nowhere: a victim search on each flavor it was admitted on but found no
         devices (``unfit``, in order); only if it was admitted on none, a search among its own quota's work."""
+        if diagnosis.unfit and any(self._preempt_for(job, attempt) for attempt in unfit):
+            return True
+        if diagnosis.quota_refused() and self._reclaim_under_limits(job):
+            return True
         if diagnosis.unfit:
-            return any(self._preempt_for(job, attempt) for attempt in unfit)
+            return False
         # An aged gang that nobody lends to may still take its tenant's guarantee back from newer own jobs.
         aged = aged_gang(job, self.p, self.s.now)
         refused = diagnosis.quota_refused() or (
             aged and any(r.code == PendingReason.NO_LENDABLE_CAPACITY for r in diagnosis.refused)
         )
         return refused and self._preempt_for_quota(job, aged)
+
+    def _limits_refusing(self, job: PendingJob, flavor: str) -> tuple[str, list[tuple[str, int]]] | None:
+        """The job's quota node and the limits on its path that refuse it on ``flavor`` while it is within its
+        tenant's guarantee (what reclaim through a limit answers); None when that is not the case."""
+        node = self.book.account(job.tenant, flavor)
+        millis = job.request.millis * job.gang_min
+        if node is None or not self.cluster.has_flavor(flavor) or not self.book.within_guarantee(node, flavor, millis):
+            return None
+        limits = self.book.over_limits(node, flavor, millis)
+        return (node, limits) if limits else None
+
+    def _reclaim_under_limits(self, job: PendingJob) -> bool:
+        """A job within its tenant's guarantee that a limit on its path refuses — its parent's, an ancestor's —
+        reclaims the borrowed use under that limit (``Preemptor.search_under_limits``), as it reclaims borrowed
+        capacity when it fits no device: the guarantee is a promise whichever limit stands in the way. Like any
+        reclaim, it is not held back by ``max_preemption_searches`` (its searches still count)."""
+        if self.preemptor is None:
+            return False
+        req = job.request
+        count = job.gang_min
+        for flavor in req.flavors:
+            refusing = self._limits_refusing(job, flavor)
+            if refusing is None:
+                continue
+            node, limits = refusing
+            key = ("limits", flavor, node, req.millis, req.memory_mib, req.cpu_millicores, req.host_memory_mib)
+            key += (count, job.topology, tuple(sorted(job.node_selector.items())), int(job.priority))
+            key += (job.preempted_by, tuple(limits))
+            if key in self.failed_searches:
+                continue
+
+            def admitted(flavor: str = flavor) -> bool:
+                return self._admit(job, flavor, count).ok
+
+            self.searches += 1
+            self.stats["preemption_searches"] += 1
+            choice = self.preemptor.search_under_limits(
+                job=job, flavor=flavor, count=count, accounted_to=node, limits=limits, admitted=admitted
+            )
+            if choice is None:
+                self.failed_searches.add(key)
+                continue
+            self._commit_preemption(job, flavor, node, count, choice)
+            return True
+        return False
+
+    def _reclaim_note(self, job: PendingJob) -> str:
+        """For a job within its guarantee that a limit refuses and nothing can be reclaimed for yet: what it
+        waits for — borrowed use under that limit that reclaim takes once it has run its minimum runtime — so
+        its reason says when the wait ends rather than only that the limit is reached. Empty otherwise."""
+        if self.preemptor is None:
+            return ""
+        for flavor in job.request.flavors:
+            refusing = self._limits_refusing(job, flavor)
+            if refusing is None:
+                continue
+            node, limits = refusing
+            waits = self.preemptor.reclaim_waits(flavor=flavor, accounted_to=node, under=tuple(a for a, _ in limits))
+            if waits is not None:
+                jobs, wait_s = waits
+                return (
+                    f"; {jobs} job(s) borrowing {flavor} under that limit are reclaimed for it once they have run "
+                    f"the minimum runtime, in about {_minutes(wait_s)} min"
+                )
+        return ""
 
     def _preempt_for_quota(self, job: PendingJob, aged: bool) -> bool:
         """A job its own quota refuses may stop lower-priority work charged to the same quota node (an ``aged``
@@ -783,8 +896,10 @@ class _Cycle:
 
 
 def plan(snapshot: Snapshot, policy: Policy | None = None) -> Plan:
-    """One scheduling cycle: pure and deterministic (same snapshot and policy → same plan)."""
-    return _Cycle(snapshot, policy or Policy()).run()
+    """One scheduling cycle: pure and deterministic (same snapshot and policy → same plan). Jobs that can never
+    start (``feasibility.py``) are kept out of the cycle and explained as ``never_fits``."""
+    queue, refused = split_never_fits(snapshot)
+    return with_never_fits(_Cycle(queue, policy or Policy()).run(), snapshot, refused)
 
 
 __all__ = ["plan", "rollback", "validate"]

@@ -54,6 +54,7 @@ _NEVER_IN_FORECAST = frozenset(
     {
         PendingReason.AWAITING_APPROVAL,
         PendingReason.INVALID_REQUEST,
+        PendingReason.NEVER_FITS,
         PendingReason.NO_QUOTA,
         PendingReason.NO_SUCH_FLAVOR,
         PendingReason.NO_MATCHING_NODE,
@@ -433,16 +434,134 @@ def bands_from(
     return bands
 
 
+# -- calibration and age ------------------------------------------------------------------------------------
+
+# Errors are ratios of (wait + one cycle): a job that starts at once has a wait of 0, and a one-minute miss on a
+# one-minute wait is not as wrong as an hour's miss on an hour's wait.
+CALIBRATION_OFFSET_S = 60.0
+# Edges of the forecast-wait classes (seconds): the forecast is near-exact for a job that fits now and far less
+# so hours out, so each class is calibrated apart (Mondrian conformal prediction).
+WAIT_CLASS_EDGES_S = (60.0, 1800.0, 3 * 3600.0)
+
+
+def wait_class(forecast_wait_s: float) -> str:
+    """The class of a forecast wait: "now" (under a minute), "short" (30 min), "long" (3 h) or "longer"."""
+    for edge, name in zip(WAIT_CLASS_EDGES_S, ("now", "short", "long"), strict=True):
+        if forecast_wait_s < edge:
+            return name
+    return "longer"
+
+
+def size_class(devices: float) -> str:
+    """The class of a request's size (cards over all replicas): "part", "1", "2-4", "5-8" or "9+"."""
+    if devices < 1:
+        return "part"
+    if devices <= 1:
+        return "1"
+    return "2-4" if devices <= 4 else "5-8" if devices <= 8 else "9+"
+
+
+class Calibration:
+    """Past errors of the median forecast, per class, to turn it into a calibrated band (split conformal).
+
+    ``add`` records one job's error once it has started: log((actual wait + c) / (forecast wait + c)), under
+    each of ``keys`` (most specific first, e.g. (wait class, tenant, size), (wait class, size), (wait class,)).
+    ``band`` answers with the most specific key that has at least ``min_samples`` errors: the forecast wait
+    scaled by their 10th, 50th and 90th percentile. If the past is like the future (the errors exchangeable),
+    about 80 % of starts fall inside p10 to p90 whatever the forecast's own bias: it is measured, not assumed.
+    Only the last ``max_samples`` errors of a key are kept (the pool changes). None: no key has enough — the
+    caller has no calibrated band ("unknown" beats a band no past supports).
+    """
+
+    def __init__(self, *, min_samples: int = 30, max_samples: int = 2000) -> None:
+        self.min_samples = min_samples
+        self.max_samples = max_samples
+        self.errors: dict[tuple[str, ...], list[float]] = defaultdict(list)
+
+    def add(self, keys: Sequence[tuple[str, ...]], forecast_wait_s: float, actual_wait_s: float) -> None:
+        error = math.log(
+            (max(0.0, actual_wait_s) + CALIBRATION_OFFSET_S) / (max(0.0, forecast_wait_s) + CALIBRATION_OFFSET_S)
+        )
+        for key in keys:
+            errors = self.errors[key]
+            errors.append(error)
+            if len(errors) > self.max_samples:
+                del errors[: len(errors) - self.max_samples]
+
+    def samples(self, keys: Sequence[tuple[str, ...]]) -> tuple[tuple[str, ...], int] | None:
+        """The key that would answer and how many errors it has; None when none has ``min_samples``."""
+        for key in keys:
+            if len(self.errors.get(key, ())) >= self.min_samples:
+                return key, len(self.errors[key])
+        return None
+
+    def band(self, keys: Sequence[tuple[str, ...]], *, now: float, forecast_wait_s: float) -> StartBand | None:
+        found = self.samples(keys)
+        if found is None:
+            return None
+        ordered = sorted(self.errors[found[0]])
+        n = len(ordered)
+        # The finite-sample correction of split conformal: the ceil((n + 1) q) / n quantile of n errors.
+        low = quantile(ordered, max(0.0, 1 - 0.9 * (n + 1) / n))
+        high = quantile(ordered, min(1.0, 0.9 * (n + 1) / n))
+        base = max(0.0, forecast_wait_s) + CALIBRATION_OFFSET_S
+
+        def at(error: float) -> float:
+            return now + max(0.0, base * math.exp(error) - CALIBRATION_OFFSET_S)
+
+        return StartBand(p10_at=at(low), p50_at=at(quantile(ordered, 0.5)), p90_at=at(high))
+
+    def as_dict(self) -> dict[str, list[float]]:
+        """The errors by key joined with "|" (to store it as JSON)."""
+        return {"|".join(key): list(errors) for key, errors in self.errors.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Sequence[float]], **kwargs: int) -> Calibration:
+        calibration = cls(**kwargs)
+        for key, errors in data.items():
+            calibration.errors[tuple(key.split("|")) if key else ()] = [float(e) for e in errors]
+        return calibration
+
+
+def age_aware(
+    fresh: StartBand, previous: StartBand | None, *, now: float, submitted_at: float, slack_s: float = 60.0
+) -> StartBand:
+    """The band to show now, given the one shown before: a job still waiting past the previous band's p90 (or,
+    with no p90, past its median) has proved the forecast wrong — the forecast sees something happen that does
+    not (a reclaim, a node coming back) or misses arrivals served first — so repeating "in 5 minutes" would
+    repeat a wrong figure. Such a job gets a median no earlier than ``now`` plus the time it has waited (the
+    longer it has waited past every estimate, the longer it is likely to wait: doubling, not a fixed step), and
+    no p90 ("possibly much later": unknown). An open-ended band stays open-ended, its median moving out with the
+    wait, so a fresh forecast cannot pull it back to the figure that failed; only a fresh band that starts after
+    that median (something changed) is shown as it is.
+    """
+    if previous is None or previous.p50_at is None or fresh.p50_at is None:
+        return fresh
+    limit = previous.p90_at if previous.p90_at is not None else previous.p50_at
+    failed = now > limit + slack_s or previous.p90_at is None
+    floor = now + max(slack_s, now - submitted_at)
+    fresh_p10 = fresh.p10_at if fresh.p10_at is not None else fresh.p50_at
+    if not failed or fresh_p10 > floor:
+        return fresh
+    p50 = max(fresh.p50_at, floor)
+    return StartBand(p10_at=max(now, min(fresh_p10, p50)), p50_at=p50, p90_at=None)
+
+
 __all__ = [
+    "CALIBRATION_OFFSET_S",
+    "Calibration",
     "Forecast",
     "Limits",
     "Runtimes",
     "StartBand",
     "StopReason",
+    "age_aware",
     "band_limits",
     "bands_from",
     "estimate_starts",
     "forecast",
     "quantile",
+    "size_class",
     "time_left",
+    "wait_class",
 ]

@@ -14,7 +14,10 @@ Who may be a victim of job J (all must hold):
     priorities. With ``Policy.reclaim_by_usage`` (the default) any job of that node qualifies, as long as the
     node's excess (less what is already stopping or chosen this cycle) is not used up before it: which of a
     tenant's jobs was flagged "borrowed" when it started is an accident of timing, and the flagged ones may
-    all sit on nodes a whole-node gang cannot use. Without it only jobs flagged as borrowing qualify;
+    all sit on nodes a whole-node gang cannot use. Without it only jobs flagged as borrowing qualify.
+    Reclaim answers whichever limit blocks J: the cluster's capacity (J fits no device), or the limit of a
+    quota node on J's path — its parent's, an ancestor's (``search_under_limits``): then the victims are the
+    reclaimable jobs charged under that limit, as many as take it back under the limit;
   * **priority** (``PRIORITY``): the victim has a strictly lower priority and is either borrowing or charged
     to J's own quota node. Work within another tenant's guarantee is never taken by priority, and nothing is
     ever preempted for a job of equal or lower priority within a guarantee;
@@ -364,6 +367,110 @@ class Preemptor:
         moved = v.millis + sum(x.millis for x, r in chosen if r == PreemptReason.RELOCATE)
         reclaimed = sum(x.millis for x, r in chosen if r == PreemptReason.RECLAIM_BORROWED)
         return 2 * moved <= need_millis and moved <= self._spare - reclaimed
+
+    def search_under_limits(
+        self,
+        *,
+        job: PendingJob,
+        flavor: str,
+        count: int,
+        accounted_to: str,
+        limits: list[tuple[str, int]],
+        admitted: Callable[[], bool],
+    ) -> VictimChoice | None:
+        """Reclaim through a limit: ``job`` is within its tenant's guarantee, yet ``limits`` on its path (its
+        parent's, an ancestor's: ``(quota node, millis over)``) refuse it. With guarantees nested as the tenants
+        app keeps them, what holds such a limit beyond the job's guarantee is borrowed use under it: so the
+        reclaim rule applies there as it does to the cluster's capacity. Victims (``rule``, as for any job within
+        its guarantee) are taken cheapest first among those charged under a limit still exceeded, until the job
+        is admitted; if it does not fit yet, the cheapest further victims are added as for a job that fits no
+        device; then victims not needed are dropped."""
+
+        def eligible(v: Victim) -> PreemptReason | None:
+            return self.rule(v, job, flavor, accounted_to, borrowing=False)
+
+        cands = self._candidates(flavor, job, accounted_to, False, eligible)
+        if not cands:
+            return None
+        need = dict(limits)
+        chosen: list[tuple[Victim, PreemptReason]] = []
+        for v, r in cands:
+            account = self._victim_account(v)
+            under = [a for a, left in need.items() if left > 0 and self.book.in_subtree(account or "", a)]
+            if not under or not self._within_excess(v, r, chosen):
+                continue
+            chosen.append((v, r))
+            for a in under:
+                need[a] -= v.millis
+            if all(left <= 0 for left in need.values()):
+                break
+        if any(left > 0 for left in need.values()):
+            return None
+
+        def check(victims: list[Victim]) -> list[int] | None:
+            self._uncharge(victims, flavor)
+            try:
+                if not admitted():
+                    return None
+                given = self._free(victims)
+                try:
+                    return self._fits(job, flavor, count, None)
+                finally:
+                    self._unfree(given)
+            finally:
+                self._uncharge(victims, flavor, -1)
+
+        victims = [v for v, _ in chosen]
+        self._uncharge(victims, flavor)
+        try:
+            if not admitted():
+                return None  # a limit held by use that reclaim may not take (not preemptible, too fresh)
+        finally:
+            self._uncharge(victims, flavor, -1)
+        if check(victims) is None:
+            # Admitted, but no devices yet: more victims, with the chosen ones counted as leaving and freed.
+            picked = {v.job_id for v in victims}
+            rest = [(v, r) for v, r in cands if v.job_id not in picked]
+            for v in victims:
+                key = (self._victim_account(v) or "", v.flavor)
+                self.leaving[key] = self.leaving.get(key, 0) + v.millis
+            given = self._free(victims)
+            try:
+                more = self._search_sets(job, flavor, count, rest, MAX_RECLAIM_NODES) if rest else None
+            finally:
+                self._unfree(given)
+                for v in victims:
+                    key = (self._victim_account(v) or "", v.flavor)
+                    self.leaving[key] -= v.millis
+            if more is None:
+                return None
+            chosen += list(more.victims)
+            if check([v for v, _ in chosen]) is None:
+                return VictimChoice(tuple(chosen), more.devices)
+        chosen, devices = self._prune(chosen, check)
+        return VictimChoice(tuple(chosen), tuple(devices))
+
+    def reclaim_waits(self, *, flavor: str, accounted_to: str, under: tuple[str, ...]) -> tuple[int, float] | None:
+        """Borrowed use charged under the quota nodes ``under`` (outside ``accounted_to``'s subtree) that reclaim
+        will be able to take once it has run the minimum runtime: ``(jobs, seconds until the first of them
+        may be taken)``; None when there is none. What a job refused by those limits within its guarantee waits
+        for, said in its reason."""
+        jobs = 0
+        soonest = None
+        for v in self.victims.values():
+            if v.flavor != flavor or not v.preemptible or v.job_id in self.stopping or v.job_id in self.taken:
+                continue
+            wait = v.started_at + self.min_runtime_s - self.now
+            account = self._victim_account(v)
+            if wait <= 0 or account is None or self.book.in_subtree(account, accounted_to):
+                continue
+            if not any(self.book.in_subtree(account, a) for a in under):
+                continue
+            if v.borrowed_millis <= 0 and not (self.by_usage and self.excess(account, flavor) > 0):
+                continue
+            jobs += 1
+            soonest = wait if soonest is None else min(soonest, wait)
+        return None if soonest is None else (jobs, soonest)
 
     def search_quota(
         self,

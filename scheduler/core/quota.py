@@ -45,6 +45,7 @@ class _FlavorTree:
     __slots__ = (
         "_paths",
         "children",
+        "claimed",
         "demand",
         "guaranteed",
         "jobs",
@@ -76,6 +77,8 @@ class _FlavorTree:
         self.sum_child_demand: dict[str, int] = {_ROOT: 0}
         self.sum_child_lendable: dict[str, int] = {_ROOT: 0}
         self.sum_child_g: dict[str, int] = {_ROOT: 0}
+        # Millis of the subtree's guarantee owed to queued jobs within it (``QuotaBook.claim``): not lent.
+        self.claimed: dict[str, int] = {_ROOT: 0}
         self.root_pool = 0
         self._paths: dict[str, list[str]] = {}
 
@@ -85,7 +88,7 @@ class _FlavorTree:
         self.limit[name] = quota.limit_millis if quota else None
         self.lend_limit[name] = quota.lending_limit_millis if quota else None
         self.max_jobs[name] = quota.max_running_jobs if quota else None
-        for table in (self.used, self.own, self.jobs, self.demand, self.sum_child_demand):
+        for table in (self.used, self.own, self.jobs, self.demand, self.sum_child_demand, self.claimed):
             table[name] = 0
         self.sum_child_lendable[name] = 0
         self.sum_child_g[name] = 0
@@ -103,18 +106,21 @@ class _FlavorTree:
             self._paths[name] = cached
         return cached
 
-    def _values(self, name: str, used: int, own: int, child_demand: int, child_lendable: int) -> tuple[int, int]:
+    def _values(
+        self, name: str, used: int, own: int, child_demand: int, child_lendable: int, claimed: int
+    ) -> tuple[int, int]:
         g = self.guaranteed[name]
         lend = self.lend_limit[name]
-        idle = max(0, g - used)
+        idle = max(0, g - used - claimed)
         lendable = idle if lend is None else min(lend, idle)
         unassigned = max(0, g - self.sum_child_g[name])
         demand = max(0, child_demand + own - unassigned - child_lendable)
         return demand, lendable
 
-    def evaluate(self, name: str, millis: int) -> tuple[list[tuple[str, int, int, int]], int]:
-        """New (node, used, demand, lendable) along the path if ``millis`` were charged to ``name``; and the
-        slack at the top (negative: the cohort cannot lend enough)."""
+    def evaluate(self, name: str, millis: int, claim: int = 0) -> tuple[list[tuple[str, int, int, int]], int]:
+        """New (node, used, demand, lendable) along the path if ``millis`` were charged to ``name`` (and
+        ``claim`` more of its guarantee owed to its queued jobs); and the slack at the top (negative: the cohort
+        cannot lend enough)."""
         updates = []
         d_demand = 0
         d_lendable = 0
@@ -122,7 +128,12 @@ class _FlavorTree:
             used = self.used[node] + millis
             own = self.own[node] + (millis if node == name else 0)
             demand, lendable = self._values(
-                node, used, own, self.sum_child_demand[node] + d_demand, self.sum_child_lendable[node] + d_lendable
+                node,
+                used,
+                own,
+                self.sum_child_demand[node] + d_demand,
+                self.sum_child_lendable[node] + d_lendable,
+                self.claimed[node] + claim,
             )
             d_demand = demand - self.demand[node]
             d_lendable = lendable - self.lendable[node]
@@ -131,10 +142,11 @@ class _FlavorTree:
         top_lendable = self.sum_child_lendable[_ROOT] + d_lendable
         return updates, self.root_pool + top_lendable - top_demand
 
-    def charge(self, name: str, millis: int, jobs: int) -> None:
-        updates, _ = self.evaluate(name, millis)
+    def charge(self, name: str, millis: int, jobs: int, claim: int = 0) -> None:
+        updates, _ = self.evaluate(name, millis, claim)
         self.own[name] += millis
         for node, used, demand, lendable in updates:
+            self.claimed[node] += claim
             parent = self.parent[node]
             self.sum_child_demand[parent] += demand - self.demand[node]
             self.sum_child_lendable[parent] += lendable - self.lendable[node]
@@ -333,6 +345,21 @@ class QuotaBook:
                 message=f"{exhausted}; only preemptible jobs may borrow idle capacity of other tenants",
                 accounted_to=node,
             )
+        for ancestor in tree.path(node):
+            # A borrower may not take room under a limit that queued jobs within their guarantees are owed:
+            # they would find it taken by work too fresh to reclaim, and wait another minimum runtime.
+            limit = tree.limit[ancestor]
+            owed = tree.claimed[ancestor]
+            if limit is not None and owed > 0 and tree.used[ancestor] + owed + millis > limit:
+                return Admission(
+                    False,
+                    code=PendingReason.NO_LENDABLE_CAPACITY,
+                    message=(
+                        f"{exhausted}; the {cards(max(0, limit - tree.used[ancestor]))} cards left under the "
+                        f"quota limit of {ancestor} for {flavor} are owed to queued jobs within their guarantee"
+                    ),
+                    accounted_to=node,
+                )
         _, top_slack = tree.evaluate(node, millis)
         # Each level passes its shortfall up as its parent's demand, so the top slack decides.
         if top_slack < 0:
@@ -349,6 +376,62 @@ class QuotaBook:
 
     def charge(self, *, node: str, flavor: str, millis: int, jobs: int = 1) -> None:
         self.trees[flavor].charge(node, millis, jobs)
+
+    def within_guarantee(self, node: str, flavor: str, millis: int) -> bool:
+        """``millis`` more would keep ``node`` within its own guarantee: a job that borrows nothing."""
+        tree = self.trees[flavor]
+        return tree.used[node] + millis <= tree.guaranteed[node]
+
+    def unclaimed_guarantee(self, node: str, flavor: str) -> int:
+        """What ``node``'s guarantee leaves unused and not yet owed to its queued jobs (``claim``)."""
+        tree = self.trees[flavor]
+        return tree.guaranteed[node] - tree.used[node] - tree.claimed[node]
+
+    def claim(self, *, node: str, flavor: str, millis: int) -> None:
+        """Mark ``millis`` of ``node``'s unused guarantee as owed to a queued job that fits in it (negative:
+        release it). Claimed guarantee is not lent, and borrowers may not take the room claims need under a
+        limit; the claiming jobs themselves are admitted as before. So capacity a reclaim frees for a lender is
+        not taken by a borrower of higher priority meanwhile (which would start a fresh, protected loan)."""
+        self.trees[flavor].charge(node, 0, 0, claim=millis)
+
+    def over_limits(self, node: str, flavor: str, millis: int) -> list[tuple[str, int]]:
+        """The quota nodes on ``node``'s path (itself, then its ancestors) whose limit ``millis`` more would
+        exceed, each with the millis it would go over by: what reclaim must free under each of them."""
+        tree = self.trees[flavor]
+        over = []
+        for ancestor in tree.path(node):
+            limit = tree.limit[ancestor]
+            if limit is not None and tree.used[ancestor] + millis > limit:
+                over.append((ancestor, tree.used[ancestor] + millis - limit))
+        return over
+
+    def headroom(self, tenant: str, flavor: str, *, step_millis: int = 10) -> int:
+        """The largest preemptible job (millis, in ``step_millis`` steps) that ``tenant`` could start on
+        ``flavor`` now as far as quota goes — its own unused guarantee and what it could borrow, under every
+        limit on its path and the lending of every level up to the pool's unpromised capacity; the answer
+        ``admit`` would give. 0 when it has no quota. Admission is monotone in the size (every limit and the
+        cohort's slack only tighten as a job grows), so a bisection finds it."""
+        if self.account(tenant, flavor) is None:
+            return 0
+
+        def fits(millis: int) -> bool:
+            return self.admit(
+                tenant=tenant, flavor=flavor, millis=millis, preemptible=True, borrowing=True, new_job=False
+            ).ok
+
+        tree = self.trees[flavor]
+        # No job can be larger than every guarantee and every capacity put together (and a top-level limit).
+        high = (sum(tree.guaranteed[k] for k in tree.children[_ROOT]) + tree.root_pool) // step_millis + 1
+        low = 0  # ``low`` steps fit, ``high`` steps do not
+        if fits(high * step_millis):
+            return high * step_millis
+        while high - low > 1:
+            mid = (low + high) // 2
+            if fits(mid * step_millis):
+                low = mid
+            else:
+                high = mid
+        return low * step_millis
 
     def idle_guarantee(
         self, node: str, flavor: str, usage: Mapping[str, Mapping[str, float]], waiting: Mapping[str, int]

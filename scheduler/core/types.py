@@ -89,6 +89,8 @@ class PendingReason(StrEnum):
 
     AWAITING_APPROVAL = "awaiting_approval"
     INVALID_REQUEST = "invalid_request"
+    # no registered node, or no limit up the quota tree, could ever give what it asks (``feasibility.py``)
+    NEVER_FITS = "never_fits"
     NO_QUOTA = "no_quota"  # the tenant has no quota at all for the flavor
     QUOTA_EXHAUSTED = "quota_exhausted"  # guarantee used up and borrowing is not possible for this job
     QUOTA_LIMIT = "quota_limit"  # the tenant (or an ancestor) would go over its limit

@@ -176,6 +176,18 @@ def _operations_lines(snapshot: dict) -> list[str]:
         "Checkpoint interval + slack: audit_verify fails once a record this old is unsealed.",
         [({}, snapshot["audit_witness_window_seconds"])],
     )
+    integrity = snapshot.get("audit_integrity") or {"findings": 0.0, "last_run": 0.0}
+    lines += _family(
+        "gpupool_audit_integrity_findings",
+        "gauge",
+        "Findings of the latest scheduled audit integrity check (0: the trail verified).",
+        [({}, integrity["findings"])],
+    ) + _family(
+        "gpupool_audit_integrity_last_run_timestamp_seconds",
+        "gauge",
+        "When the scheduled audit integrity check last ran (Unix time; 0: never).",
+        [({}, integrity["last_run"])],
+    )
     if snapshot["database_deadlocks"] is not None:
         lines += _family(
             "gpupool_database_deadlocks_total",

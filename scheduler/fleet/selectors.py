@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.policy import Action
-from scheduler.fleet.models import NodeCredential, TelemetryMinute
+from scheduler.fleet.models import BootstrapToken, NodeCredential, TelemetryMinute
 from scheduler.fleet.telemetry import latest_store, minute_of
 from scheduler.models import (
     FINAL_JOB_STATES,
@@ -235,6 +235,11 @@ def node_names(*, node_ids: list[int]) -> dict[int, str]:
     return dict(Node.objects.filter(pk__in=node_ids).values_list("pk", "name"))
 
 
+def bootstrap_tokens_recent(*, limit: int = 20) -> list[BootstrapToken]:
+    """The newest bootstrap tokens (prefix, expiry, use — never a secret), for the console's enrolment page."""
+    return list(BootstrapToken.objects.select_related("created_by", "used_by_node").order_by("-created_at")[:limit])
+
+
 def nodes_for_fleet() -> QuerySet[Node]:
     """Nodes with their agent state and credential counts, for the admin's node list."""
     return Node.objects.select_related("agent").annotate(device_count=Count("devices", distinct=True)).order_by("name")
@@ -361,6 +366,7 @@ def _audit_sealing(*, now: dt.datetime) -> dict[str, float]:
     return {
         "audit_unwitnessed_seconds": audit_selectors.unwitnessed_record_age_seconds(now=now),
         "audit_witness_window_seconds": audit_selectors.witness_window_seconds(),
+        "audit_integrity": audit_selectors.integrity_status(),
     }
 
 

@@ -153,6 +153,7 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
     from time import perf_counter, time
 
     from scheduler import eta, locks, persist, snapshot
+    from scheduler.services.never_fits import never_fits_notify
 
     lock = locks.cycle_lock(wait_s=lock_wait_s) if hold_lock else nullcontext(True)
     with transaction.atomic(), lock as acquired:
@@ -171,6 +172,7 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
         plan = snapshot.plan_for(snap)
         persisting = perf_counter()
         outcome = persist.persist_plan(plan, now=now, stored_explanations=stored, holds_stored=bool(snap.holds))
+        never_fits_notify(explanations=plan.explanations, stored=stored)
         done = perf_counter()
         # Kept for the next cycle's decay; losing it (cache flush) only restarts the average.
         record = {"at": snap.now, "usage": {t: dict(f) for t, f in snap.usage.items()}}

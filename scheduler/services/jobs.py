@@ -20,9 +20,27 @@ from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeni
 from portal.db.bulk import insert_instance_with_children
 from portal.policy import Action, principals_for
 from scheduler import outbox
-from scheduler.core.types import MILLIS_PER_DEVICE
-from scheduler.jobspec import JobSpec, JobSpecError, check_checkpoint_dir, check_flavors, validate_job_spec
-from scheduler.models import FINAL_JOB_STATES, AgentCommand, Allocation, Job, JobEvent, PriorityClass, ResourceFlavor
+from scheduler.core.feasibility import FlavorFleet, QuotaLevel, never_fits
+from scheduler.core.types import MILLIS_PER_DEVICE, ReplicaRequest
+from scheduler.jobspec import (
+    JobNeverFitsError,
+    JobSpec,
+    JobSpecError,
+    check_checkpoint_dir,
+    check_flavors,
+    validate_job_spec,
+)
+from scheduler.models import (
+    FINAL_JOB_STATES,
+    AgentCommand,
+    Allocation,
+    Device,
+    Job,
+    JobEvent,
+    Node,
+    PriorityClass,
+    ResourceFlavor,
+)
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _end_allocations, _lock_job, job_transition
 from tenants.permissions import can_manage_job
@@ -38,11 +56,12 @@ _TENANT_SUBMIT_FIELDS = ("id", "name", "slug", "kind", "parent_id", "depth", "jo
 
 def _resolve_tenant(
     *, actor: Any | None, slug: str | None, flavors: Sequence[str] = ()
-) -> tuple[Any, list[tuple[int, int]]]:
+) -> tuple[Any, list[tuple[int, int]], dict[str, FlavorFleet]]:
     """The tenant a job goes to, checked in one query: the tenant (``slug``, or else the actor's only tenant
-    where they may submit) with its ancestors loaded on it (the approval threshold walks them), whether
-    ``actor`` holds a role on it or above it, and whether each of ``flavors`` exists. Returns the tenant and,
-    per flavor, its host defaults per card (CPU millicores, host memory MiB; ``_with_flavor_host_defaults``).
+    where they may submit) with its ancestors loaded on it (the approval threshold walks them) and their quota
+    rows for ``flavors`` (``quota_rows``), whether ``actor`` holds a role on it or above it, and whether each of
+    ``flavors`` exists. Returns the tenant; per flavor, its host defaults per card (CPU millicores, host memory
+    MiB; ``_with_flavor_host_defaults``); and per flavor with registered cards, what its nodes can ever give.
 
     Refuses, in this order: an unknown flavor (``JobSpecError``, a spec error like any other), a tenant the
     actor cannot see (``NotFoundError``, the same as a missing one), a tenant where they may not submit.
@@ -58,7 +77,7 @@ def _resolve_tenant(
         raise DomainError("tenant: say which tenant the job belongs to.", code="invalid_job_spec", field="tenant")
     # The tenant roles the access policy lets submit (job.submit), read from the table.
     submit_roles = [role for role in principals_for(Action.JOB_SUBMIT) if role in MembershipRole.values]
-    chains, per_card = _tenant_chains(user=user, slug=slug, submit_roles=submit_roles, flavors=flavors)
+    chains, per_card, fleets = _tenant_chains(user=user, slug=slug, submit_roles=submit_roles, flavors=flavors)
 
     if flavors and not (chains and all(row is not None for row in per_card)):
         # Only a refused spec pays for this second read: the message lists the flavors that exist.
@@ -71,28 +90,69 @@ def _resolve_tenant(
                 code="invalid_job_spec",
                 field="tenant",
             )
-        return chains[0], defaults
+        return chains[0], defaults, fleets
     tenant = chains[0] if chains else None
     if user is None:
         if tenant is None:
             raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
-        return tenant, defaults
+        return tenant, defaults, fleets
     if tenant is None or not (tenant.holds_role or reaches_all(user, Action.TENANT_VIEW)):
         raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
     if not tenant.may_submit:
         raise PermissionDeniedError(
             f"You may not submit jobs to {slug}: members and tenant admins may; ask a tenant admin for the member role."
         )
-    return tenant, defaults
+    return tenant, defaults, fleets
 
 
 def _resolve_submit(*, actor: Any | None, parsed: JobSpec) -> tuple[Any, JobSpec]:
     """The tenant a submit goes to (``_resolve_tenant``) and ``parsed`` with its flavors' host defaults, its
-    checkpoint dir checked against the tenant: what a single submit and an array share before admission."""
-    tenant, per_card = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
+    checkpoint dir checked against the tenant, and refused when it can never start (``_refuse_never_fits``):
+    what a single submit and an array share before admission."""
+    tenant, per_card, fleets = _resolve_tenant(actor=actor, slug=parsed.tenant_slug, flavors=parsed.flavors)
     parsed = _with_flavor_host_defaults(parsed, per_card)
     check_checkpoint_dir(parsed.checkpoint_dir, tenant_slug=tenant.slug)
+    _refuse_never_fits(parsed, tenant=tenant, fleets=fleets)
     return tenant, parsed
+
+
+def _refuse_never_fits(parsed: JobSpec, *, tenant: Any, fleets: dict[str, FlavorFleet]) -> None:
+    """Refuse, as ``sbatch`` does, a job that no registered node or no limit up its quota tree could ever give
+    what it asks (``scheduler.core.feasibility``, the rule the cycle applies to queued jobs as well). A flavor
+    with no registered card is judged by its quota tree only: a fresh pool accepts jobs before its nodes enrol.
+    """
+    gang = parsed.replicas if parsed.min_replicas is None else min(parsed.min_replicas, parsed.replicas)
+    request = ReplicaRequest(
+        flavors=parsed.flavors,
+        millis=parsed.millis_per_replica,
+        memory_mib=parsed.memory_mib_per_replica,
+        cpu_millicores=parsed.cpu_millicores_per_replica,
+        host_memory_mib=parsed.host_memory_mib_per_replica,
+    )
+    why = never_fits(
+        request=request,
+        replicas=gang,
+        preemptible=parsed.preemptible,
+        topology=parsed.topology,
+        fleets=fleets,
+        quota_paths=_quota_paths(tenant, parsed.flavors),
+        replicas_field="min_replicas" if gang < parsed.replicas else "replicas",
+    )
+    if why is not None:
+        raise JobNeverFitsError(f"{why.field}: never fits: {why.sentences}; {why.fix}.", why=why)
+
+
+def _quota_paths(tenant: Any, flavors: Sequence[str]) -> dict[str, tuple[QuotaLevel, ...]]:
+    """Per flavor, the quota rows on ``tenant``'s way up, nearest first (``_tenant_chains`` loaded them)."""
+    paths: dict[str, list[QuotaLevel]] = {}
+    node = tenant
+    while node is not None:
+        for flavor in flavors:
+            row = getattr(node, "quota_rows", {}).get(flavor)
+            if row is not None:
+                paths.setdefault(flavor, []).append(QuotaLevel(node.slug, *row))
+        node = node.parent if node.parent_id is not None else None  # loaded with the chain: no query
+    return {flavor: tuple(levels) for flavor, levels in paths.items()}
 
 
 def _with_flavor_host_defaults(parsed: JobSpec, per_card: Sequence[tuple[int, int]]) -> JobSpec:
@@ -112,21 +172,24 @@ def _with_flavor_host_defaults(parsed: JobSpec, per_card: Sequence[tuple[int, in
 
 def _tenant_chains(
     *, user: Any | None, slug: str | None, submit_roles: list[str], flavors: Sequence[str]
-) -> tuple[list[Any], list[tuple[int, int] | None]]:
+) -> tuple[list[Any], list[tuple[int, int] | None], dict[str, FlavorFleet]]:
     """One statement for ``_resolve_tenant``: the candidate tenants (the one named ``slug``, or up to two where
     ``user`` may submit), each with its ancestors linked as ``parent`` and ``holds_role`` / ``may_submit``
-    set on it (a role on the tenant or any ancestor), and each of ``flavors``' host defaults per card (None: no
-    such flavor).
+    set on it (a role on the tenant or any ancestor) and ``quota_rows`` (flavor → (guaranteed, limit millis)
+    of its quota rows for ``flavors``), each of ``flavors``' host defaults per card (None: no such flavor), and
+    per flavor with registered cards what its nodes can ever give (``feasibility.FlavorFleet``: every
+    registered card counts, whatever its node's state, as ``snapshot._nodes`` gives them to the cycle).
 
     Hand-written SQL (a recursive walk up the tree, which both PostgreSQL and SQLite run) rather than the ORM:
     compiling the equivalent queryset (four levels of ``select_related`` and two ``Exists`` over the ancestor
     chain) was 38 % of a submit's CPU, and this is the hot path of admission.
     """
-    from tenants.models import Membership, Tenant
+    from tenants.models import Membership, Quota, Tenant
 
     quote = connection.ops.quote_name
     tenants, memberships = quote(Tenant._meta.db_table), quote(Membership._meta.db_table)
     flavor_table = quote(ResourceFlavor._meta.db_table)
+    devices, nodes, quotas = quote(Device._meta.db_table), quote(Node._meta.db_table), quote(Quota._meta.db_table)
     column_names = [quote(Tenant._meta.get_field(name).column) for name in _TENANT_SUBMIT_FIELDS]
 
     def columns(alias: str) -> str:
@@ -158,12 +221,35 @@ def _tenant_chains(
             field = quote(ResourceFlavor._meta.get_field(column).column)
             flags.append(f"(SELECT {field} FROM {flavor_table} WHERE name = %s)")
             params.append(name)
+    # Per flavor, one row of what its registered cards can ever give (``FlavorFleet``), and the chain's quota rows.
+    fleet_ctes, fleet_params, joins, join_params = [], [], [], []
+    for index, name in enumerate(flavors):
+        flavor_id = f"(SELECT id FROM {flavor_table} WHERE name = %s)"
+        fleet_ctes.append(
+            f"fleet{index} AS (SELECT COALESCE(SUM(g.k), 0) AS cards, MAX(g.k) AS per_node, MAX(g.mem) AS max_mem, "
+            "COALESCE(SUM(g.total), 0) AS total, MIN(g.cpu) AS min_cpu, MAX(g.cpu) AS max_cpu, "
+            "MIN(g.host) AS min_host, MAX(g.host) AS max_host FROM (SELECT COUNT(*) AS k, MAX(d.memory_mib) AS mem, "
+            "SUM(d.memory_mib) AS total, MAX(n.cpu_cores) AS cpu, MAX(n.memory_mib) AS host "
+            f"FROM {devices} d JOIN {nodes} n ON n.id = d.node_id WHERE d.flavor_id = {flavor_id} "
+            "GROUP BY d.node_id) g)"
+        )
+        fleet_params.append(name)
+        flags += [f"fleet{index}.*", f"q{index}.guaranteed_millis", f"q{index}.limit_millis"]
+        joins.append(
+            f"CROSS JOIN fleet{index} LEFT JOIN {quotas} q{index} ON q{index}.tenant_id = c.id "
+            f"AND q{index}.flavor_id = {flavor_id}"
+        )
+        join_params.append(name)
     sql = (
         f"WITH RECURSIVE start AS ({start}), chain AS ("
         f"SELECT {columns('t')}, 0 AS level, t.id AS start_id FROM {tenants} t JOIN start ON t.id = start.id "
         f"UNION ALL SELECT {columns('p')}, c.level + 1, c.start_id FROM {tenants} p JOIN chain c ON p.id = c.parent_id"
-        f") SELECT {', '.join([columns('c'), 'c.start_id', *flags])} FROM chain c ORDER BY c.start_id, c.level"
+        f"){''.join(', ' + cte for cte in fleet_ctes)} SELECT {', '.join([columns('c'), 'c.start_id', *flags])} "
+        f"FROM chain c {' '.join(joins)} ORDER BY c.start_id, c.level"
     )
+    # Placeholders in the order they appear: the start, the fleets' CTEs, the select list, the joins.
+    start_params = params[: start.count("%s")]
+    params = [*start_params, *fleet_params, *params[len(start_params) :], *join_params]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -171,16 +257,36 @@ def _tenant_chains(
     width = len(_TENANT_SUBMIT_FIELDS)
     chains: dict[int, list[Any]] = {}
     per_card: list[tuple[int, int] | None] = []
+    fleets: dict[str, FlavorFleet] = {}
     for row in rows:
         tenant = Tenant.from_db(connection.alias, list(_TENANT_SUBMIT_FIELDS), row[:width])
         extra = row[width + 1 :]
         if user is not None:
             tenant.holds_role, tenant.may_submit = bool(extra[0]), bool(extra[1])
             extra = extra[2:]
+        defaults, extra = extra[: 2 * len(flavors)], extra[2 * len(flavors) :]
         per_card = [
             None if cpu is None or memory is None else (int(cpu), int(memory))
-            for cpu, memory in zip(extra[0::2], extra[1::2], strict=True)
+            for cpu, memory in zip(defaults[0::2], defaults[1::2], strict=True)
         ]
+        tenant.quota_rows = {}
+        for index, name in enumerate(flavors):
+            count, per_node, max_memory, memory, min_cpu, max_cpu, min_host, max_host, guaranteed, limit = extra[
+                10 * index : 10 * (index + 1)
+            ]
+            if count:
+                fleets[name] = FlavorFleet(
+                    flavor=name,
+                    cards=int(count),
+                    max_cards_per_node=int(per_node),
+                    max_card_memory_mib=int(max_memory),
+                    memory_mib=int(memory),
+                    # A node that has not stated its CPU or memory (0) is not limited on it, as in the snapshot.
+                    max_node_cpu_millicores=int(max_cpu) * 1000 if min_cpu else None,
+                    max_node_host_memory_mib=int(max_host) if min_host else None,
+                )
+            if guaranteed is not None:
+                tenant.quota_rows[name] = (int(guaranteed), None if limit is None else int(limit))
         chains.setdefault(row[width], []).append(tenant)
     starts = []
     for chain in chains.values():
@@ -188,7 +294,7 @@ def _tenant_chains(
         for child, parent in zip(chain, [*chain[1:], None], strict=True):
             child._state.fields_cache["parent"] = parent
         starts.append(chain[0])
-    return starts, per_card
+    return starts, per_card, fleets
 
 
 APPROVAL_MESSAGE = "Waiting for approval by an administrator."

@@ -40,6 +40,10 @@ ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     S.FAILED: frozenset(),
     S.CANCELLED: frozenset(),
 }
+#: The audit action of a move into these states: a code of its own (registered in ``audit.events``), so a
+#: search of the trail for "cancel" or "preempt" finds it — the state itself is in the sealed details, which
+#: no search reads. Every other move is ``job.transition``.
+TRANSITION_AUDIT_ACTIONS: dict[str, str] = {S.CANCELLED: "job.cancel", S.PREEMPTING: "job.preempt"}
 
 
 # --- transitions --------------------------------------------------------------------------------------
@@ -113,7 +117,7 @@ def job_transition(
         ]
     )
     audit_record(
-        action="job.transition",
+        action=TRANSITION_AUDIT_ACTIONS.get(to_state, "job.transition"),
         actor=actor,
         tenant=job.tenant_id,  # the id is all the record takes: the tenant row need not be loaded
         target=f"job:{job.pk}",

@@ -48,6 +48,13 @@ def within_share(jobs: Sequence[JobRecord], tolerance_s: float, *, alone: bool =
     return sum(1 for j in jobs if (j.starved_alone_s if alone else j.starved_s) <= tolerance_s) / len(jobs)
 
 
+def owed_wait_beyond_s(jobs: Sequence[JobRecord], bound_s: float) -> float:
+    """The longest time one of ``jobs`` waited while owed room in its tenant's unused guarantee beyond
+    ``bound_s`` (grace + minimum runtime + one cycle: what reclaim promises, ``SimResult.reclaim_bound_s``);
+    0 when every such wait kept the promise."""
+    return max((max(0.0, j.longest_starved_s - bound_s) for j in jobs), default=0.0)
+
+
 def summarize(result: SimResult) -> dict[str, float | int | str]:
     """The benchmark's figures. Definitions:
 
@@ -73,7 +80,9 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
       as a guarantee is capacity, not a promise to every queued job at once — a tenant one card below its
       guarantee with a thousand one-card jobs queued owes that card to one of them, not to each;
       ``within_guarantee_alone``: the stricter reading, each job judged alone (it waited while it would have
-      fit in its tenant's unused guarantee, whatever the jobs ahead of it waited for).
+      fit in its tenant's unused guarantee, whatever the jobs ahead of it waited for);
+    - ``owed_wait_max_s``: the longest single wait of a job owed room in its guarantee beyond grace + minimum
+      runtime + one cycle (``owed_wait_beyond_s``), over all tenants; ``per_tenant`` gives it per tenant.
     """
     jobs = result.jobs
     capacity = result.capacity_millis
@@ -133,6 +142,7 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
         "jain_fairness": jain_index(tenant_speed),
         "within_guarantee": within_share(jobs, result.guarantee_tolerance_s),
         "within_guarantee_alone": within_share(jobs, result.guarantee_tolerance_s, alone=True),
+        "owed_wait_max_s": owed_wait_beyond_s(jobs, result.reclaim_bound_s),
         "cycles": result.cycles,
         "plan_calls": result.plan_calls,
         "plan_ms_per_cycle": 1000.0 * result.plan_wall_s / result.plan_calls if result.plan_calls else 0.0,
@@ -142,7 +152,8 @@ def summarize(result: SimResult) -> dict[str, float | int | str]:
 
 def per_tenant(result: SimResult) -> list[dict[str, float | int | str]]:
     """One row per tenant: jobs (finished, never started), guarantee (GPUs), share within guarantee, time
-    starved, total time queued and JCT (mean, p95, p99), preemptions, and the GPU-hours of its finished jobs."""
+    starved (and its longest wait beyond the reclaim promise, ``owed_wait_beyond_s``), total time queued and
+    JCT (mean, p95, p99), preemptions, and the GPU-hours of its finished jobs."""
     by_tenant: dict[str, list] = defaultdict(list)
     for j in result.jobs:
         by_tenant[j.tenant].append(j)
@@ -161,6 +172,7 @@ def per_tenant(result: SimResult) -> list[dict[str, float | int | str]]:
                 "within_guarantee_alone": within_share(jobs, result.guarantee_tolerance_s, alone=True),
                 "starved_s": sum(j.starved_s for j in jobs),
                 "longest_starved_s": max(j.longest_starved_s for j in jobs),
+                "owed_wait_beyond_s": owed_wait_beyond_s(jobs, result.reclaim_bound_s),
                 "queued_avg_s": mean(queued),
                 "queued_p95_s": percentile(queued, 95),
                 "queued_p99_s": percentile(queued, 99),

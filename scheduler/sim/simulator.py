@@ -171,6 +171,9 @@ class SimResult:
     starved_while_borrowed_s: float = 0.0
     starved_while_borrowed_beyond_tolerance_s: float = 0.0
     preemption_times: list[float] = field(default_factory=list)
+    # The reclaim promise (issue 33): a job owed room in its tenant's guarantee starts within grace + minimum
+    # runtime before preemption + one cycle; ``metrics.owed_wait_beyond_s`` measures waits against it.
+    reclaim_bound_s: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -360,6 +363,7 @@ class Simulator:
             plan_calls=self.plan_calls,
             wall_s=wallclock.perf_counter() - started,
             guarantee_tolerance_s=self.tolerance,
+            reclaim_bound_s=self.p.grace_period_s + self.p.min_runtime_before_preempt_s + self.c.cycle_interval_s,
             guarantee_millis=dict(self.guarantee),
             starved_while_borrowed_s=self.starved_while_borrowed_s,
             starved_while_borrowed_beyond_tolerance_s=self.starved_beyond_s,

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.filters import MAX_ID
+from portal.policy import TOKEN_SCOPE, Action
 from portal.serializers import JsonTypedSerializer
 from tenants.approval_chain import chain_plan
 from tenants.models import (
@@ -28,6 +29,7 @@ from tenants.models import (
     TokenScope,
     User,
 )
+from tenants.policy import token_allows
 
 
 class StrictInputSerializer(JsonTypedSerializer):
@@ -241,19 +243,64 @@ class MeMembershipSerializer(serializers.Serializer):
     role = serializers.CharField()
 
 
+class MeTokenSerializer(serializers.ModelSerializer):
+    """The token a request was made with, so that a client can say after ``login`` what it may do: its scope,
+    and whether that scope submits jobs — a read token made by accepting a default could not, and nothing said
+    so until the first submit was refused."""
+
+    submits_jobs = serializers.SerializerMethodField(
+        help_text="whether this token's scope lets it submit and cancel jobs (your roles decide the rest)"
+    )
+    submit_scope = serializers.SerializerMethodField(help_text="the scope a token needs to submit and cancel jobs")
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "key_prefix", "scope", "expires_at", "submits_jobs", "submit_scope"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_submits_jobs(self, token: ApiToken) -> bool:
+        return token_allows(token, Action.JOB_SUBMIT) and token_allows(token, Action.JOB_MANAGE)
+
+    # A plain string in the schema: a second choice field of the scopes would make the schema name the same
+    # enum twice (ScopeEnum, SubmitScopeEnum).
+    @extend_schema_field(serializers.CharField())
+    def get_submit_scope(self, token: ApiToken) -> str:
+        return str(TOKEN_SCOPE[Action.JOB_SUBMIT])
+
+
 class MeSerializer(serializers.ModelSerializer):
     memberships = MeMembershipSerializer(many=True, read_only=True)
     email = OptionalEmailField(read_only=True)
     mfa_enrolled = serializers.SerializerMethodField()
+    token = serializers.SerializerMethodField(
+        help_text="the API token this request was made with; null for a console session"
+    )
 
     class Meta:
         model = User
-        fields = ["id", "username", "email", "first_name", "last_name", "platform_role", "memberships", "mfa_enrolled"]
+        fields = [
+            "id",
+            "username",
+            "email",
+            "first_name",
+            "last_name",
+            "platform_role",
+            "memberships",
+            "mfa_enrolled",
+            "token",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(serializers.BooleanField())
     def get_mfa_enrolled(self, user: User) -> bool:
         return user_has_device(user, confirmed=True)
+
+    @extend_schema_field(MeTokenSerializer(allow_null=True))
+    def get_token(self, user: User) -> dict[str, Any] | None:
+        request = self.context.get("request")
+        token = getattr(request, "auth", None)
+        return MeTokenSerializer(token).data if isinstance(token, ApiToken) else None
 
 
 # --- quotas -----------------------------------------------------------------------------------------------

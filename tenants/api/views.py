@@ -312,7 +312,7 @@ class MeView(APIView):
     @extend_schema(summary="Who you are: account, platform role, memberships", responses={200: s.MeSerializer})
     def get(self, request: Request) -> Response:
         user = User.objects.prefetch_related("memberships__tenant").get(pk=request.user.pk)
-        return Response(s.MeSerializer(user).data)
+        return Response(s.MeSerializer(user, context={"request": request}).data)
 
 
 # --- quotas -------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Notifications about approval requests: who to tell, queueing one delivery per notifier, sending and
-retrying them.
+"""Notifications about approval requests (and other news for one user, ``notification_queue``): who to tell,
+queueing one delivery per notifier, sending and retrying them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def approvers_for(approval: Any) -> list[User]:
     return eligible_approvers(role, approval.tenant, approval.requester_id)
 
 
-def _notify(approval: Any, *, event: str, recipients: list[User], subject: str, body: str) -> None:
+def _notify(approval: Any | None, *, event: str, recipients: list[User], subject: str, body: str) -> None:
     """Queue one delivery per configured notifier; sent by a Celery task after commit (retried on failure)."""
     from tenants.models import NotificationDelivery
 
@@ -46,6 +46,13 @@ def _notify(approval: Any, *, event: str, recipients: list[User], subject: str, 
             body=body,
         )
         transaction.on_commit(lambda pk=delivery.pk: _enqueue_delivery(pk))
+
+
+def notification_queue(*, event: str, recipients: list[User], subject: str, body: str) -> None:
+    """Tell ``recipients`` something that is not about an approval (``job.never_fits``: a queued job can no longer
+    ever start), through every configured notifier, as approvals are; call it inside the caller's transaction."""
+    if recipients:
+        _notify(None, event=event, recipients=recipients, subject=subject, body=body)
 
 
 def _enqueue_delivery(delivery_id: int) -> None:

@@ -794,6 +794,7 @@ def test_promtool_checks_the_rules_the_config_and_the_alert_unit_tests(tmp_path)
     assert {
         "GpupoolNodeNotReady",
         "GpupoolAuditSealingBehind",
+        "GpupoolAuditIntegrityFailed",
         "GpupoolQueueWaitHigh",
         "GpupoolDatabaseDeadlocks",
     } <= tested

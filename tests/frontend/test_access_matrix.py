@@ -40,6 +40,9 @@ ALLOWED = {
     "whatif": {"system_admin"},
     "audit": {"auditor"},
     "audit_record": {"auditor"},
+    "alerts": {"system_admin", "security_admin", "auditor"},
+    "prices": {"system_admin"},
+    "node_enrol": {"system_admin"},
 }
 # (page, role) → a status other than 200/404, on purpose.
 EXPLAINED = {("submit", "system_admin"): 403, ("submit", "auditor"): 403}
@@ -52,6 +55,7 @@ NAV = {
     "reports": "/console/reports/",
     "whatif": "/console/whatif/",
     "audit": "/console/audit/",
+    "alerts": "/console/alerts/",
     "users": "/console/users/",
     "lockouts": "/console/lockouts/",
     "tokens": "/console/account/tokens/",
@@ -88,6 +92,8 @@ def world():
         "tenant_new": "/console/tenants/new/",
         "tenant_edit": f"/console/tenants/{tenant.pk}/edit/",
         "tenant_quotas": f"/console/tenants/{tenant.pk}/quotas/",
+        "prices": "/console/reports/prices/",
+        "node_enrol": "/console/nodes/enrol/",
     }
     return users, urls
 

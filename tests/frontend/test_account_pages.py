@@ -10,7 +10,8 @@ from django.test import Client
 
 from tenants.models import ApiToken, PlatformRole, TokenScope
 from tenants.services.tokens import api_token_create
-from tests.frontend.factories import make_member, make_tenant, make_user
+from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
+from tests.patching import patch_request_cycle
 from tests.tenants.conftest import audited
 
 pytestmark = pytest.mark.django_db
@@ -137,3 +138,48 @@ def test_service_refusals_appear_at_the_field(client):
 def test_signed_out_visitors_are_sent_to_sign_in(client):
     response = client.get("/console/account/tokens/")
     assert response.status_code == 302 and "/accounts/login/" in response["Location"]
+
+
+def _form_defaults(page: str) -> dict[str, str]:
+    """What a browser posts when the token form is sent as it comes: each input's value, and for a select its
+    ``selected`` option (a browser sends the first option when none is selected)."""
+    form = page.split('id="new-token-title"', 1)[1]
+    values = dict(re.findall(r'<input[^>]*name="(t-[a-z_]+)"[^>]*value="([^"]*)"', form))
+    select = re.search(r'<select name="t-scope"[^>]*>(.*?)</select>', form, re.S)
+    assert select is not None
+    options = re.findall(r'<option value="([a-z]+)"( selected)?', select.group(1))
+    values["t-scope"] = next((value for value, selected in options if selected), options[0][0])
+    return values
+
+
+def test_a_token_made_with_the_forms_default_scope_submits_and_cancels_a_job(client, settings, monkeypatch):
+    """Issue 33: a member who named a token and kept the defaults got a read token, and gpupool-cli's first
+    submit was refused."""
+    settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
+    patch_request_cycle(monkeypatch, lambda: None)
+    flavor = make_flavor()
+    make_node(flavor=flavor)
+    client.force_login(make_member(make_tenant("acme"), username="newcomer"))
+    page = client.get("/console/account/tokens/").content.decode()
+    assert "gpupool-cli needs write to submit and cancel jobs" in page  # the form says what each scope is for
+    defaults = _form_defaults(page)
+    assert defaults["t-scope"] == TokenScope.WRITE
+    secret = _secret_in(client.post("/console/account/tokens/", {**defaults, "t-name": "laptop"}).content.decode())
+    assert secret is not None
+
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    spec = {"name": "first", "tenant": "acme", "resources": {"flavors": [flavor.name], "gpus": 1}, "command": ["x"]}
+    submitted = api.post("/api/v1/jobs/", spec, content_type="application/json")
+    assert submitted.status_code == 201, submitted.json()
+    cancelled = api.post(f"/api/v1/jobs/{submitted.json()['id']}/cancel/", {}, content_type="application/json")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    me = api.get("/api/v1/me/").json()["token"]
+    assert (me["name"], me["scope"], me["submits_jobs"]) == ("laptop", TokenScope.WRITE, True)
+
+
+def test_the_default_scope_is_write_for_an_admin_too_and_read_where_only_read_is_offered(client):
+    client.force_login(make_user(platform_role=PlatformRole.SYSTEM_ADMIN))
+    page = client.get("/console/account/tokens/").content.decode()
+    assert 'value="admin"' in page and _form_defaults(page)["t-scope"] == TokenScope.WRITE  # admin: on purpose
+    client.force_login(make_user(platform_role=PlatformRole.AUDITOR))
+    assert _form_defaults(client.get("/console/account/tokens/").content.decode())["t-scope"] == TokenScope.READ

@@ -64,7 +64,7 @@ def busy_pool(settings, monkeypatch, client):
     Job.objects.filter(pk=done.pk).update(
         state=JobState.SUCCEEDED, started_at=now - datetime.timedelta(hours=1), finished_at=now, exit_code=0
     )
-    waiting = job_submit(actor=member, spec={**spec, "name": "waiting", "resources": {**spec["resources"], "gpus": 8}})
+    waiting = job_submit(actor=member, spec={**spec, "name": "waiting", "resources": {**spec["resources"], "gpus": 2}})
     Job.objects.filter(pk=waiting.pk).update(
         state=JobState.QUEUED,
         estimated_start_at=now + datetime.timedelta(hours=2),

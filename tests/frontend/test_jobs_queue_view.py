@@ -199,7 +199,7 @@ def test_bulk_cancel_cancels_own_jobs_and_hides_other_tenants(client, world, que
     messages = [str(m) for m in client.get("/console/jobs/").context["messages"]]
     assert messages == ["1 job could not be cancelled: 999999 (no such job)."]
     # Each cancellation is audited by the cancel service, as one cancel from the job page is.
-    audited = AuditRecord.objects.filter(action="job.transition", target=f"job:{queue['low'].pk}", actor_username="bob")
+    audited = AuditRecord.objects.filter(action="job.cancel", target=f"job:{queue['low'].pk}", actor_username="bob")
     assert audited.exists()
 
 

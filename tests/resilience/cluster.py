@@ -177,7 +177,11 @@ class Cluster:
 
     @property
     def witness_path(self) -> Path:
-        return self.root / "data" / "audit-witness.jsonl"
+        """The test process's own witness: one witness per database, as in production. Its processes and the test
+        (which writes records too: the seed, submissions) then cosign one history, which the verifier checks."""
+        from django.conf import settings as django_settings
+
+        return Path(django_settings.GPUPOOL_AUDIT_WITNESS_PATH)
 
     @property
     def storage(self) -> Path:

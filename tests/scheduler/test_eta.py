@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import pytest
@@ -9,6 +10,7 @@ from django.core.cache import cache
 from django.utils import timezone, translation
 
 from scheduler import eta, tasks
+from scheduler.core.eta import CALIBRATION_OFFSET_S, Calibration
 from scheduler.models import Allocation, Job, JobState
 from scheduler.selectors import duration_words, job_pending_sentence, job_start_estimate_sentence
 from scheduler.services.cycle import run_cycle
@@ -21,9 +23,10 @@ SPEC = {"name": "train", "tenant": "team-a", "resources": {"flavors": ["sim-80g"
 
 @pytest.fixture(autouse=True)
 def _fresh_throttle(no_cycle_requests):
-    cache.delete_many([eta.LAST_REFRESH_KEY, eta.RUNNING_KEY])
+    keys = [eta.LAST_REFRESH_KEY, eta.RUNNING_KEY, eta.CALIBRATION_KEY, eta.FIRST_ESTIMATES_KEY]
+    cache.delete_many(keys)
     yield
-    cache.delete_many([eta.LAST_REFRESH_KEY, eta.RUNNING_KEY])
+    cache.delete_many(keys)
 
 
 def finished(user, tenant, *, runtime_s: float, name: str = "train", command=("python",), ago_s: float = 3600):
@@ -187,6 +190,64 @@ def test_the_pending_sentence_says_when_the_job_is_expected_to_start(member, ten
         assert job_pending_sentence(job).endswith("from now).")
     job.state = JobState.RUNNING
     assert job_start_estimate_sentence(job, now=now) == ""
+
+
+def test_a_job_waiting_past_its_band_gets_a_wider_open_ended_estimate_not_the_same_figure(member, tenant, node):
+    waiting = _busy_pool(member, tenant, runtime_s=600)
+    eta.estimates_compute()
+    waiting.refresh_from_db()
+    assert waiting.estimated_start_p90_at is not None
+    # The running jobs do not end when predicted (nor are they reclaimed): every new forecast alone says "in
+    # 5 minutes" again (OVERDUE_REMAINING_S). The estimate shown must move out instead, with no upper end.
+    medians = []
+    for minutes in (20, 30, 45):
+        now = timezone.now() + timedelta(minutes=minutes)
+        eta.estimates_compute(now=now)
+        waiting.refresh_from_db()
+        assert waiting.estimated_start_p90_at is None
+        waited_s = (now - waiting.submitted_at).total_seconds()
+        assert (waiting.estimated_start_at - now).total_seconds() >= waited_s - 1
+        medians.append(waiting.estimated_start_at)
+        with translation.override("en"):
+            assert job_start_estimate_sentence(waiting, now=now).endswith("possibly much later.")
+    assert medians == sorted(medians) and len(set(medians)) == len(medians)
+
+
+def test_with_no_finished_job_to_go_by_a_waiting_job_has_no_upper_end(member, tenant, node):
+    jobs = [job_submit(actor=member, spec=SPEC) for _ in range(3)]
+    run_cycle()
+    eta.estimates_compute()
+    waiting = Job.objects.get(pk=jobs[2].pk)
+    assert waiting.state == JobState.QUEUED and waiting.estimated_start_at is not None
+    assert waiting.estimated_start_p90_at is None  # a runtime nobody measured: no band around the guess
+
+
+def test_a_started_jobs_error_joins_the_calibration_and_calibrated_bands_follow_it(member, tenant, node):
+    waiting = _busy_pool(member, tenant, runtime_s=600)
+    eta.estimates_compute()
+    made_at, forecast_wait_s, _keys = cache.get(eta.FIRST_ESTIMATES_KEY)[str(waiting.pk)]
+    # It started half an hour after that estimate (whatever the forecast said); the next refresh learns it.
+    Job.objects.filter(pk=waiting.pk).update(
+        state=JobState.RUNNING,
+        started_at=timezone.now() + timedelta(seconds=1800 - (timezone.now().timestamp() - made_at)),
+    )
+    eta.estimates_compute()
+    errors = cache.get(eta.CALIBRATION_KEY)[""]  # the class of all jobs
+    expected = math.log((1800 + CALIBRATION_OFFSET_S) / (forecast_wait_s + CALIBRATION_OFFSET_S))
+    assert errors == [pytest.approx(expected, abs=0.01)]
+    assert str(waiting.pk) not in cache.get(eta.FIRST_ESTIMATES_KEY)
+    # A past in which every start came three times (in wait + one cycle) later than forecast.
+    calibration = Calibration()
+    for _ in range(eta.CALIBRATION_MIN_ERRORS):
+        calibration.add([()], 600, 3 * (600 + CALIBRATION_OFFSET_S) - CALIBRATION_OFFSET_S)
+    cache.set(eta.CALIBRATION_KEY, calibration.as_dict())
+    queued = job_submit(actor=member, spec=SPEC)
+    eta.estimates_compute()
+    queued.refresh_from_db()
+    forecast_s = cache.get(eta.FIRST_ESTIMATES_KEY)[str(queued.pk)][1]
+    wait_s = (queued.estimated_start_at - queued.estimated_at).total_seconds()
+    assert wait_s == pytest.approx(3 * (forecast_s + CALIBRATION_OFFSET_S) - CALIBRATION_OFFSET_S, abs=1)
+    assert queued.estimated_start_p10_at <= queued.estimated_start_at <= queued.estimated_start_p90_at
 
 
 @pytest.mark.parametrize(

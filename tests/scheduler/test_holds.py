@@ -81,15 +81,16 @@ def test_the_preemptor_gets_the_freed_card_over_three_cycles_and_preempts_only_o
     assert JobEvent.objects.filter(to_state=JobState.PREEMPTING).count() == 1
 
 
-def test_without_the_stored_hold_the_requeued_victim_takes_the_card_back(member, lender_and_borrower):
-    # The same story with the hold row removed before the last cycle: the victim, first in FIFO order, takes
-    # the card again — what made the lender preempt over and over before holds outlived one cycle.
+def test_without_the_stored_hold_the_lenders_claim_keeps_the_card_from_the_requeued_victim(member, lender_and_borrower):
+    # The same story with the hold row removed before the last cycle: the victim, first in FIFO order, would
+    # take the card again — what made the lender preempt over and over before holds outlived one cycle — but
+    # the card is the lender's guarantee, owed to its queued job, so it is not lent to the victim (issue 33).
     lender = job_submit(actor=member, spec=SPEC)
     victim = Job.objects.get(pk=run_cycle().preempted[0])
     _stopped(victim)
     CapacityHold.objects.all().delete()
-    assert run_cycle().placed == [victim.pk]
-    assert Job.objects.get(pk=lender.pk).state == JobState.QUEUED
+    assert run_cycle().placed == [lender.pk]
+    assert Job.objects.get(pk=victim.pk).state == JobState.QUEUED
 
 
 def test_a_cancelled_preemptor_leaves_no_hold_behind(member, lender_and_borrower):

@@ -53,6 +53,10 @@ SAMPLES = [
     "no node has 8 free CPU cores beside 2 free nvidia-h100-80g cards",
     "its tenant team-b borrowed capacity that team-a needs back",
     "higher-priority job 7 (priority 1000) needs the capacity",
+    "1 job(s) borrowing nvidia-h100-80g under that limit are reclaimed for it once they have run the minimum "
+    "runtime, in about 4 min",
+    "tenant quota for nvidia-h100-80g exhausted: 3/3 cards in use; the 1 cards left under the quota limit of "
+    "team-a for nvidia-h100-80g are owed to queued jobs within their guarantee",
     "Rejected: 预算不足",
 ]
 

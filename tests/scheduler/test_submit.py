@@ -53,7 +53,7 @@ def test_single_submit_stays_within_its_statement_budget(member, node, no_cycle_
 def test_submit_to_a_nested_tenant_costs_no_more_statements(node, no_cycle_requests):
     # The role is held on the root two levels up, and the approval threshold is inherited from there too:
     # both are read in the same query as the tenant (its ancestors come with it).
-    root = TenantFactory(slug="root", job_approval_threshold_millis=4000)
+    root = TenantFactory(slug="root", job_approval_threshold_millis=1000)
     middle = TenantFactory(slug="middle", parent=root, depth=2)
     TenantFactory(slug="leaf", parent=middle, depth=3)
     user = UserFactory()
@@ -63,9 +63,9 @@ def test_submit_to_a_nested_tenant_costs_no_more_statements(node, no_cycle_reque
     count, statements, body = count_submit(client, headers, {**SPEC, "tenant": "leaf"})
     assert count <= SUBMIT_STATEMENT_BUDGET, "\n".join(statements)
     assert body["tenant"] == "leaf" and body["state"] == "queued"
-    # Above the root's threshold (4 cards): held for approval, as before.
+    # Above the root's threshold (1 card), within the pool's 2 cards: held for approval, as before.
     held = client.post(
-        "/api/v1/jobs/", {**SPEC, "tenant": "leaf", "replicas": 5}, format="json", headers=headers
+        "/api/v1/jobs/", {**SPEC, "tenant": "leaf", "replicas": 2}, format="json", headers=headers
     ).json()
     assert held["state"] == "pending_approval"
     assert [e["to_state"] for e in held["events"]] == ["submitted", "pending_approval"]

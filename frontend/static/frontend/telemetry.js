@@ -340,7 +340,10 @@ function mountFlavors(section, devices) {
   const latest = new Map();
   let lastValues = [];
   // The numbers table is re-rendered by htmx every few seconds: paint the live column again after each swap.
-  const paintCells = () => flavors.forEach((flavor, i) => {
+  // Only a chart of the whole pool may: the table's figure is the pool's for everyone, and a tenant's chart
+  // averages just the cards its tenants hold (87 % there beside 15 % for the pool read as a contradiction).
+  const poolWide = "poolWide" in section.dataset;
+  const paintCells = () => poolWide && flavors.forEach((flavor, i) => {
     const cell = document.querySelector(`[data-flavor-util="${CSS.escape(flavor)}"]`);
     if (cell && lastValues[i] != null) cell.textContent = `${lastValues[i].toFixed(0)}%`;
   });

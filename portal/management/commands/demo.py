@@ -102,6 +102,7 @@ class Command(BaseCommand):
         self.stdout.write(f"demo logins (password for all: {demo.DEMO_PASSWORD}):")
         for login in demo.DEMO_LOGINS:
             self.stdout.write(f"  {login.username:<10} {login.role}")
+        self.stdout.write(f"audit trust root (pin it for `python -m audit.verify --trust-root`): {_trust_root()}")
         self.stdout.write("press Ctrl-C to stop")
         self.stdout.flush()
         try:
@@ -121,3 +122,13 @@ class Command(BaseCommand):
                 child.kill()
                 child.wait()
         embedded.stop()
+
+
+def _trust_root() -> str:
+    """The audit trail's trust-root fingerprint (made by the witness at first contact), or why there is none."""
+    from audit.exports import trust_root
+
+    try:
+        return trust_root()
+    except Exception as exc:
+        return f"unavailable ({exc})"

@@ -55,9 +55,12 @@ def test_exhausted_guarantee_with_borrowing_off_explains_cards_in_use():
 
 
 def test_non_preemptible_job_may_not_borrow():
+    # Within the guarantee (4) by itself, but 2 of it are in use: the job would borrow 2. (A job larger than the
+    # guarantee can never start without borrowing: ``never_fits``, tests/scheduler/core/test_feasibility.py.)
     s = snapshot(
         [node("n1", 8)],
-        pending=[job("j", "team-a", cards=6, preemptible=False)],
+        allocations=[alloc(f"r{i}", f"n1-gpu{i}", "team-a") for i in range(2)],
+        pending=[job("j", "team-a", cards=4, preemptible=False)],
         quotas=[quota("team-a", 4, 8), quota("team-b", 4)],
     )
     result = plan(s, Policy())
@@ -68,14 +71,15 @@ def test_non_preemptible_job_may_not_borrow():
 def test_limit_caps_borrowing():
     s = snapshot(
         [node("n1", 8)],
-        pending=[job("j", "team-a", cards=6)],
+        allocations=[alloc(f"r{i}", f"n1-gpu{i}", "team-a") for i in range(2)],
+        pending=[job("j", "team-a", cards=4)],
         quotas=[quota("team-a", 4, 5), quota("team-b", 4)],
     )
     result = plan(s, Policy())
     assert not result.places
     explain = _explained(result, "j")
     assert explain.code == PendingReason.QUOTA_LIMIT
-    assert "0/5 cards in use, this job needs 6" in explain.message
+    assert "2/5 cards in use, this job needs 4" in explain.message
 
 
 def test_lending_limit_bounds_what_siblings_may_borrow():

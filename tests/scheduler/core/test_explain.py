@@ -5,17 +5,18 @@ from __future__ import annotations
 from scheduler.core import plan
 from scheduler.core.types import PendingReason, Policy
 
-from .builders import job, node, quota, snapshot
+from .builders import alloc, job, node, quota, snapshot
 
 
 def test_every_pending_job_is_explained_exactly_once_with_positions():
     pending = [
-        job("a1", "team-a", cards=8, submitted_at=1),
-        job("b1", "team-b", cards=8, submitted_at=2),
-        job("a2", "team-a", cards=8, submitted_at=3),
+        job("a1", "team-a", cards=4, submitted_at=1),
+        job("b1", "team-b", cards=4, submitted_at=2),
+        job("a2", "team-a", cards=4, submitted_at=3),
         job("wait", "team-b", awaiting_approval=True, submitted_at=4),
     ]
-    result = plan(snapshot([node("n1", 4)], pending=pending), Policy())
+    busy = [alloc("busy", "n1-gpu0", "team-c")]  # the jobs fit the node, just not now
+    result = plan(snapshot([node("n1", 4)], pending=pending, allocations=busy), Policy())
     assert not result.places
     by_id = {e.job_id: e for e in result.explanations}
     assert sorted(by_id) == ["a1", "a2", "b1", "wait"]
@@ -29,12 +30,13 @@ def test_every_pending_job_is_explained_exactly_once_with_positions():
 def test_quota_explanation_reads_like_the_issue_example():
     s = snapshot(
         [node("n1", 16)],
-        pending=[job("big", "team-a", cards=9)],
+        allocations=[alloc("running", "n1-gpu0", "team-a")],
+        pending=[job("big", "team-a", cards=8)],
         quotas=[quota("team-a", 8, 8)],
     )
     (explain,) = plan(s, Policy()).explanations
     assert explain.code == PendingReason.QUOTA_LIMIT
-    assert explain.message.startswith("tenant quota limit for nvidia-h100-80g reached: 0/8 cards in use")
+    assert explain.message.startswith("tenant quota limit for nvidia-h100-80g reached: 1/8 cards in use")
 
 
 def test_cycle_limit_marks_jobs_not_looked_at():

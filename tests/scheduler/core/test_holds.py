@@ -57,9 +57,12 @@ def test_freed_capacity_goes_to_the_preemptor_across_cycles_not_to_the_requeued_
     assert [p.job_id for p in third.places] == ["lender"]
     assert third.places[0].assignments[0].device_uuid == "n1-gpu0"
     assert third.holds == ()  # the preemptor started: nothing is held any more
-    # Without the hold the victim would take the card back first — the start of a preemption loop.
+    # Without the hold the victim would take the card back first — the start of a preemption loop — but for
+    # the lender's claim on its own guarantee (issue 33): a borrower is not lent guarantee a queued job is owed.
     unheld = plan(replace(third_snapshot, holds=()), POLICY)
-    assert [p.job_id for p in unheld.places] == ["victim"]
+    assert [p.job_id for p in unheld.places] == ["lender"]
+    unclaimed = plan(replace(third_snapshot, holds=(), pending=(victim_again,)), POLICY)
+    assert [p.job_id for p in unclaimed.places] == ["victim"]
 
 
 def test_a_preemptor_waiting_for_its_victims_searches_for_no_new_ones():

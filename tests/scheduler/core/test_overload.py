@@ -27,7 +27,9 @@ def host_job(job_id: str, tenant: str = "team-a", *, cpu_cores: int, cards: int 
 
 
 def test_explanation_names_the_cpu_cores_missing_beside_free_cards():
-    s = snapshot([with_host(node("n1", 2), cpu_cores=8)], pending=[host_job("big", cards=2, cpu_cores=16)])
+    # n2 has the cores but one card: the job fits the pool's shape, just not any node's free room.
+    nodes = [with_host(node("n1", 2), cpu_cores=8), with_host(node("n2", 1), cpu_cores=16)]
+    s = snapshot(nodes, pending=[host_job("big", cards=2, cpu_cores=16)])
 
     result = plan(s, Policy())
 

@@ -204,9 +204,12 @@ def test_job_refused_by_its_own_quota_preempts_lower_priority_work_of_the_same_t
 def test_quota_preemption_never_reaches_into_another_tenant():
     s = snapshot(
         [node("n1", 8)],
-        allocations=[alloc("other", "n1-gpu0", "team-b", priority=0, started_at=OLD)],
+        allocations=[
+            alloc("other", "n1-gpu0", "team-b", priority=0, started_at=OLD),
+            alloc("mine", "n1-gpu1", "team-a", priority=1000, preemptible=False, started_at=OLD),
+        ],
         pending=[job("high", "team-a", cards=1, priority=800)],
-        quotas=[quota("team-a", 0, 0), quota("team-b", 2)],
+        quotas=[quota("team-a", 0, 1), quota("team-b", 2)],
     )
     result = plan(s, Policy())
     assert not result.preemptions
