@@ -5,14 +5,15 @@ Estimators, each given only what was known at the submit:
 
 - ``naive`` — what a user could work out from the queue position gpupool showed before estimates: position x
   mean runtime / jobs running (the queue drains one job per finishing job; the fair version of the naive rule);
-- ``naive, calibrated`` — the same figure scaled by the median of its own past errors, per class, exactly as
-  the forecasts are calibrated below: the naive rule at its best fair setting (``naive-literal``, position x
-  mean runtime, off by days, is left out);
+- ``naive, calibrated`` — the same figure with a band from its own past errors, per class, exactly as the
+  forecasts are calibrated below (its median is the naive figure: ``naive-literal``, position x mean runtime,
+  off by days, is left out);
 - ``forecast, history`` — the engine stepped forward (``scheduler.core.eta.forecast``, what the Celery task
   runs), every job's runtime predicted by the median of the last ``--history-jobs`` finished jobs of its group,
-  then calibrated (``scheduler.core.eta.Calibration``): the median forecast's wait scaled by the 10th, 50th
-  and 90th percentile of the errors of past estimates of its class (forecast wait, tenant, size; the most
-  specific with 30 errors) gives p10, p50 and p90;
+  then calibrated (``scheduler.core.eta.Calibration``): the median forecast's wait scaled by the 10th and 90th
+  percentile of the errors of past estimates of its class (forecast wait, tenant, size; the most specific with
+  30 errors) gives p10 and p90; the median is the forecast's own (scaled by the errors' median it moved hours
+  off: the days before are not the day estimated);
 - ``forecast, no history`` — the same with every runtime the pool's median (what a pool knows without per-user
   history or runtime estimates; the trace has no runtime estimates), calibrated the same way.
 

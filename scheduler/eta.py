@@ -10,9 +10,10 @@ Three steps, refreshed by the ``scheduler.estimate_starts`` task (``job_start_es
    ``OVERDUE_REMAINING_S`` when it has run past the prediction).
 2. **Forecast** (``scheduler.core.eta``): the live snapshot stepped forward through the engine itself, once per
    percentile; the band is the three forecasts' starts.
-3. **Calibrate** (``core_eta.Calibration``): the median forecast's wait is scaled by the 10th, 50th and 90th
+3. **Calibrate** (``core_eta.Calibration``): the median forecast's wait is scaled by the 10th and 90th
    percentile of the errors past estimates of its class made (forecast wait, tenant, size; the most specific
-   class with ``CALIBRATION_MIN_ERRORS``), so that about 80 % of starts fall inside the band. Each job's first
+   class with ``CALIBRATION_MIN_ERRORS``), so that about 80 % of starts fall inside the band; the median stays
+   the forecast's. Each job's first
    estimate is remembered in the cache; once the job has started, its error joins the calibration. Without
    enough errors yet, the three forecasts' band is shown. Then the age rule (``core_eta.age_aware``): a job
    still waiting past the band it was shown gets a wider, open-ended band instead of the same figure again.
