@@ -61,6 +61,7 @@ from scheduler.core.eta import (
     band_limits,
     forecast,
     quantile,
+    residual_left,
     size_class,
     time_left,
     wait_class,
@@ -191,15 +192,19 @@ class Probe(Simulator):
 
     def _runtimes(self, t: float, *, use_history: bool, which: int) -> Runtimes:
         """Runtimes at quantile ``QUANTILES[which]``: with history, of each job's group (the pool's when the group
-        has fewer than 3); without, the pool's for every job. A running job has that less what it has run."""
+        has fewer than 3); without, the pool's for every job. A running job has that less what it has run (without
+        history: the quantile of the pool's runtimes longer than it has run, less that)."""
         q = QUANTILES[which]
         pool = quantile(self.history.pool_samples(), q)
         remaining, runtime = {}, {}
         for job_id in self.flavor_of:
             run = self.by_id[job_id]
             elapsed = t - (run.record.first_start_s or t)
-            predicted = quantile(self.history.samples(run.job.tenant, run.job.gpus), q) if use_history else pool
-            remaining[job_id] = time_left(predicted, elapsed, overdue_s=OVERDUE_S)
+            if use_history:
+                predicted = quantile(self.history.samples(run.job.tenant, run.job.gpus), q)
+                remaining[job_id] = time_left(predicted, elapsed, overdue_s=OVERDUE_S)
+            else:  # as scheduler.eta for a job predicted from the pool's runtimes
+                remaining[job_id] = residual_left(self.history.pool_samples(), elapsed, q, overdue_s=OVERDUE_S)
         for job_id, run in self.pending.items():
             runtime[job_id] = quantile(self.history.samples(run.job.tenant, run.job.gpus), q) if use_history else pool
         return Runtimes(remaining_s=remaining, runtime_s=runtime, default_s=pool)

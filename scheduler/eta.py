@@ -7,7 +7,8 @@ Three steps, refreshed by the ``scheduler.estimate_starts`` task (``job_start_es
    name, or of the same command; the job's own ``runtime_estimate_s`` (spread like the pool's recent jobs); the
    tenant's recent jobs; the pool's recent jobs; ``GPUPOOL_ETA_DEFAULT_RUNTIME_S``. Always capped by the job's
    ``max_runtime_s``. A running job has its predicted runtime minus the time since it started left (at least
-   ``OVERDUE_REMAINING_S`` when it has run past the prediction).
+   ``OVERDUE_REMAINING_S`` when it has run past the prediction); one predicted from the pool's jobs has what the
+   pool's jobs that ran longer than it has had left (``core_eta.residual_left``).
 2. **Forecast** (``scheduler.core.eta``): the live snapshot stepped forward through the engine itself, once per
    percentile; the band is the three forecasts' starts.
 3. **Calibrate** (``core_eta.Calibration``): the median forecast's wait is scaled by the 10th and 90th
@@ -125,6 +126,7 @@ class RuntimeHistory:
                 self.by_tenant[tenant_id].append(runtime_s)
             self.pool.append(runtime_s)
         self.pool_band = _band(self.pool) if len(self.pool) >= MIN_HISTORY_JOBS else None
+        self.pool_sorted = tuple(sorted(self.pool))
 
     @classmethod
     def load(cls, *, now: datetime, submitter_ids: Collection[int] | None = None) -> RuntimeHistory:
@@ -229,6 +231,12 @@ def forecast_runtimes(
         prediction = history.predict(job)
         # Since it first started (an admitted job that has not reported running yet: since it was placed).
         elapsed = max(0.0, now - (job.started_at.timestamp() if job.started_at else placed))
+        if prediction.source == "pool":  # no runs of its own: what the pool's jobs that ran this long had left
+            for table, q in zip(remaining, (0.1, 0.5, 0.9), strict=True):
+                table[job_id] = core_eta.residual_left(
+                    history.pool_sorted, elapsed, q, overdue_s=OVERDUE_REMAINING_S, max_runtime_s=job.max_runtime_s
+                )
+            continue
         for table, predicted in zip(remaining, (prediction.p10_s, prediction.p50_s, prediction.p90_s), strict=True):
             table[job_id] = core_eta.time_left(
                 predicted, elapsed, overdue_s=OVERDUE_REMAINING_S, max_runtime_s=job.max_runtime_s

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from scheduler.core.eta import (
     Calibration,
     Limits,
@@ -154,3 +156,13 @@ def test_a_job_inside_its_band_keeps_the_fresh_estimate():
     fresh = StartBand(NOW + 60, NOW + 300, NOW + 900)
     assert age_aware(fresh, StartBand(NOW - 60, NOW + 200, NOW + 600), now=NOW, submitted_at=NOW - 300) == fresh
     assert age_aware(fresh, None, now=NOW, submitted_at=NOW) == fresh
+
+
+def test_a_running_job_without_history_has_what_the_pools_longer_runs_had_left():
+    from scheduler.core.eta import residual_left
+
+    pool = (60.0, 600.0, 600.0, 3600.0, 7200.0)
+    assert residual_left(pool, 0, 0.5, overdue_s=300) == 600  # not started: the pool's median
+    assert residual_left(pool, 1000, 0.5, overdue_s=300) == pytest.approx(5400 - 1000)  # one of the long ones
+    assert residual_left(pool, 9000, 0.5, overdue_s=300) == 300  # longer than any: a little more
+    assert residual_left(pool, 1000, 0.5, overdue_s=300, max_runtime_s=1500) == 500  # stopped at its limit
