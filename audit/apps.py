@@ -7,3 +7,6 @@ class AuditConfig(AppConfig):
 
     def ready(self) -> None:
         from audit import checks  # noqa: F401  (registers the system checks)
+        from audit.events import EVENTS, register_app_events
+
+        register_app_events(self.label, EVENTS)

@@ -1,7 +1,7 @@
 """The hash chain, Merkle roots and signature checks: pure Python + ``cryptography``, no Django.
 
-Both the database verifier (``audit.verification``) and the offline bundle verifier (``python -m audit.verify``)
-use this module, so the two can never disagree on how a record hash is computed.
+Both the database verifier (``audit.trail_verifier``) and the offline bundle verifier
+(``python -m audit.bundle_verifier``) use this module, so the two can never disagree on how a record hash is computed.
 
 Record hash::
 
@@ -22,6 +22,10 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
 GENESIS_HASH = "0" * 64
 HEADER_VERSION = 1
@@ -164,10 +168,6 @@ def tombstone_payload(tombstone: dict[str, Any]) -> bytes:
 
 def verify_ed25519(public_key_pem: str, signature_b64: str, payload: bytes) -> bool:
     """True when ``signature_b64`` is a valid Ed25519 signature of ``payload`` under the PEM public key."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
     try:
         key = load_pem_public_key(public_key_pem.encode("ascii"))
         if not isinstance(key, Ed25519PublicKey):

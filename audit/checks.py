@@ -6,6 +6,7 @@ from django.core.checks import Error, register
 from django.core.exceptions import ImproperlyConfigured
 
 from audit import conf
+from audit.crypto import sm4_gcm_available
 
 
 @register("gpupool")
@@ -16,15 +17,12 @@ def audit_configuration(app_configs, **kwargs) -> list[Error]:
             read()
         except ImproperlyConfigured as exc:
             errors.append(Error(str(exc), id=f"audit.E00{index}"))
-    if not errors and conf.cipher() == "sm4-gcm":
-        from audit.crypto import sm4_gcm_available
-
-        if not sm4_gcm_available():
-            errors.append(
-                Error(
-                    "GPUPOOL_AUDIT_CIPHER=sm4-gcm, but this cryptography/OpenSSL build has no SM4-GCM; install an "
-                    "OpenSSL with SM4 or use aes-256-gcm.",
-                    id="audit.E005",
-                )
+    if not errors and conf.cipher() == "sm4-gcm" and not sm4_gcm_available():
+        errors.append(
+            Error(
+                "GPUPOOL_AUDIT_CIPHER=sm4-gcm, but this cryptography/OpenSSL build has no SM4-GCM; install an "
+                "OpenSSL with SM4 or use aes-256-gcm.",
+                id="audit.E005",
             )
+        )
     return errors

@@ -5,7 +5,7 @@ carriage return can hide one (CSV / formula injection, OWASP). User-controlled t
 user agents, audit targets — reaches these files, so such a cell is written with a leading ``'``, which makes
 spreadsheets show it as text. Numbers are never changed.
 
-Standard library only: the offline audit verifier (``audit.verify``) applies the same rule when it compares
+Standard library only: the offline audit verifier (``audit.bundle_verifier``) applies the same rule when it compares
 ``records.csv`` with ``records.jsonl``.
 """
 

@@ -1,4 +1,4 @@
-"""Signed export bundles for assessors, checked offline by ``python -m audit.verify bundle.zip``.
+"""Signed export bundles for assessors, checked offline by ``python -m audit.bundle_verifier bundle.zip``.
 
 A bundle is a zip of::
 
@@ -51,7 +51,9 @@ from audit.models import (
     Tombstone,
     tenant_stream,
 )
-from audit.services import _iso, _witness_pending, audit_record, checkpoint_all, details_for, record_header
+from audit.services import audit_record, checkpoint_all, details_for, record_header, witness_genesis
+from audit.services.checkpoints import _witness_pending
+from audit.services.records import _iso
 from audit.signing import get_signer
 from portal.api import DomainError
 
@@ -299,9 +301,7 @@ def build_bundle(
 
 
 def trust_root() -> str:
-    """The trust-root fingerprint an auditor pins (``python -m audit.verify --trust-root``)."""
-    from audit.services import witness_genesis
-
+    """The trust-root fingerprint an auditor pins (``python -m audit.bundle_verifier --trust-root``)."""
     return tp.trust_root_fingerprint(witness_genesis())
 
 

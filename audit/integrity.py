@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from audit.models import ChainHead, IntegrityCheck
 from audit.services import audit_record, raise_alert
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 
 FULL_EVERY = dt.timedelta(hours=1)
 

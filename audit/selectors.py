@@ -10,7 +10,7 @@ from django.db.models import F, Min, Q, QuerySet
 from audit import conf
 from audit.alerts import may_take
 from audit.events import codes_described_by
-from audit.models import Alert, AuditRecord, ChainHead
+from audit.models import Alert, AuditRecord, ChainHead, IntegrityCheck
 from audit.services import details_for, record_view
 from portal.policy import Action, Principal, role_may
 
@@ -112,8 +112,6 @@ def witness_window_seconds() -> int:
 
 def integrity_status() -> dict[str, float]:
     """The scheduled integrity check's latest run: its findings and when it ran (0, 0 when none ran)."""
-    from audit.models import IntegrityCheck
-
     check = IntegrityCheck.objects.first()
     if check is None:
         return {"findings": 0.0, "last_run": 0.0}

@@ -14,7 +14,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nodeagent.workloads import WorkloadRecord
+from nodeagent.journal import WorkloadRecord
 
 CARDS = 8
 CARD_MEMORY_MIB = 81559

@@ -40,8 +40,9 @@ from benchmarks._agents import finished_workload  # noqa: E402
 from nodeagent import protocol  # noqa: E402
 from nodeagent.agent import Agent, AgentSettings  # noqa: E402
 from nodeagent.backends.simulated import SimulatedBackend  # noqa: E402
+from nodeagent.journal import FINISHED_FILE  # noqa: E402
 from nodeagent.sandbox import Sandbox, SandboxConfig, SandboxMode  # noqa: E402
-from nodeagent.workloads import FINISHED_FILE, WorkloadRunner  # noqa: E402
+from nodeagent.workloads import WorkloadRunner  # noqa: E402
 
 
 def cpu_seconds() -> tuple[float, float]:

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks._agents import finished_workload  # noqa: E402
-from nodeagent.workloads import WorkloadRecord, WorkloadRunner  # noqa: E402
+from nodeagent.journal import WorkloadRecord  # noqa: E402
+from nodeagent.workloads import WorkloadRunner  # noqa: E402
 
 
 def main() -> int:

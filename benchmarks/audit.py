@@ -240,7 +240,7 @@ def main() -> None:
     import tenants.services.tenancy
     from audit.models import AuditRecord
     from audit.services import audit_record, checkpoint_all
-    from audit.verification import verify_trail
+    from audit.trail_verifier import verify_trail
     from tenants.models import PlatformRole, Tenant, User
 
     engine = connection.vendor
@@ -338,8 +338,8 @@ def main() -> None:
 
     from django.utils import timezone
 
+    from audit.bundle_verifier import verify_bundle
     from audit.exports import build_bundle
-    from audit.verify import verify_bundle
 
     start = time.perf_counter()
     body, _manifest = build_bundle(

@@ -30,7 +30,8 @@ from _django import ROOT, setup_django  # benchmarks/ is on sys.path when a scri
 
 
 def _populate(nodes: int) -> None:
-    from scheduler.models import Device, Node, NodeStatus, ResourceFlavor, Vendor
+    from catalog.models import ResourceFlavor, Vendor
+    from scheduler.models import Device, Node, NodeStatus
     from tenants.models import Quota, Tenant
 
     flavor = ResourceFlavor.objects.create(name="cpu-80g", vendor=Vendor.SIMULATED, model="C80", memory_mib=81920)

@@ -34,7 +34,8 @@ LINE = "x" * 99 + "\n"
 def _world(jobs: int):
     from django.conf import settings
 
-    from scheduler.models import Device, Job, Node, NodeStatus, ResourceFlavor, Vendor
+    from catalog.models import ResourceFlavor, Vendor
+    from scheduler.models import Device, Job, Node, NodeStatus
     from scheduler.services import jobs as job_services
     from scheduler.services.cycle import run_cycle
     from scheduler.services.jobs import job_submit

@@ -103,8 +103,8 @@ def prepare(*, clients: int, subscribers: int, agents: int) -> Plan:
     registered nodes, all through the services (audited), as in production."""
     from django.test import Client
 
+    from catalog.models import ResourceFlavor, Vendor
     from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create
-    from scheduler.models import ResourceFlavor, Vendor
     from tenants.models import MembershipRole, PlatformRole, TokenScope
     from tenants.services.identity import user_create
     from tenants.services.memberships import membership_create

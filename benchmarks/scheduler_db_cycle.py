@@ -39,7 +39,8 @@ from _django import ROOT, setup_django  # benchmarks/ is on sys.path when a scri
 
 
 def _populate(nodes: int, jobs: int) -> None:
-    from scheduler.models import Device, Job, JobState, Node, NodeStatus, ResourceFlavor, Vendor
+    from catalog.models import ResourceFlavor, Vendor
+    from scheduler.models import Device, Job, JobState, Node, NodeStatus
     from tenants.models import Tenant
 
     flavor = ResourceFlavor.objects.create(name="bench-80g", vendor=Vendor.SIMULATED, model="B80", memory_mib=81920)
@@ -153,7 +154,8 @@ def _latency(count: int, database_url: str) -> None:
     how long each took to start a cycle and for that cycle (and any it asked for) to end."""
     from django.core.cache import cache
 
-    from scheduler.models import Allocation, Node, ResourceFlavor
+    from catalog.models import ResourceFlavor
+    from scheduler.models import Allocation, Node
     from scheduler.services import cycle
     from scheduler.services.cycle import CYCLE_CLAIM_KEY, CYCLE_DIRTY_KEY, CYCLE_STARTED_KEY, request_cycle
     from scheduler.services.jobs import job_submit

@@ -10,6 +10,9 @@ from typing import Any
 
 from django.utils.translation import gettext as _
 
+from audit.services import SEAL_BROKEN, SHREDDED
+from tenants.models import ApprovalStepRole, MembershipRole, PlatformRole
+
 #: Keys whose values are role codes (platform, membership or approver roles) and are shown by their names.
 ROLE_KEYS = frozenset({"role", "platform_role", "actor_role", "awaiting_role", "chain", "roles"})
 #: Details keys that hold the state before and after the change.
@@ -45,8 +48,6 @@ class AuditDetails:
 def role_words(value: str) -> str:
     """A role code in words: ``system_admin`` → "system admin", ``parent_tenant_admin`` → "tenant admin of the
     parent tenant"; anything else unchanged (from the models' choices, so the console's language applies)."""
-    from tenants.models import ApprovalStepRole, MembershipRole, PlatformRole
-
     if not value:
         return ""
     for choices in (PlatformRole, ApprovalStepRole, MembershipRole):
@@ -79,8 +80,6 @@ def value_words(value: Any, *, key: str = "") -> str:
 
 def audit_details(details: dict | str | None) -> AuditDetails:
     """Lay out ``details`` (``audit.services.record_details``) for the record page."""
-    from audit.services import SEAL_BROKEN, SHREDDED
-
     if details == SHREDDED:
         return AuditDetails(
             unreadable=_("Shredded: the data key of this record's tenant was destroyed, so its details cannot be read.")

@@ -10,6 +10,7 @@ from django.utils.translation import gettext_lazy as _
 
 from audit import selectors as audit_selectors
 from audit.models import Outcome
+from catalog.models import ResourceFlavor
 from frontend.forms import DateInput
 from frontend.tables import PENDING_REASON_WORDS
 from scheduler.core.types import PendingReason
@@ -22,7 +23,6 @@ from scheduler.models import (
     Node,
     NodeStatus,
     PriorityClass,
-    ResourceFlavor,
 )
 
 

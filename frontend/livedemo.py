@@ -17,6 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from portal.demo import DEMO_PASSWORD
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -121,8 +123,6 @@ def launch_chromium(playwright):
 
 
 def login(page, username: str) -> None:
-    from portal.demo import DEMO_PASSWORD
-
     page.goto("/accounts/login/")
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill(DEMO_PASSWORD)

@@ -203,6 +203,7 @@ PATTERNS: list[tuple[re.Pattern[str], str]] = [
         gettext_noop("Job %(pk)s is %(state)s, not waiting for approval."),
         gettext_noop("Job %(pk)s is %(state)s; there is nothing to scale."),
         gettext_noop("Job %(pk)s is %(state)s; it cannot become %(to_state)s."),
+        gettext_noop("A new job cannot start %(to_state)s."),
         gettext_noop("Job %(pk)s is a %(job_kind)s job; only inference services scale."),
         gettext_noop(
             "replicas: must be between min_replicas (%(least)s) and max_replicas (%(most)s); submit the service "

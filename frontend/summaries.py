@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, Q, Sum
 
+from scheduler.fleet import telemetry
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     MILLIS_PER_DEVICE,
@@ -25,6 +26,7 @@ from scheduler.models import (
     Node,
     NodeStatus,
 )
+from tenants.models import Quota
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +114,6 @@ def guarantee_overcommit(change_millis: dict[str, int] | None = None) -> list[Ov
     """Flavors whose guarantees (summed over the top-level tenants; those below fit inside their parents)
     exceed the pool's schedulable cards: promises the pool cannot keep at once. ``change_millis`` adds a
     pending change per flavor (what approving a request would make of it)."""
-    from tenants.models import Quota
-
     capacity = {row.name: row.capacity_millis for row in flavor_capacity()}
     totals = {
         row["flavor__name"]: row["total"] or 0
@@ -153,11 +153,9 @@ def _add_live_utilisation(flavors: dict[str, FlavorCapacity], devices) -> None:
     """Fill ``utilisation_pct`` from the fleet's store of latest values (Redis, or memory when embedded)."""
     import redis
 
-    from scheduler.fleet.telemetry import latest_store
-
     devices = list(devices)
     try:
-        latest = latest_store().get_nodes({d.node_id for d in devices})
+        latest = telemetry.latest_store().get_nodes({d.node_id for d in devices})
     except (OSError, redis.RedisError):
         # Live numbers are a nicety here: the page still shows capacity and allocation without them.
         logger.warning("latest telemetry unavailable for the overview", exc_info=True)
@@ -177,11 +175,9 @@ def node_utilisation(nodes) -> dict[int, float]:
     """Average live utilisation of each node's cards (node id → percent), from the fleet's latest values."""
     import redis
 
-    from scheduler.fleet.telemetry import latest_store
-
     ids = [n.pk for n in nodes]
     try:
-        latest = latest_store().get_nodes(ids)
+        latest = telemetry.latest_store().get_nodes(ids)
     except (OSError, redis.RedisError):
         logger.warning("latest telemetry unavailable for the node table", exc_info=True)
         return {}
@@ -290,8 +286,6 @@ def fleet_heatmap() -> list[HeatRow]:
     import redis
     from django.utils.translation import gettext
 
-    from scheduler.fleet.telemetry import latest_store
-
     allocated = device_allocated_millis()
     rows: dict[int, HeatRow] = {}
     devices = Device.objects.select_related("node").only("id", "uuid", "index", "node__name", "node__status")
@@ -303,7 +297,7 @@ def fleet_heatmap() -> list[HeatRow]:
             )
         row.cells.append(HeatCell(device.uuid, device.index, None, allocated.get(device.pk, 0)))
     try:
-        latest = latest_store().get_nodes(rows)
+        latest = telemetry.latest_store().get_nodes(rows)
     except (OSError, redis.RedisError):
         logger.warning("latest telemetry unavailable for the heatmap", exc_info=True)
         latest = {}

@@ -64,7 +64,7 @@ def skip_continuation(data: bytes) -> int:
 
 
 class LogSource(Protocol):
-    """What the shipper needs of a workload (``nodeagent.workloads.WorkloadRecord``)."""
+    """What the shipper needs of a workload (``nodeagent.journal.WorkloadRecord``)."""
 
     job_id: int
     replica: int

@@ -11,7 +11,7 @@ from datetime import datetime
 from django.db import transaction
 
 from nodeagent import demo as agent_demo
-from nodeagent.demo import DemoNode
+from portal.demo_nodes import DemoNodeRow
 
 DEMO_PASSWORD = "gpupool-demo-2026"
 
@@ -20,15 +20,6 @@ DEMO_PASSWORD = "gpupool-demo-2026"
 class DemoLogin:
     username: str
     role: str
-
-
-@dataclass(frozen=True)
-class DemoNodeRow:
-    """A registered demo node: its row's id, what the demo agent simulates on it, and its cards' UUID → id."""
-
-    node_id: int
-    demo: DemoNode
-    device_ids: dict[str, int]
 
 
 DEMO_LOGINS = [
@@ -72,10 +63,12 @@ def load_demo_data(*, agents: int | None = None, now: datetime | None = None) ->
     (``GPUPOOL_DEMO_AGENTS`` by default) with the cards they will report, and give the pool its last hour
     (``portal.demo_history``): finished jobs, per-minute telemetry, quota approvals, and two jobs that the live
     agents then run. Idempotent: returns False when the demo data already exist."""
+    # The models and services are imported here, not at the top: the browser-test and screenshot driver
+    # (frontend.livedemo) imports this module for DEMO_PASSWORD in a process without Django settings.
     from django.conf import settings
 
+    from catalog.models import ResourceFlavor
     from portal import demo_history
-    from scheduler.models import ResourceFlavor
     from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
     from tenants.services.identity import user_create
     from tenants.services.memberships import membership_create

@@ -21,12 +21,23 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
+from catalog.models import ResourceFlavor
+from nodeagent.backends.base import WorkloadLoad
+from scheduler.fleet.services.agent_commands import command_ack, commands_pending
+from scheduler.fleet.services.rollups import telemetry_hours_rollup, telemetry_minutes_write
+from scheduler.fleet.telemetry import MinuteAggregator, minute_of
 from scheduler.jobspec import EXAMPLE_COMMAND
+from scheduler.logs import job_log_append
+from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, JobLogChunk, Node
+from scheduler.services.cycle import run_cycle
+from scheduler.services.jobs import job_submit
+from scheduler.services.reports import workload_status_report
+from tenants.models import ApprovalRequest, ApprovalStep, Tenant, User
+from tenants.services.approvals import approval_approve, quota_change_request_create
 
 if TYPE_CHECKING:
     from nodeagent.protocol import DeviceSample
-    from portal.demo import DemoNodeRow
-    from scheduler.models import Job
+    from portal.demo_nodes import DemoNodeRow
 
 #: How far back the history reaches.
 HISTORY_MINUTES = 60
@@ -111,21 +122,15 @@ def load_history(*, nodes: list[DemoNodeRow], now: datetime | None = None) -> No
     _write_telemetry(nodes, now=now)
     _quota_requests(now=now)
     users = _users()
-    from scheduler.services.jobs import job_submit
-
     for live in LIVE_JOBS:
         job_submit(actor=users[live.user], spec=live.spec(LIVE_COMMAND))
 
 
 def _users() -> dict:
-    from tenants.models import User
-
     return {user.username: user for user in User.objects.filter(username__in={"admin", "alice", "bob", "carol"})}
 
 
 def _node_flavors(nodes: list[DemoNodeRow]) -> set[str]:
-    from scheduler.models import Device
-
     ids = [device_id for node in nodes for device_id in node.device_ids.values()]
     return set(Device.objects.filter(pk__in=ids).values_list("flavor__name", flat=True))
 
@@ -135,12 +140,6 @@ def _node_flavors(nodes: list[DemoNodeRow]) -> set[str]:
 
 def _play_jobs(jobs: list[PastJob], *, now: datetime) -> None:
     """Submit, place, run and finish ``jobs`` in the order of their starts and ends, then date them."""
-    from scheduler.fleet.services.agent_commands import command_ack, commands_pending
-    from scheduler.logs import job_log_append
-    from scheduler.models import Allocation
-    from scheduler.services.cycle import run_cycle
-    from scheduler.services.jobs import job_submit
-
     users = _users()
     # Ends before starts at the same minute: the cards are free again for the job that follows.
     moments = sorted(
@@ -174,16 +173,11 @@ def _play_jobs(jobs: list[PastJob], *, now: datetime) -> None:
 
 
 def _replicas(job: Job) -> list[tuple[int, int]]:
-    from scheduler.models import Allocation
-
     return sorted(set(Allocation.objects.filter(job=job).values_list("replica", "node_id")))
 
 
 def _report(job: Job, *, state: str, exit_code: int | None) -> None:
     """What the node's agent reports for each replica of ``job``."""
-    from scheduler.models import Node
-    from scheduler.services.reports import workload_status_report
-
     for replica, node_id in _replicas(job):
         workload_status_report(
             node=Node.objects.get(pk=node_id),
@@ -212,8 +206,6 @@ def _output(past: PastJob, *, replica: int) -> str:
 
 def _date(job: Job, past: PastJob, *, now: datetime) -> None:
     """Move the rows the services wrote for ``job`` to the minutes of its timeline."""
-    from scheduler.models import AgentCommand, Allocation, JobEvent, JobLogChunk
-
     started = now - timedelta(minutes=past.start_min)
     ended = now - timedelta(minutes=past.end_min)
     submitted = started - timedelta(seconds=past.wait_s)
@@ -247,11 +239,6 @@ def _date(job: Job, past: PastJob, *, now: datetime) -> None:
 def _write_telemetry(nodes: list[DemoNodeRow], *, now: datetime) -> None:
     """Per-minute rollups of every demo card over the hour: what its simulated backend measures under the
     history's allocations, sampled ``SAMPLES_PER_MINUTE`` times a minute."""
-    from nodeagent.backends.base import WorkloadLoad
-    from scheduler.fleet.services.rollups import telemetry_hours_rollup, telemetry_minutes_write
-    from scheduler.fleet.telemetry import MinuteAggregator, minute_of
-    from scheduler.models import Allocation
-
     current = minute_of(now)
     first = current - timedelta(minutes=HISTORY_MINUTES)
     allocations = list(
@@ -297,10 +284,6 @@ def _sample_dict(sample: DeviceSample) -> dict:
 def _quota_requests(*, now: datetime) -> None:
     """alice (tenant admin of research) asked for more Ascend cards for NLP, which the system admin granted, and
     now asks for a larger A100 guarantee for Vision, which waits in the system admin's inbox."""
-    from scheduler.models import ResourceFlavor
-    from tenants.models import ApprovalRequest, ApprovalStep, Tenant
-    from tenants.services.approvals import approval_approve, quota_change_request_create
-
     users = _users()
     granted = quota_change_request_create(
         actor=users["alice"],

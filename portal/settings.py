@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "django_otp",
     "django_otp.plugins.otp_totp",
     "portal",
+    "catalog",
     "tenants",
     "scheduler",
     "scheduler.fleet",

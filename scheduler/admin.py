@@ -1,22 +1,7 @@
 from django.contrib import admin
 
 from portal.admin_readonly import ReadOnlyAdmin
-from scheduler.models import (
-    AgentCommand,
-    Allocation,
-    CapacityHold,
-    Device,
-    InferenceReservation,
-    Job,
-    JobEvent,
-    Node,
-    ResourceFlavor,
-)
-
-
-@admin.register(ResourceFlavor)
-class ResourceFlavorAdmin(ReadOnlyAdmin):
-    list_display = ("name", "vendor", "model", "memory_mib")
+from scheduler.models import AgentCommand, Allocation, CapacityHold, Device, InferenceReservation, Job, JobEvent, Node
 
 
 @admin.register(Node)

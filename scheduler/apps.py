@@ -6,12 +6,14 @@ class SchedulerConfig(AppConfig):
     verbose_name = "Scheduling, nodes and devices"
 
     def ready(self) -> None:
-        # Jobs waiting for admission are the scheduler's: it tells the tenants app's approval inbox what to do
-        # with them when a request is decided (tenants never imports the scheduler).
-        from scheduler.services import scaling  # noqa: F401  (registers the job.scale audit event)
+        from audit.events import register_app_events
+        from scheduler import audit_events
         from scheduler.services.jobs import job_reject_from_approval, job_release_from_approval
         from tenants.approval_handlers import ApprovalHandler, register_approval_handler
 
+        register_app_events(self.label, audit_events.EVENTS)
+        # Jobs waiting for admission are the scheduler's: it tells the tenants app's approval inbox what to do
+        # with them when a request is decided (tenants never imports the scheduler).
         register_approval_handler(
             "job_admission",
             ApprovalHandler(

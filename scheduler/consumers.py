@@ -17,6 +17,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from portal.api import NotFoundError
 from scheduler import logs
+from tenants.services.tokens import TokenRejected, api_token_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +28,6 @@ CLOSE_NOT_FOUND = 4404
 
 def _bearer_user(scope: dict) -> Any | None:
     """The user of an ``Authorization: Bearer gp_…`` API token (a command line follows without a session)."""
-    from tenants.services.tokens import TokenRejected, api_token_authenticate
 
     for name, value in scope.get("headers", []):
         if name.lower() == b"authorization":

@@ -44,6 +44,7 @@ from django.db import connection
 from django.utils import timezone
 
 from portal.db.bulk import AnyOf, update_rows
+from portal.task_queue import task_queue
 from scheduler import snapshot as live
 from scheduler.core import eta as core_eta
 from scheduler.core import types as core
@@ -463,8 +464,6 @@ def estimates_refresh_request() -> None:
     try:
         if _too_soon(CHANGE_MIN_GAP_S):
             return
-        from scheduler.tasks import estimate_starts  # here: the tasks module imports this one
-
-        estimate_starts.apply_async(kwargs={"after_change": True})
+        task_queue("scheduler.estimate_starts", kwargs={"after_change": True})
     except Exception:
         logger.warning("could not ask for new start-time estimates", exc_info=True)

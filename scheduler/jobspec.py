@@ -46,18 +46,12 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from catalog.models import ResourceFlavor
 from nodeagent.protocol import DEFAULT_ENV_DENYLIST, env_denied
 from portal.api import DomainError
 from scheduler.core.feasibility import NeverFits
 from scheduler.core.types import FRACTION_STEP_MILLIS
-from scheduler.models import (
-    MILLIS_PER_DEVICE,
-    MIN_FRACTION_MILLIS,
-    JobKind,
-    PriorityClass,
-    ResourceFlavor,
-    TopologyConstraint,
-)
+from scheduler.models import MILLIS_PER_DEVICE, MIN_FRACTION_MILLIS, JobKind, PriorityClass, TopologyConstraint
 
 #: A command that works on any node as it is (python3 is there, and a job starts in an empty directory of its
 #: own): a minute of training-like progress, then exit 0. The console's submit form shows it as the example.

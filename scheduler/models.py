@@ -1,5 +1,5 @@
-"""Resources (flavors, nodes, devices), the work placed on them (jobs, allocations) and the outbox of commands
-to node agents.
+"""Resources (nodes, devices), the work placed on them (jobs, allocations) and the outbox of commands to node
+agents. The flavors of devices live below, in ``catalog``, since the tenants' quotas are per flavor too.
 
 Invariants the database helps keep (see ``Allocation``): per device, the active allocations never exceed
 1000 millis or the device's memory; a whole-card (1000 millis) allocation therefore excludes every other.
@@ -12,37 +12,9 @@ from django.core.files.storage import storages
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from catalog.models import ResourceFlavor, Vendor
 from scheduler.core.types import MILLIS_PER_DEVICE, MIN_FRACTION_MILLIS
 from scheduler.core.types import PriorityClass as CorePriority
-
-
-class Vendor(models.TextChoices):
-    NVIDIA = "nvidia", "NVIDIA"
-    ASCEND = "ascend", "Huawei Ascend"
-    AMD = "amd", "AMD"
-    HYGON = "hygon", "Hygon"
-    CAMBRICON = "cambricon", "Cambricon"
-    SIMULATED = "simulated", _("simulated")
-
-
-class ResourceFlavor(models.Model):
-    """A named class of device (``nvidia-h100-80g``, ``ascend-910b``); quotas are per flavor."""
-
-    name = models.SlugField(max_length=64, unique=True)
-    vendor = models.CharField(max_length=16, choices=Vendor.choices)
-    model = models.CharField(max_length=64)
-    memory_mib = models.PositiveIntegerField()
-    description = models.CharField(max_length=200, blank=True, default="")
-    # Host CPU and memory a job gets per card of this flavor when its spec states none (0: none); a job naming
-    # several flavors gets the largest, so it fits wherever it lands.
-    cpu_millicores_per_card = models.PositiveIntegerField(default=0)
-    host_memory_mib_per_card = models.PositiveIntegerField(default=0)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class NodeStatus(models.TextChoices):

@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from nodeagent import protocol
+from portal.channel_send import run_with_channel_layer
 from portal.db.bulk import insert_rows, mark_saved, reserve_ids
 from scheduler import launch, serving, storage_paths
 from scheduler.logs import job_log_ends
@@ -209,7 +210,6 @@ def announce_after_commit(commands: Iterable[AgentCommand]) -> None:
 
 
 def _announce(items: list[tuple[int, int]]) -> None:
-    from portal.channel_send import run_with_channel_layer
 
     async def send_all(layer) -> None:
         # All in one trip into the event loop: one trip per command cost ~4 ms of thread hand-off each, seconds

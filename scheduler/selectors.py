@@ -17,11 +17,13 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 from django.utils.translation import gettext, ngettext
 
+from catalog.models import ResourceFlavor
 from portal.api import NotFoundError
 from portal.policy import Action
 from scheduler.core.types import Ordering
+from scheduler.fleet.telemetry import latest_store
 from scheduler.message_text import localize
-from scheduler.models import PENDING_JOB_STATES, Allocation, Device, Job, JobEvent, JobState, Node, ResourceFlavor
+from scheduler.models import PENDING_JOB_STATES, Allocation, Device, Job, JobEvent, JobState, Node
 from scheduler.snapshot import policy_from_settings
 from tenants.models import Tenant
 from tenants.policy import reaches_all, restrict
@@ -209,8 +211,6 @@ def latest_telemetry(node_ids: set[int]) -> dict[int, dict[str, dict]]:
     """The latest per-card values of ``node_ids`` (node id → uuid → values); empty when the store is down:
     live figures are a nicety beside the inventory, which still answers."""
     import redis
-
-    from scheduler.fleet.telemetry import latest_store
 
     if not node_ids:
         return {}

@@ -18,6 +18,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Max, QuerySet
 from django.utils import timezone
 
+from catalog.models import ResourceFlavor
+from scheduler.core import decay_usage, plan
 from scheduler.core import types as core
 from scheduler.models import (
     Allocation,
@@ -31,8 +33,8 @@ from scheduler.models import (
     JobState,
     Node,
     NodeStatus,
-    ResourceFlavor,
 )
+from tenants.models import Quota, Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -150,14 +152,8 @@ def _topology_lookup(topology: dict, key: str) -> dict[str, str]:
     return lookup
 
 
-def _tenant_model() -> Any:
-    from tenants.models import Tenant
-
-    return Tenant
-
-
 # Every tenant, by slug: its pk (to name rows) and its parent's (the tree), in one read.
-_TENANT_ROWS = CompiledQuery(lambda: _tenant_model().objects.order_by("slug").values_list("pk", "slug", "parent_id"))
+_TENANT_ROWS = CompiledQuery(lambda: Tenant.objects.order_by("slug").values_list("pk", "slug", "parent_id"))
 _FLAVOR_NAMES = CompiledQuery(lambda: ResourceFlavor.objects.values_list("pk", "name"))
 _NODE_ROWS = CompiledQuery(
     lambda: Node.objects.order_by("name").values_list(
@@ -399,15 +395,9 @@ def _tenants(names: _Names) -> tuple[core.Tenant, ...]:
     )
 
 
-def _quota_model() -> Any:
-    from tenants.models import Quota
-
-    return Quota
-
-
 # In the model's order (tenant slug, flavor name), as the rows with their tenant and flavor were read before.
 _QUOTA_ROWS = CompiledQuery(
-    lambda: _quota_model().objects.values_list(
+    lambda: Quota.objects.values_list(
         "tenant__slug",
         "flavor__name",
         "guaranteed_millis",
@@ -453,7 +443,6 @@ def decayed_usage(
     ``previous`` is ``{"at": epoch seconds, "usage": {tenant: {flavor: millis}}}`` or None (first cycle: the
     usage is what is held now).
     """
-    from scheduler.core import decay_usage
 
     if not previous or "at" not in previous:
         return held
@@ -679,6 +668,5 @@ def policy_from_settings() -> core.Policy:
 
 
 def plan_for(snapshot: core.Snapshot, policy: core.Policy | None = None) -> core.Plan:
-    from scheduler.core import plan
 
     return plan(snapshot, policy or policy_from_settings())

@@ -28,7 +28,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.events import register as audit_event_register
 from audit.services import audit_record
 from portal.api import DomainError, PermissionDeniedError
 from portal.policy import Action
@@ -38,8 +37,6 @@ from scheduler.sim.traceformat import FORMATS, TenantSpec, flavor_capacity, trac
 from scheduler.sim.workload import SimJob, Workload
 from scheduler.snapshot import build_snapshot
 from tenants.policy import allows
-
-audit_event_register("trace.export", "scheduler", "Job history was exported as a replay trace")
 
 TRACE_FORMAT = "gpupool-trace/1"
 MAX_WINDOW_DAYS = 366

@@ -6,26 +6,12 @@ class TenantsConfig(AppConfig):
     verbose_name = "Tenants and identity"
 
     def ready(self) -> None:
-        from tenants import schema, signals  # noqa: F401  (schema registers the OpenAPI auth scheme)
+        from audit.events import register_app_events
+        from tenants import (
+            audit_events,
+            schema,  # noqa: F401  (registers the OpenAPI auth scheme)
+            signals,
+        )
 
         signals.connect()
-        _register_audit_events()
-
-
-def _register_audit_events() -> None:
-    from audit.events import register
-
-    for code, description in [
-        ("quota_request.request_changes", "Changes to a quota change request were asked for"),
-        ("quota_request.resubmit", "A quota change request was resubmitted"),
-        ("quota_request.cancel", "A quota change request was withdrawn"),
-        ("quota_request.expire", "A quota change request expired"),
-        ("quota_request.fail", "An approved quota change no longer fitted and was not applied"),
-        ("approval.cancel", "An approval request was withdrawn"),
-        ("approval.expire", "An approval request expired"),
-        ("approval.create", "An approval was requested"),
-        ("notification.failed", "A notification could not be delivered"),
-        ("notification.retry", "An admin retried a notification"),
-        ("flavor.price.set", "The showback price of a flavor was set"),
-    ]:
-        register(code, "approval", description)
+        register_app_events(self.label, audit_events.EVENTS)

@@ -23,7 +23,7 @@ from tenants.models import (
     TokenScope,
     User,
 )
-from tenants.selectors import subtree_q
+from tenants.selectors import approvals_awaiting, subtree_q
 
 
 class TenantFilterSet(django_filters.FilterSet):
@@ -97,8 +97,6 @@ class ApprovalFilterSet(django_filters.FilterSet):
         fields = ["kind", "status", "tenant", "awaiting_me"]
 
     def filter_awaiting_me(self, queryset: QuerySet, name: str, value: bool) -> QuerySet:
-        from tenants.selectors import approvals_awaiting
-
         ids = [approval.pk for approval in approvals_awaiting(self.request.user)]
         return queryset.filter(pk__in=ids) if value else queryset.exclude(pk__in=ids)
 

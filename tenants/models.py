@@ -131,7 +131,7 @@ class Quota(models.Model):
     quota covers its whole subtree, and Σ children's guaranteed ≤ the parent's guaranteed."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="quotas")
-    flavor = models.ForeignKey("scheduler.ResourceFlavor", on_delete=models.PROTECT, related_name="quotas")
+    flavor = models.ForeignKey("catalog.ResourceFlavor", on_delete=models.PROTECT, related_name="quotas")
     guaranteed_millis = models.PositiveIntegerField(default=0)
     # None = no limit beyond what can be borrowed from the cohort.
     limit_millis = models.PositiveIntegerField(null=True, blank=True)
@@ -206,7 +206,7 @@ class ApprovalRequest(models.Model):
     )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approval_requests")
     requester = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    flavor = models.ForeignKey("scheduler.ResourceFlavor", null=True, blank=True, on_delete=models.PROTECT)
+    flavor = models.ForeignKey("catalog.ResourceFlavor", null=True, blank=True, on_delete=models.PROTECT)
     job = models.ForeignKey("scheduler.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     # quota_change: the requested values (QUOTA_FIELDS); job_admission: a summary of the job.
     payload = models.JSONField(default=dict)
@@ -286,17 +286,6 @@ class NotificationDelivery(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-
-
-class FlavorPrice(models.Model):
-    """Optional price of one card-hour of a flavor, for showback/chargeback reports."""
-
-    flavor = models.OneToOneField("scheduler.ResourceFlavor", on_delete=models.CASCADE, related_name="price")
-    price_per_device_hour = models.DecimalField(max_digits=12, decimal_places=4)
-    currency = models.CharField(max_length=3, default="CNY")
-
-    def __str__(self) -> str:
-        return f"{self.flavor.name}: {self.price_per_device_hour} {self.currency}/h"
 
 
 class TenantStorageUsage(models.Model):

@@ -12,6 +12,7 @@ from typing import Any
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from tenants.models import User
+from tenants.services.identity import user_create
 
 
 def _username_from(claims: dict[str, Any]) -> str:
@@ -26,8 +27,6 @@ class GpupoolOIDCBackend(OIDCAuthenticationBackend):
         return User.objects.filter(username__iexact=username)
 
     def create_user(self, claims: dict[str, Any]) -> User:
-        from tenants.services.identity import user_create
-
         return user_create(
             actor=None,
             username=_username_from(claims),

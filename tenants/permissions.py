@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from portal.policy import PLATFORM_ROLES, RULES, TOKEN_SCOPE, Action, Principal
-from tenants.models import ApiToken, MembershipRole, PlatformRole, TokenScope
+from tenants.models import ApiToken, ApprovalStepRole, MembershipRole, PlatformRole, TokenScope
 from tenants.policy import allows, is_active_account, may, platform_role_of, principals_of, tenant_role, token_allows
 from tenants.tree import ancestors_and_self
 
@@ -193,8 +193,6 @@ class PolicyPermission(BasePermission):
 
 def holds_approval_role(user: Any, role: str, tenant: Tenant) -> bool:
     """Whether ``user`` holds approver ``role`` (an ``ApprovalStepRole``) for a request about ``tenant``."""
-    from tenants.models import ApprovalStepRole
-
     if not is_active_account(user):
         return False
     if role == ApprovalStepRole.SYSTEM_ADMIN:

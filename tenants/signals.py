@@ -7,22 +7,18 @@ from typing import Any
 from axes.signals import user_locked_out
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 
+from tenants.services.identity import auth_locked_out, auth_login_failed, auth_login_succeeded
+
 
 def _on_logged_in(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
-    from tenants.services.identity import auth_login_succeeded
-
     auth_login_succeeded(user=user, request=request)
 
 
 def _on_login_failed(sender: Any, credentials: dict, request: Any = None, **kwargs: Any) -> None:
-    from tenants.services.identity import auth_login_failed
-
     auth_login_failed(username=str(credentials.get("username", "")), request=request)
 
 
 def _on_locked_out(sender: Any, request: Any = None, username: str | None = None, **kwargs: Any) -> None:
-    from tenants.services.identity import auth_locked_out
-
     auth_locked_out(username=username or "", request=request)
 
 

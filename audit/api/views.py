@@ -16,7 +16,7 @@ from audit.models import AuditRecord
 from audit.permissions import AuditTrailPermission
 from audit.selectors import readable, records_for
 from audit.services import audit_record
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from portal.policy import Action
 
 # Signed in first (an anonymous probe is a 401, not an audited refusal), then the audited policy check.
@@ -82,7 +82,7 @@ class AuditVerifyView(APIView):
 
 class AuditExportView(APIView):
     """Download a signed bundle of the records in [start, end) (optionally one tenant's stream); check it
-    offline with ``python -m audit.verify bundle.zip``. Exports are audited."""
+    offline with ``python -m audit.bundle_verifier bundle.zip``. Exports are audited."""
 
     permission_classes = AUDITOR_ONLY
     policy_actions = {"get": Action.AUDIT_EXPORT}

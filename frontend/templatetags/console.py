@@ -8,7 +8,11 @@ from django import template
 from django.utils.translation import gettext as _
 
 from frontend.access import nav_for
+from frontend.audit_details import role_words
 from frontend.datetimes import format_moment, moment_format
+from frontend.service_text import localize as localize_service_text
+from scheduler.message_text import localize as localize_scheduler_text
+from tenants.models import ApprovalStepRole
 
 register = template.Library()
 
@@ -96,8 +100,6 @@ def qbar(*, scale: int, used: int = 0, guaranteed: int | None = None, borrowed: 
 @register.filter
 def approver_role(value: str | None) -> str:
     """``parent_tenant_admin`` → "tenant admin of the parent tenant" (the approval chain in words)."""
-    from tenants.models import ApprovalStepRole
-
     if not value:
         return "—"
     try:
@@ -109,25 +111,19 @@ def approver_role(value: str | None) -> str:
 @register.filter
 def role_label(value: str | None) -> str:
     """Any role code (platform, tenant membership, approver) by its name: ``security_admin`` → "security admin"."""
-    from frontend.audit_details import role_words
-
     return role_words(value or "")
 
 
 @register.filter
 def scheduler_text(value: str | None) -> str:
     """A sentence the scheduler stored (placement, preemption, why a job waits) in the page's language."""
-    from scheduler.message_text import localize
-
-    return localize(value or "")
+    return localize_scheduler_text(value or "")
 
 
 @register.filter
 def service_text(value: str | None) -> str:
     """A message a service stored or raised (an approval's result, a refusal) in the page's language."""
-    from frontend.service_text import localize
-
-    return localize(value or "")
+    return localize_service_text(value or "")
 
 
 @register.filter

@@ -14,10 +14,12 @@ from django.views.decorators.http import require_POST
 from django_tables2 import RequestConfig
 
 from audit import selectors as audit_selectors
+from audit import transparency
 from audit.exports import build_bundle
 from audit.models import AuditRecord
-from audit.services import record_details
-from audit.verification import verify_trail
+from audit.services import record_details, witness_genesis
+from audit.trail_verifier import verify_trail
+from audit.witness import WitnessError
 from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import tenant_choices
 from frontend.audit_details import audit_details
@@ -48,10 +50,6 @@ def last_verification(user) -> AuditRecord | None:
 
 def _trust_root() -> tuple[str, str, str]:
     """(fingerprint, witness key, error) of this log's trust root, from the witness (never from the database)."""
-    from audit import transparency
-    from audit.services import witness_genesis
-    from audit.witness import WitnessError
-
     try:
         genesis = witness_genesis()
     except WitnessError as exc:
@@ -124,7 +122,7 @@ def audit_verify(request):
 @section_required(Section.AUDIT)
 @action_required(Action.AUDIT_EXPORT)
 def audit_export(request):
-    """A signed bundle (records JSONL + CSV, manifest, checkpoints, public key) that ``python -m audit.verify``
+    """A signed bundle (records JSONL + CSV, manifest, checkpoints, public key) that ``python -m audit.bundle_verifier``
     checks offline. POST because it is itself an audited action."""
     form = AuditExportForm(request.POST, tenants=_tenant_choices(request))
     if not form.is_valid():

@@ -1,5 +1,5 @@
 """Showback reports: device-hours (and cost, where flavors have a price) per tenant, flavor and period, with a
-chart and CSV / XLSX downloads. The numbers come from ``tenants.usage``, the same code as the API's."""
+chart and CSV / XLSX downloads. The numbers come from ``scheduler.showback``, the same code as the API's."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from catalog.models import ResourceFlavor
 from frontend.access import Section, action_required, section_required, visible_tenant_ids
 from frontend.admin_forms import FlavorPriceForm, attach_domain_error
 from frontend.forms import UsageReportForm
 from portal.api import DomainError
 from portal.policy import Action
-from scheduler.models import ResourceFlavor
+from scheduler import showback
 from tenants import selectors as tenant_selectors
-from tenants import usage
 from tenants.policy import may
 from tenants.services.quotas import flavor_price_set
 
@@ -39,7 +39,7 @@ def _tenant_scope(request, slug: str) -> list[int] | None:
     return sorted(subtree if allowed is None else subtree & allowed)
 
 
-def usage_chart(report: usage.UsageReport) -> dict:
+def usage_chart(report: showback.UsageReport) -> dict:
     """Bars per period stacked by flavor, from each tenant's *own* hours (subtree hours would count twice)."""
     totals: dict[datetime.date, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
     for row in report.tenants:
@@ -92,7 +92,7 @@ def usage_reports(request):
     report = chart = None
     if form.is_valid():
         start, end = form.range()
-        report = usage.usage_report(
+        report = showback.usage_report(
             start=start,
             end=end,
             period=form.cleaned_data["period"],
@@ -101,13 +101,13 @@ def usage_reports(request):
         export = request.GET.get("export")
         stamp = f"{form.cleaned_data['start']:%Y%m%d}-{form.cleaned_data['end']:%Y%m%d}"
         if export in ("csv", "detail"):
-            body = usage.report_csv(report, kind="tenants" if export == "csv" else "detail")
+            body = showback.report_csv(report, kind="tenants" if export == "csv" else "detail")
             response = HttpResponse(body, content_type="text/csv; charset=utf-8")
             response["Content-Disposition"] = f'attachment; filename="gpupool-usage-{export}-{stamp}.csv"'
             return response
         if export == "xlsx":
             response = HttpResponse(
-                usage.report_xlsx(report),
+                showback.report_xlsx(report),
                 content_type="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
             )
             response["Content-Disposition"] = f'attachment; filename="gpupool-usage-{stamp}.xlsx"'

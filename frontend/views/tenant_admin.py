@@ -16,14 +16,14 @@ from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_POST
 
+from catalog.models import ResourceFlavor
 from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import TOP_LEVEL, QuotaSetForm, TenantForm, attach_domain_error, tenant_choices
 from frontend.service_text import localize
 from frontend.summaries import guarantee_overcommit
-from frontend.views.tenants import _ancestors, _current_quota, _flavor_names, _quota_form_flavor, quota_rows
+from frontend.tenant_pages import current_quota_values, flavor_names, quota_form_flavor, quota_rows, tenant_ancestors
 from portal.api import DomainError, NotFoundError
 from portal.policy import Action
-from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
@@ -122,7 +122,7 @@ def tenant_edit(request, pk: int):
         "section": Section.TENANTS,
         "form": form,
         "tenant": tenant,
-        "ancestors": _ancestors(tenant),
+        "ancestors": tenant_ancestors(tenant),
         "may_delete": may_move,
     }
     return render(request, "frontend/tenants/tenant_form.html", context)
@@ -155,10 +155,10 @@ def quota_edit(request, pk: int):
     tenant = _tenant_or_404(request, pk)
     if not allows(request.user, Action.QUOTA_SET, tenant):
         raise Http404
-    flavors = _flavor_names()
+    flavors = flavor_names()
     asked = request.POST.get("q-flavor") if request.method == "POST" else request.GET.get("flavor")
-    flavor_name = _quota_form_flavor(tenant, asked, flavors)
-    current = _current_quota(tenant, flavor_name)
+    flavor_name = quota_form_flavor(tenant, asked, flavors)
+    current = current_quota_values(tenant, flavor_name)
     form = QuotaSetForm(flavors=flavors, prefix="q", current=current, initial={"flavor": flavor_name})
     if request.method == "POST" and flavor_name is not None:
         form = QuotaSetForm(request.POST, flavors=flavors, prefix="q", current=current)
@@ -179,7 +179,7 @@ def quota_edit(request, pk: int):
     context = {
         "section": Section.TENANTS,
         "tenant": tenant,
-        "ancestors": _ancestors(tenant),
+        "ancestors": tenant_ancestors(tenant),
         "quotas": quota_rows(tenant),
         "quota_flavors": flavors,
         "quota_flavor": flavor_name,

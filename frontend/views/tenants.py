@@ -14,13 +14,14 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.http import require_POST
 
+from catalog.models import ResourceFlavor
 from frontend.access import Section, action_required, section_required, sections_for
 from frontend.forms import DecisionForm, QuotaChangeForm
 from frontend.service_text import localize
-from frontend.summaries import flavor_capacity, guarantee_overcommit
+from frontend.summaries import guarantee_overcommit
+from frontend.tenant_pages import current_quota_values, flavor_names, quota_form_flavor, quota_rows, tenant_ancestors
 from portal.api import DomainError, NotFoundError
 from portal.policy import Action
-from scheduler.models import ResourceFlavor
 from tenants import selectors as tenant_selectors
 from tenants.approval_chain import chain_plan, decided_by_sentence
 from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, ApprovalStepRole, Quota, Tenant
@@ -88,7 +89,7 @@ def tenant_detail(request, pk: int):
     context = {
         "section": Section.TENANTS,
         "tenant": tenant,
-        "ancestors": _ancestors(tenant),
+        "ancestors": tenant_ancestors(tenant),
         "memberships": memberships,
         "children": children,
         "quotas": quota_rows(tenant),
@@ -98,85 +99,15 @@ def tenant_detail(request, pk: int):
         "can_set_quota": allows(request.user, Action.QUOTA_SET, tenant),
     }
     if context["can_request"]:
-        flavors = _flavor_names()
-        chosen = _quota_form_flavor(tenant, request.GET.get("flavor"), flavors)
+        flavors = flavor_names()
+        chosen = quota_form_flavor(tenant, request.GET.get("flavor"), flavors)
         context["quota_flavors"] = flavors
         context["quota_flavor"] = chosen
         context["quota_form"] = QuotaChangeForm(
-            flavors=flavors, prefix="q", current=_current_quota(tenant, chosen), initial={"flavor": chosen}
+            flavors=flavors, prefix="q", current=current_quota_values(tenant, chosen), initial={"flavor": chosen}
         )
         context["overcommit"] = guarantee_overcommit()
     return render(request, "frontend/tenants/detail.html", context)
-
-
-def _ancestors(tenant: Tenant) -> list[Tenant]:
-    chain = []
-    node = tenant.parent
-    while node is not None:
-        chain.append(node)
-        node = node.parent
-    return list(reversed(chain))
-
-
-@dataclass
-class QuotaRow:
-    """One flavor's quota and use, with the numbers a bar needs (millis)."""
-
-    flavor: str
-    guaranteed: int
-    limit: int | None
-    in_use: int
-    borrowed: int
-    lent: int
-    available_to_borrow: int
-    running_jobs: int
-    max_running_jobs: int | None
-
-    @property
-    def scale(self) -> int:
-        """The bar's full width: the limit, or (no limit) what the tenant could reach now."""
-        if self.limit is not None:
-            return max(self.limit, self.in_use, 1)
-        return max(self.guaranteed + self.available_to_borrow, self.in_use, self.guaranteed, 1)
-
-
-def quota_rows(tenant: Tenant) -> list[QuotaRow]:
-    usage = tenant_selectors.quota_usage(tenant)
-    return [
-        QuotaRow(
-            flavor=name,
-            guaranteed=row["guaranteed"],
-            limit=row["limit"],
-            in_use=row["in_use"],
-            borrowed=row["borrowed"],
-            lent=row["lent"],
-            available_to_borrow=row["available_to_borrow"],
-            running_jobs=row["running_jobs"],
-            max_running_jobs=row["max_running_jobs"],
-        )
-        for name, row in usage.items()
-    ]
-
-
-def _flavor_names() -> list[str]:
-    return list(ResourceFlavor.objects.order_by("name").values_list("name", flat=True))
-
-
-def _current_quota(tenant: Tenant, flavor_name: str | None) -> dict:
-    quota = Quota.objects.filter(tenant=tenant, flavor__name=flavor_name).first() if flavor_name else None
-    return quota.values() if quota else {}
-
-
-def _quota_form_flavor(tenant: Tenant, asked: str | None, flavors: list[str]) -> str | None:
-    """The flavor the request form opens on: the one asked for, else one the tenant has a quota for, else one
-    with schedulable cards in the pool (not a flavor of 0 cards)."""
-    if asked in flavors:
-        return asked
-    with_quota = Quota.objects.filter(tenant=tenant).order_by("flavor__name").values_list("flavor__name", flat=True)
-    if with_quota:
-        return with_quota[0]
-    schedulable = [row.name for row in flavor_capacity() if row.capacity_millis > 0]
-    return (schedulable or flavors or [None])[0]
 
 
 @require_POST
@@ -188,7 +119,7 @@ def quota_request(request, pk: int):
         raise Http404
     flavor_name = request.POST.get("q-flavor")
     form = QuotaChangeForm(
-        request.POST, flavors=_flavor_names(), prefix="q", current=_current_quota(tenant, flavor_name)
+        request.POST, flavors=flavor_names(), prefix="q", current=current_quota_values(tenant, flavor_name)
     )
     if form.is_valid() and not form.changed_values():
         messages.error(request, _("Nothing changed: edit at least one value before sending the request."))

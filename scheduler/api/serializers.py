@@ -6,19 +6,11 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
+from catalog.models import ResourceFlavor, Vendor
 from portal.serializers import FieldsBuiltOnce, JsonTypedSerializer
 from scheduler import launch, serving
 from scheduler.jobspec import PRIORITY_NAMES
-from scheduler.models import (
-    Allocation,
-    Device,
-    Job,
-    JobEvent,
-    Node,
-    PriorityClass,
-    ResourceFlavor,
-    Vendor,
-)
+from scheduler.models import Allocation, Device, Job, JobEvent, Node, PriorityClass
 from scheduler.selectors import job_pending_sentence
 from scheduler.services.arrays import JobArray, JobArrayCancelled
 

@@ -24,9 +24,9 @@ from nodeagent import protocol
 from portal.api import DomainError
 from scheduler import logs
 from scheduler.fleet import selectors
+from scheduler.fleet.batching import db
 from scheduler.fleet.fencing import lease_timing
-from scheduler.fleet.runtime import db, fleet_process
-from scheduler.fleet.services._common import agent_group
+from scheduler.fleet.runtime import fleet_process
 from scheduler.fleet.services.agent_commands import (
     RETRYABLE_REPORT_ERRORS,
     ReportOutcome,
@@ -38,6 +38,7 @@ from scheduler.fleet.services.agent_commands import (
 from scheduler.fleet.services.enrolment import CLOSE_REPLACED, CLOSE_UNAUTHORIZED, credential_authenticate
 from scheduler.fleet.services.inventory import node_hello, node_workloads_reconcile
 from scheduler.fleet.services.lease import node_disconnected
+from scheduler.fleet.services.notify import agent_group
 from scheduler.fleet.telemetry import (
     LATEST_FIELDS,
     ROLLUP_SPREAD_S,

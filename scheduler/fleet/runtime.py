@@ -13,80 +13,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections
+from scheduler import logs
+from scheduler.fleet import selectors
+from scheduler.fleet.batching import GroupWrite, db
+from scheduler.fleet.services.lease import node_heartbeats_record
+from scheduler.fleet.services.rollups import telemetry_minutes_write
+from scheduler.fleet.telemetry import latest_store
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: How often a process writes the heartbeats its agent sockets received.
 HEARTBEAT_FLUSH_S = 1.0
 #: How often a process re-reads which tenant holds which card of its connected nodes.
 TENANT_MAP_REFRESH_S = 5.0
-
-
-def db(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` run on the database thread, keeping its connection between calls."""
-
-    @functools.wraps(func)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except DatabaseError:
-            close_old_connections()  # a broken or obsolete connection is replaced on the next call
-            raise
-
-    return sync_to_async(call, thread_sensitive=True)
-
-
-class GroupWrite(Generic[T]):
-    """Writes of one event loop that arrive while a write is in flight go out together in the next one.
-
-    ``submit`` returns once its items are written, or raises that write's error. A thousand agent sockets
-    writing in the same second then cost a handful of writes, and a lone write still leaves at once.
-    """
-
-    def __init__(self, write: Callable[[list[T]], Awaitable[object]], *, linger_s: float = 0.0) -> None:
-        self._write = write
-        #: Wait this long before each write so that more items join it (for writes nobody waits for).
-        self._linger_s = linger_s
-        self._pending: list[T] = []
-        self._written: asyncio.Future | None = None  # resolves when ``_pending`` as it is now is written
-        self._writer: asyncio.Task | None = None
-
-    async def submit(self, items: Iterable[T]) -> None:
-        self._pending.extend(items)
-        if self._written is None:
-            self._written = asyncio.get_running_loop().create_future()
-        written = self._written
-        if self._writer is None:
-            self._writer = asyncio.ensure_future(self._run())
-        # shield: a cancelled caller must not cancel the write that the other callers wait for.
-        await asyncio.shield(written)
-
-    async def _run(self) -> None:
-        try:
-            while self._pending:
-                if self._linger_s:
-                    await asyncio.sleep(self._linger_s)
-                items, self._pending = self._pending, []
-                written, self._written = self._written, None
-                try:
-                    await self._write(items)
-                except asyncio.CancelledError:
-                    written.cancel()
-                    raise
-                except Exception as exc:
-                    written.set_exception(exc)
-                    written.exception()  # retrieved here too: every waiter may have been cancelled
-                else:
-                    written.set_result(None)
-        finally:
-            self._writer = None
 
 
 class FleetProcess:
@@ -131,7 +74,6 @@ class FleetProcess:
 
     async def flush(self) -> None:
         """Write the pending heartbeats now (the loop does this every second; tests call it)."""
-        from scheduler.fleet.services.lease import node_heartbeats_record
 
         beats, self.beats = self.beats, {}
         if beats:
@@ -169,7 +111,6 @@ class FleetProcess:
 
     @staticmethod
     async def _write_minutes(batches: list[tuple[list, dict[str, int]]]) -> None:
-        from scheduler.fleet.services.rollups import telemetry_minutes_write
 
         aggregates, device_ids = [], {}
         for batch_aggregates, batch_device_ids in batches:
@@ -187,14 +128,12 @@ class FleetProcess:
 
     @staticmethod
     async def _write_log_pieces(items: list[tuple[Any, asyncio.Future]]) -> None:
-        from scheduler import logs
 
         outcomes = await db(logs.job_logs_append)(pieces=[piece for piece, _outcome in items])
         for (_piece, outcome), result in zip(items, outcomes, strict=True):
             outcome.set_result(result)
 
     async def refresh_tenant_maps(self) -> None:
-        from scheduler.fleet import selectors
 
         node_ids = list(self.connected)
         if node_ids:
@@ -204,7 +143,6 @@ class FleetProcess:
                     self.set_tenant_map(node_id, by_device)
 
     async def refresh_watched(self) -> None:
-        from scheduler.fleet.telemetry import latest_store
 
         self.watched = await latest_store().awatched()
 

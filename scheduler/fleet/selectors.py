@@ -13,6 +13,7 @@ from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Mi
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from audit import selectors as audit_selectors
 from portal.policy import Action
 from scheduler.fleet.models import BootstrapToken, NodeCredential, TelemetryMinute
 from scheduler.fleet.telemetry import latest_store, minute_of
@@ -27,7 +28,7 @@ from scheduler.models import (
     Node,
     NodeStatus,
 )
-from tenants.models import Tenant
+from tenants.models import Quota, Tenant
 from tenants.policy import reaches_all, restrict
 
 #: /metrics' queue wait: the jobs admitted in this many seconds before the scrape, ...
@@ -305,7 +306,6 @@ def _capacity_millis_by_flavor() -> dict[str, int]:
 
 def _tenant_usage(allocations: QuerySet) -> dict[str, Any]:
     """Per tenant (slug) and flavor: millis held, guaranteed and the limit; per tenant and state: unfinished jobs."""
-    from tenants.models import Quota
 
     allocated = {
         (row["tenant__slug"], row["flavor__name"]): row["millis"]
@@ -361,7 +361,6 @@ def _oldest_queued_seconds(*, now: dt.datetime) -> float:
 
 
 def _audit_sealing(*, now: dt.datetime) -> dict[str, float]:
-    from audit import selectors as audit_selectors
 
     return {
         "audit_unwitnessed_seconds": audit_selectors.unwitnessed_record_age_seconds(now=now),

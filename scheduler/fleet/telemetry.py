@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from scheduler.fleet.runtime import GroupWrite
+from scheduler.fleet.batching import GroupWrite
 
 # The fields a browser and /metrics see for a device; the agent's names (nodeagent.protocol) kept as they are.
 LATEST_FIELDS = (

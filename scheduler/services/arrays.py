@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
 from portal.api import DomainError, NotFoundError, PermissionDeniedError
 from scheduler.jobspec import JobSpecError, validate_job_spec
-from scheduler.models import FINAL_JOB_STATES, Job, JobEvent
+from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services.cycle import request_cycle
 from scheduler.services.jobs import _admission, _new_job, _resolve_submit, job_cancel
-from scheduler.services.transitions import S
+from scheduler.services.transitions import JobMove, S, job_array_create, jobs_transition
 from tenants.permissions import can_manage_job
-
-#: Rows per INSERT statement where an array's jobs are inserted by the ORM (databases other than PostgreSQL).
-ARRAY_INSERT_BATCH = 2000
 
 
 @dataclass(frozen=True)
@@ -36,67 +32,6 @@ class JobArray:
     @property
     def count(self) -> int:
         return len(self.job_ids)
-
-
-def _array_copies_insert(*, first: Job, count: int) -> list[int]:
-    """Insert jobs 1..count-1 of an array as copies of ``first`` (job 0, saved), each with its ``array_index``
-    and ``GPUPOOL_ARRAY_INDEX``; return the ids of all ``count`` jobs in index order.
-
-    On PostgreSQL one ``INSERT … SELECT`` over ``generate_series`` copies the row inside the database: 10,000
-    jobs take about 0.2 s there, where building and binding 10,000 model instances takes seconds of Python.
-    Other databases (the embedded SQLite demo) get the same rows from ``bulk_create``.
-    """
-    if count == 1:
-        return [first.pk]
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
-    if connection.vendor != "postgresql":
-        copies = []
-        for index in range(1, count):
-            copy = Job(**{f.attname: getattr(first, f.attname) for f in fields})
-            copy.env = {**first.env, "GPUPOOL_ARRAY_INDEX": str(index)}
-            copy.array_index = index
-            copy.idempotency_key = ""
-            copies.append(copy)
-        Job.objects.bulk_create(copies, batch_size=ARRAY_INSERT_BATCH)
-        return [first.pk, *(copy.pk for copy in copies)]
-    quote = connection.ops.quote_name
-    copied = {
-        "env": "first.env || jsonb_build_object('GPUPOOL_ARRAY_INDEX', g.n::text)",
-        "array_index": "g.n",
-        # The key stays on job 0: it is unique per submitter.
-        "idempotency_key": "''",
-    }
-    columns = ", ".join(quote(f.column) for f in fields)
-    values = ", ".join(copied.get(f.name, f"first.{quote(f.column)}") for f in fields)
-    table = quote(Job._meta.db_table)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} ({columns}) SELECT {values} FROM {table} AS first "
-            "CROSS JOIN generate_series(1, %s) AS g(n) WHERE first.id = %s ORDER BY g.n RETURNING id, array_index",
-            [count - 1, first.pk],
-        )
-        by_index = {index: pk for pk, index in cursor.fetchall()}
-    return [first.pk, *(by_index[index] for index in range(1, count))]
-
-
-def _array_events_insert(*, array_id: uuid.UUID, state: str, reason: str, message: str, now: datetime) -> None:
-    """The two events of every job of an array (``_submit_events``: submitted, then its state), written by
-    one ``INSERT … SELECT`` over the array's jobs instead of 2 x N model instances."""
-    quote = connection.ops.quote_name
-    empty_details = "CAST('{}' AS jsonb)" if connection.vendor == "postgresql" else "'{}'"
-    created_at = JobEvent._meta.get_field("created_at").get_db_prep_value(now, connection)
-    array_key = Job._meta.get_field("array_id").get_db_prep_value(array_id, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {quote(JobEvent._meta.db_table)} "
-            "(job_id, from_state, to_state, reason, message, actor_id, details, created_at) "
-            f"SELECT job.id, step.from_state, step.to_state, step.reason, step.message, job.submitter_id, "
-            f"{empty_details}, %s FROM {quote(Job._meta.db_table)} AS job CROSS JOIN "
-            "(SELECT 1 AS n, '' AS from_state, %s AS to_state, 'submitted' AS reason, '' AS message "
-            "UNION ALL SELECT 2, %s, %s, %s, %s) AS step "
-            "WHERE job.array_id = %s ORDER BY job.id, step.n",
-            [created_at, S.SUBMITTED, S.SUBMITTED, state, reason[:40], message[:500], array_key],
-        )
 
 
 @transaction.atomic
@@ -135,17 +70,12 @@ def job_array_submit(
         parsed=parsed,
         tenant=tenant,
         submitter=submitter,
-        state=state,
-        message=message,
-        now=now,
         env={**parsed.env, **array_env},
         array_id=array_id,
         array_index=0,
     )
     first.idempotency_key = idempotency_key
-    first.save(force_insert=True)
-    job_ids = _array_copies_insert(first=first, count=count)
-    _array_events_insert(array_id=array_id, state=state, reason=reason, message=message, now=now)
+    job_ids = job_array_create(first=first, count=count, to_state=state, reason=reason, message=message, now=now)
     audit_record(
         action="job.array.submit",
         actor=actor,
@@ -190,34 +120,18 @@ def job_array_cancel(
     waiting = [job for job in jobs if job.state in waiting_states]
     placed = [job for job in jobs if job.state not in FINAL_JOB_STATES and job.state not in waiting_states]
     message = (reason or "Cancelled.")[:500]
-    now = timezone.now()
-    if waiting:
-        Job.objects.filter(pk__in=[job.pk for job in waiting]).update(
-            state=S.CANCELLED,
-            state_message=message,
-            finished_at=now,
-            updated_at=now,
-            pending_reason_code="",
-            pending_message="",
-            position_in_tenant=None,
-            position_overall=None,
-        )
-        user = actor if getattr(actor, "pk", None) else None
-        JobEvent.objects.bulk_create(
-            [
-                JobEvent(
-                    job=job,
-                    from_state=job.state,
-                    to_state=S.CANCELLED,
-                    reason="cancelled",
-                    message=message,
-                    actor=user,
-                    details={"array": str(array_id)},
-                )
-                for job in waiting
-            ],
-            batch_size=ARRAY_INSERT_BATCH,
-        )
+    # One statement for the rows and one for the events however many wait; the array's one audit record below
+    # stands for them (``audit=False``).
+    jobs_transition(
+        moves=[
+            JobMove(
+                job=job, to_state=S.CANCELLED, reason="cancelled", message=message, details={"array": str(array_id)}
+            )
+            for job in waiting
+        ],
+        actor=actor,
+        audit=False,
+    )
     for job in placed:
         job_cancel(job=job, actor=actor, reason=reason, request=request)
     cancelled = sorted(job.pk for job in [*waiting, *placed])

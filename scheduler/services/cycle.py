@@ -14,6 +14,10 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
+from portal.task_queue import task_queue
+from scheduler import eta, locks, persist, snapshot
+from scheduler.services.never_fits import never_fits_notify
+
 logger = logging.getLogger(__name__)
 
 # Prompt cycles (``request_cycle`` / ``run_requested_cycles``): a change sets the dirty flag; the first request
@@ -67,10 +71,8 @@ def request_cycle() -> bool:
 
 def cycle_task_send(*, queue: str | None = None) -> None:
     """Queue a ``scheduler.cycle_requested`` task (on ``queue``, else ``CYCLE_QUEUE``, else the default)."""
-    from scheduler.tasks import cycle_requested  # here: the tasks module imports this one
-
-    # apply_async, not send_task by name: GPUPOOL_CELERY_EAGER (scripts, some tests) then runs it inline.
-    cycle_requested.apply_async(queue=queue or CYCLE_QUEUE)
+    # By name (the tasks module imports this one), through apply_async: GPUPOOL_CELERY_EAGER still runs it inline.
+    task_queue("scheduler.cycle_requested", queue=queue or CYCLE_QUEUE)
 
 
 @dataclass
@@ -151,9 +153,6 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
     """
     from contextlib import nullcontext
     from time import perf_counter, time
-
-    from scheduler import eta, locks, persist, snapshot
-    from scheduler.services.never_fits import never_fits_notify
 
     lock = locks.cycle_lock(wait_s=lock_wait_s) if hold_lock else nullcontext(True)
     with transaction.atomic(), lock as acquired:

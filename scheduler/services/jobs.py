@@ -8,7 +8,6 @@ import dataclasses
 import math
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -16,8 +15,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
+from catalog.models import ResourceFlavor
 from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
-from portal.db.bulk import insert_instance_with_children
 from portal.policy import Action, principals_for
 from scheduler import outbox
 from scheduler.core.feasibility import FlavorFleet, QuotaLevel, never_fits
@@ -30,21 +29,13 @@ from scheduler.jobspec import (
     check_flavors,
     validate_job_spec,
 )
-from scheduler.models import (
-    FINAL_JOB_STATES,
-    AgentCommand,
-    Allocation,
-    Device,
-    Job,
-    JobEvent,
-    Node,
-    PriorityClass,
-    ResourceFlavor,
-)
+from scheduler.models import FINAL_JOB_STATES, AgentCommand, Allocation, Device, Job, Node, PriorityClass
 from scheduler.services.cycle import request_cycle
-from scheduler.services.transitions import S, _end_allocations, _lock_job, job_transition
+from scheduler.services.transitions import S, _end_allocations, _lock_job, job_create, job_transition
+from tenants.models import Membership, MembershipRole, Quota, Tenant
 from tenants.permissions import can_manage_job
 from tenants.policy import reaches_all
+from tenants.services.admissions import job_admission_needs_approval, job_admission_request_create
 
 # --- submit, cancel, approval -------------------------------------------------------------------------
 
@@ -66,7 +57,6 @@ def _resolve_tenant(
     Refuses, in this order: an unknown flavor (``JobSpecError``, a spec error like any other), a tenant the
     actor cannot see (``NotFoundError``, the same as a missing one), a tenant where they may not submit.
     """
-    from tenants.models import MembershipRole
 
     # ``actor`` None is the system itself; any other actor must be a signed-in, active account (an anonymous
     # user sees no tenant at all, as in ``tenants.selectors.tenants_visible_to``).
@@ -184,7 +174,6 @@ def _tenant_chains(
     compiling the equivalent queryset (four levels of ``select_related`` and two ``Exists`` over the ancestor
     chain) was 38 % of a submit's CPU, and this is the hot path of admission.
     """
-    from tenants.models import Membership, Quota, Tenant
 
     quote = connection.ops.quote_name
     tenants, memberships = quote(Tenant._meta.db_table), quote(Membership._meta.db_table)
@@ -303,7 +292,6 @@ APPROVAL_MESSAGE = "Waiting for approval by an administrator."
 def _admission(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
     """(state, reason, message) a new job enters with: ``pending_approval`` when the tenants app's rule asks
     for an approval (priority critical, or larger than the tenant's threshold), else ``queued``."""
-    from tenants.services.admissions import job_admission_needs_approval
 
     if job_admission_needs_approval(
         tenant=tenant,
@@ -319,14 +307,11 @@ def _new_job(
     parsed: JobSpec,
     tenant: Any,
     submitter: Any | None,
-    state: str,
-    message: str,
-    now: datetime,
     env: dict[str, str] | None = None,
     array_id: uuid.UUID | None = None,
     array_index: int | None = None,
 ) -> Job:
-    """An unsaved job as ``parsed`` describes it, already in its first state after ``submitted``."""
+    """An unsaved job as ``parsed`` describes it; ``job_create`` / ``job_array_create`` give it its first state."""
     return Job(
         tenant=tenant,
         submitter=submitter,
@@ -352,29 +337,9 @@ def _new_job(
         checkpoint_dir=parsed.checkpoint_dir,
         runtime_estimate_s=parsed.runtime_estimate_s,
         spec={**parsed.normalised, "tenant": tenant.slug},
-        state=state,
-        state_message=message,
-        queued_at=now if state == S.QUEUED else None,
         array_id=array_id,
         array_index=array_index,
     )
-
-
-def _submit_events(job: Job, *, reason: str, message: str) -> list[JobEvent]:
-    """The history a submit leaves, as if the job had moved ``submitted`` → its state through
-    ``job_transition``: the console shows the same two events."""
-    return [
-        JobEvent(job=job, from_state="", to_state=S.SUBMITTED, reason="submitted", actor=job.submitter, details={}),
-        JobEvent(
-            job=job,
-            from_state=S.SUBMITTED,
-            to_state=job.state,
-            reason=reason,
-            message=message,
-            actor=job.submitter,
-            details={},
-        ),
-    ]
 
 
 def _mark_loaded(job: Job, name: str, rows: list) -> None:
@@ -404,11 +369,10 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
     tenant, parsed = _resolve_submit(actor=actor, parsed=parsed)
     state, reason, message = _admission(tenant=tenant, parsed=parsed)
     submitter = actor if getattr(actor, "pk", None) else None
-    job = _new_job(parsed=parsed, tenant=tenant, submitter=submitter, state=state, message=message, now=timezone.now())
+    job = _new_job(parsed=parsed, tenant=tenant, submitter=submitter)
     job.idempotency_key = idempotency_key
     # Plain statements (``portal.db.bulk``): composing them through the ORM was a fifth of a submit's CPU.
-    events = _submit_events(job, reason=reason, message=message)
-    insert_instance_with_children(job, events, link="job_id")
+    events = job_create(job=job, to_state=state, reason=reason, message=message, now=timezone.now())
     audit_record(
         action="job.submit",
         actor=actor,
@@ -418,8 +382,6 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         request=request,
     )
     if state == S.PENDING_APPROVAL:
-        from tenants.services.admissions import job_admission_request_create
-
         job_admission_request_create(job=job, actor=actor)
     transaction.on_commit(request_cycle)
     _mark_loaded(job, "events", events)

@@ -9,11 +9,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from catalog.models import ResourceFlavor
 from portal.api import ConflictError, PermissionDeniedError
 from portal.policy import Action
 from scheduler import outbox
 from scheduler.fleet.fencing import lease_timing
-from scheduler.models import Allocation, Node, NodeStatus, ResourceFlavor
+from scheduler.models import Allocation, Node, NodeStatus
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _lock_job, job_transition
 from tenants.policy import allows

@@ -10,7 +10,6 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.events import register as audit_event_register
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError, PermissionDeniedError
 from scheduler import outbox
@@ -28,9 +27,6 @@ from scheduler.models import (
 from scheduler.services.cycle import request_cycle
 from scheduler.services.transitions import S, _end_allocations, _lock_job
 from tenants.permissions import can_manage_job
-
-audit_event_register("job.scale", "workload", "An inference service changed its replica count")
-
 
 # --- inference services: scaling and reservations ----------------------------------------------------
 

@@ -8,6 +8,7 @@ from django_otp import user_has_device
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from catalog.models import FlavorPrice
 from portal.filters import MAX_ID
 from portal.policy import TOKEN_SCOPE, Action
 from portal.serializers import JsonTypedSerializer
@@ -18,7 +19,6 @@ from tenants.models import (
     ApprovalRequest,
     ApprovalStep,
     ApprovalStepRole,
-    FlavorPrice,
     Membership,
     MembershipRole,
     NotificationDelivery,
@@ -333,21 +333,6 @@ class QuotaSetSerializer(QuotaValuesSerializer):
     flavor = serializers.SlugField(max_length=64, help_text="flavor name, e.g. nvidia-h100-80g")
 
 
-class QuotaUsageSerializer(serializers.Serializer):
-    flavor = serializers.CharField()
-    guaranteed = serializers.IntegerField()
-    limit = serializers.IntegerField(allow_null=True)
-    lending_limit = serializers.IntegerField(allow_null=True)
-    in_use = serializers.IntegerField()
-    borrowed = serializers.IntegerField()
-    lent = serializers.IntegerField()
-    available_to_borrow = serializers.IntegerField()
-    guaranteed_memory_mib = serializers.IntegerField()
-    memory_in_use_mib = serializers.IntegerField()
-    running_jobs = serializers.IntegerField()
-    max_running_jobs = serializers.IntegerField(allow_null=True)
-
-
 class ThresholdSerializer(StrictInputSerializer):
     threshold_millis = serializers.IntegerField(
         min_value=0, max_value=10**9, allow_null=True, help_text="null: inherit from the parent / the setting"
@@ -470,48 +455,3 @@ class FlavorPriceSetSerializer(StrictInputSerializer):
     flavor = serializers.SlugField(max_length=64)
     price_per_device_hour = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=0)
     currency = serializers.RegexField(r"^[A-Za-z]{3}\Z", required=False, default="CNY")
-
-
-class UsageQuerySerializer(serializers.Serializer):
-    start = serializers.DateTimeField(help_text="from (inclusive)")
-    end = serializers.DateTimeField(help_text="to (exclusive)")
-    period = serializers.ChoiceField(choices=["day", "week", "month"], default="day")
-    tenant = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ID, help_text="subtree of this id")
-    export = serializers.ChoiceField(choices=["json", "csv", "xlsx"], default="json")
-    detail = serializers.BooleanField(default=False, help_text="CSV: one row per user and job")
-
-    def validate(self, attrs: dict) -> dict:
-        if attrs["end"] <= attrs["start"]:
-            raise serializers.ValidationError({"end": ["'end' must be after 'start'."]})
-        if (attrs["end"] - attrs["start"]).days > 400:
-            raise serializers.ValidationError({"end": ["A report covers at most 400 days."]})
-        return attrs
-
-
-class UsageRowSerializer(serializers.Serializer):
-    period_start = serializers.DateField()
-    tenant = serializers.CharField()
-    flavor = serializers.CharField()
-    user = serializers.CharField()
-    job_id = serializers.IntegerField()
-    device_hours = serializers.DecimalField(max_digits=20, decimal_places=4)
-    cost = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True)
-
-
-class TenantUsageSerializer(serializers.Serializer):
-    period_start = serializers.DateField()
-    tenant = serializers.CharField()
-    parent = serializers.CharField(allow_null=True)
-    flavor = serializers.CharField()
-    own_device_hours = serializers.DecimalField(max_digits=20, decimal_places=4)
-    subtree_device_hours = serializers.DecimalField(max_digits=20, decimal_places=4)
-    subtree_cost = serializers.DecimalField(max_digits=20, decimal_places=2, allow_null=True)
-
-
-class UsageReportSerializer(serializers.Serializer):
-    start = serializers.DateTimeField()
-    end = serializers.DateTimeField()
-    period = serializers.CharField()
-    currency = serializers.CharField()
-    tenants = TenantUsageSerializer(many=True)
-    rows = UsageRowSerializer(many=True)

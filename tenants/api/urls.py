@@ -1,4 +1,5 @@
-"""/api/v1/ routes of the tenants app."""
+"""/api/v1/ routes of the tenants app (a tenant's quota use and the usage report are the scheduler's:
+scheduler/api/showback.py)."""
 
 from django.urls import path
 from rest_framework.routers import SimpleRouter
@@ -17,13 +18,11 @@ router.register("flavor-prices", views.FlavorPriceViewSet, basename="flavorprice
 
 urlpatterns = [
     path("me/", views.MeView.as_view(), name="me"),
-    path("tenants/<str:pk>/quota-usage/", views.TenantQuotaUsageView.as_view(), name="tenant-quota-usage"),
     path("tenants/<str:pk>/storage-usage/", views.TenantStorageUsageView.as_view(), name="tenant-storage-usage"),
     path(
         "tenants/<str:pk>/approval-threshold/",
         views.TenantApprovalThresholdView.as_view(),
         name="tenant-approval-threshold",
     ),
-    path("usage/", views.UsageReportView.as_view(), name="usage-report"),
     *router.urls,
 ]

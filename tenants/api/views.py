@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -16,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from catalog.models import FlavorPrice, ResourceFlavor
 from portal.api import NotFoundError, PermissionDeniedError
 from portal.policy import Action
 from tenants import selectors
@@ -29,7 +29,7 @@ from tenants.filtersets import (
     TenantFilterSet,
     UserFilterSet,
 )
-from tenants.models import ApiToken, FlavorPrice, Membership, Quota, TenantStorageUsage, User
+from tenants.models import ApiToken, Membership, Quota, TenantStorageUsage, User
 from tenants.permissions import can_manage_memberships
 from tenants.services import admissions, approvals, identity, memberships, notifications, quotas, tenancy, tokens
 
@@ -319,7 +319,6 @@ class MeView(APIView):
 
 
 def _flavor(name: str):
-    from scheduler.models import ResourceFlavor
 
     flavor = ResourceFlavor.objects.filter(name=name).first()
     if flavor is None:
@@ -360,20 +359,6 @@ class QuotaViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, PolicyViewS
         values = {**(current.values() if current else {}), **data}
         quota = quotas.quota_set(actor=request.user, tenant=tenant, flavor=flavor, values=values, request=request)
         return Response(s.QuotaSerializer(quota).data)
-
-
-class TenantQuotaUsageView(APIView):
-    policy_actions = {"get": Action.QUOTA_VIEW}
-    policy_hides_objects = True
-
-    @extend_schema(
-        summary="Quota and current use of a tenant, per flavor (millis; 1000 = one card)",
-        responses={200: s.QuotaUsageSerializer(many=True), **ERRORS},
-    )
-    def get(self, request: Request, pk: str) -> Response:
-        tenant = selectors.tenant_get_visible(user=request.user, pk=pk)
-        usage = selectors.quota_usage(tenant)
-        return Response([{"flavor": name, **values} for name, values in usage.items()])
 
 
 class TenantStorageUsageView(APIView):
@@ -588,43 +573,3 @@ class FlavorPriceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
             request=request,
         )
         return Response(s.FlavorPriceSerializer(price).data)
-
-
-class UsageReportView(APIView):
-    """Showback: device-hours per tenant (rolled up the tree), flavor, user and job, for the tenants you see."""
-
-    policy_actions = {"get": Action.USAGE_VIEW}
-    policy_hides_objects = True  # the tenant of ?tenant=
-
-    @extend_schema(
-        summary="Usage report (device-hours, cost) as JSON, CSV or XLSX",
-        parameters=[s.UsageQuerySerializer],
-        responses={200: s.UsageReportSerializer, **ERRORS},
-    )
-    def get(self, request: Request) -> Response | HttpResponse:
-        from tenants.usage import report_csv, report_xlsx, usage_report
-
-        query = s.UsageQuerySerializer(data=request.query_params)
-        query.is_valid(raise_exception=True)
-        params = query.validated_data
-        visible = list(selectors.tenants_usage_visible_to(request.user).values_list("pk", flat=True))
-        tenant_ids = visible
-        if params.get("tenant"):
-            root = selectors.tenant_get_visible(user=request.user, pk=params["tenant"])
-            tenant_ids = [pk for pk in selectors.tenant_subtree_ids(root) if pk in set(visible)]
-        report = usage_report(start=params["start"], end=params["end"], period=params["period"], tenant_ids=tenant_ids)
-        stem = f"gpupool-usage-{params['start']:%Y%m%d}-{params['end']:%Y%m%d}"
-        if params["export"] == "csv":
-            response = HttpResponse(
-                report_csv(report, kind="detail" if params["detail"] else "tenants"),
-                content_type="text/csv; charset=utf-8",
-            )
-            response["Content-Disposition"] = f'attachment; filename="{stem}.csv"'
-            return response
-        if params["export"] == "xlsx":
-            response = HttpResponse(
-                report_xlsx(report), content_type="application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
-            )
-            response["Content-Disposition"] = f'attachment; filename="{stem}.xlsx"'
-            return response
-        return Response(s.UsageReportSerializer(report).data)

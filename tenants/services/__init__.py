@@ -17,5 +17,5 @@ Rooms:
 - ``approvals``: the approval inbox (quota changes, job admissions): chains, requests, decisions, expiry.
 - ``admissions``: whether a job waits for approval, its admission request, the tenant's threshold.
 - ``notifications``: who is told about an approval, queueing, sending and retrying the deliveries.
-- ``_common``: the write guard, the permission check, the tenant-tree lock, audit snapshots.
+- ``guards``: the write guard and the permission check every service runs first.
 """

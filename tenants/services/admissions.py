@@ -12,19 +12,18 @@ from django.db import transaction
 from audit.services import audit_record
 from portal.api import DomainError
 from portal.policy import Action
-from tenants.models import Tenant, User
+from tenants.models import ApprovalKind, ApprovalRequest, Tenant, User
+from tenants.permissions import ancestors_and_self
 from tenants.policy import allows
-from tenants.services._common import _ensure_may_write, _require
-from tenants.services.approvals import _approval_audit, _approval_chain, _approval_expiry
-from tenants.services.notifications import _notify_approvers
+from tenants.services.approvals import approval_audit, approval_chain_for, approval_expires_at
+from tenants.services.guards import ensure_may_write, require_permission
+from tenants.services.notifications import notify_approvers
 
 # --- job admission (called by scheduler.services.jobs.job_submit) ----------------------------------------
 
 
 def job_admission_threshold_millis(tenant: Tenant) -> int | None:
     """The tenant's own threshold, else the nearest ancestor's, else ``GPUPOOL_JOB_APPROVAL_THRESHOLD_MILLIS``."""
-    from tenants.permissions import ancestors_and_self
-
     for node in ancestors_and_self(tenant):
         if node.job_approval_threshold_millis is not None:
             return node.job_approval_threshold_millis
@@ -43,10 +42,8 @@ def job_admission_needs_approval(*, tenant: Tenant, total_millis: int, critical:
 @transaction.atomic
 def job_admission_request_create(*, job: Any, actor: User | None) -> Any:
     """Put ``job`` (already ``pending_approval``) in the approval inbox."""
-    from tenants.models import ApprovalKind, ApprovalRequest
-
     requester = actor if actor is not None else job.submitter
-    chain, escalations = _approval_chain(ApprovalKind.JOB_ADMISSION, job.tenant, requester)
+    chain, escalations = approval_chain_for(ApprovalKind.JOB_ADMISSION, job.tenant, requester)
     approval = ApprovalRequest.objects.create(
         kind=ApprovalKind.JOB_ADMISSION,
         tenant=job.tenant,
@@ -61,15 +58,15 @@ def job_admission_request_create(*, job: Any, actor: User | None) -> Any:
         },
         chain=chain,
         escalations=escalations,
-        expires_at=_approval_expiry(),
+        expires_at=approval_expires_at(),
     )
-    _approval_audit(
+    approval_audit(
         approval,
         "request",
         actor=actor,
         details={"after": approval.payload, "chain": approval.chain, "escalations": escalations},
     )
-    _notify_approvers(approval)
+    notify_approvers(approval)
     return approval
 
 
@@ -78,9 +75,11 @@ def tenant_set_job_approval_threshold(
     *, actor: User | None, tenant: Tenant, threshold_millis: int | None, request: Any = None
 ) -> Tenant:
     """Jobs larger than ``threshold_millis`` in total wait for approval (None: inherit)."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(allows(actor, Action.TENANT_THRESHOLD, tenant), "Only a system admin sets the job approval threshold.")
+        require_permission(
+            allows(actor, Action.TENANT_THRESHOLD, tenant), "Only a system admin sets the job approval threshold."
+        )
     if threshold_millis is not None and threshold_millis < 0:
         raise DomainError("The threshold must be ≥ 0 millis.", field="job_approval_threshold_millis")
     before = tenant.job_approval_threshold_millis

@@ -15,13 +15,25 @@ from django.utils import timezone
 from audit.services import audit_record
 from portal.api import ConflictError, DomainError, PermissionDeniedError
 from portal.policy import Action
+from tenants.approval_chain import eligible_approvers, resolve_chain
 from tenants.approval_handlers import approval_handler
-from tenants.models import OPEN_APPROVAL_STATUSES, Tenant, User
-from tenants.permissions import can_admin_tenant, is_system_admin
+from tenants.models import (
+    OPEN_APPROVAL_STATUSES,
+    ApprovalDecision,
+    ApprovalKind,
+    ApprovalRequest,
+    ApprovalStatus,
+    ApprovalStep,
+    ApprovalStepRole,
+    Quota,
+    Tenant,
+    User,
+)
+from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override, is_system_admin
 from tenants.policy import allows
-from tenants.services._common import _ensure_may_write, _require
-from tenants.services.notifications import _notify_approvers, _notify_requester
-from tenants.services.quotas import _check_quota_tree, _clean_quota_values, _lock_quota_path, _quota_apply
+from tenants.services.guards import ensure_may_write, require_permission
+from tenants.services.notifications import notify_approvers, notify_requester
+from tenants.services.quotas import quota_apply, quota_path_lock, quota_tree_check, quota_values_clean
 
 # --- approvals (quota changes and job admissions share one inbox) ----------------------------------------
 
@@ -32,8 +44,6 @@ DEFAULT_APPROVAL_CHAINS = {
 
 
 def _configured_chain(kind: str, tenant: Tenant) -> list[str]:
-    from tenants.models import ApprovalStepRole
-
     chains = getattr(settings, "GPUPOOL_APPROVAL_CHAINS", None) or DEFAULT_APPROVAL_CHAINS
     chain = list(chains.get(kind, DEFAULT_APPROVAL_CHAINS[kind]))
     unknown = [role for role in chain if role not in ApprovalStepRole.values]
@@ -45,19 +55,15 @@ def _configured_chain(kind: str, tenant: Tenant) -> list[str]:
     return chain or [ApprovalStepRole.SYSTEM_ADMIN]
 
 
-def _approval_chain(kind: str, tenant: Tenant, requester: User | None) -> tuple[list[str], list[dict]]:
+def approval_chain_for(kind: str, tenant: Tenant, requester: User | None) -> tuple[list[str], list[dict]]:
     """The configured chain with the steps nobody but the requester could decide passed over
     (``tenants.approval_chain``), so every request reaches someone who can finish it."""
-    from tenants.approval_chain import resolve_chain
-
     return resolve_chain(_configured_chain(kind, tenant), tenant, getattr(requester, "pk", None))
 
 
 def _require_decision_comment(actor: User, approval: Any, comment: str) -> bool:
     """A system admin may decide a step that waits for someone else's role, saying why; returns whether this
     decision is such an override (it is audited as one)."""
-    from tenants.permissions import is_approval_override
-
     override = is_approval_override(actor, approval)
     if override and not comment.strip():
         role = (approval.awaiting_role or "").replace("_", " ")
@@ -68,17 +74,15 @@ def _require_decision_comment(actor: User, approval: Any, comment: str) -> bool:
     return override
 
 
-def _approval_expiry() -> dt.datetime:
+def approval_expires_at() -> dt.datetime:
     return timezone.now() + dt.timedelta(hours=getattr(settings, "GPUPOOL_APPROVAL_TTL_HOURS", 72))
 
 
 def _audit_prefix(approval: Any) -> str:
-    from tenants.models import ApprovalKind
-
     return "quota_request" if approval.kind == ApprovalKind.QUOTA_CHANGE else "approval"
 
 
-def _approval_audit(approval: Any, verb: str, *, actor: User | None, details: dict, request: Any = None) -> None:
+def approval_audit(approval: Any, verb: str, *, actor: User | None, details: dict, request: Any = None) -> None:
     audit_record(
         action=f"{_audit_prefix(approval)}.{verb}",
         actor=actor,
@@ -95,19 +99,15 @@ def quota_change_request_create(
 ) -> Any:
     """A tenant admin asks for a new quota for ``tenant`` (its own or one below). The values are checked now
     (so an impossible request is refused at once) and again, under locks, when it is finally approved."""
-    from tenants.models import ApprovalKind, ApprovalRequest, Quota
-
-    _ensure_may_write(actor)
-    _require(
+    ensure_may_write(actor)
+    require_permission(
         can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may request a quota change for it."
     )
     current = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
     merged = {**(current.values() if current else {}), **values}
-    cleaned = _clean_quota_values(merged, tenant=tenant, flavor=flavor)
-    _check_quota_tree(tenant=tenant, flavor=flavor, new=cleaned)
-    chain, escalations = _approval_chain(ApprovalKind.QUOTA_CHANGE, tenant, actor)
-    from tenants.approval_chain import eligible_approvers
-
+    cleaned = quota_values_clean(merged, tenant=tenant, flavor=flavor)
+    quota_tree_check(tenant=tenant, flavor=flavor, new=cleaned)
+    chain, escalations = approval_chain_for(ApprovalKind.QUOTA_CHANGE, tenant, actor)
     if is_system_admin(actor) and not all(eligible_approvers(role, tenant, actor.pk) for role in chain):
         # The platform's only system admin asking: nobody else exists to decide, and they need no one.
         # (A platform with no system admin at all keeps the request for the first one appointed.)
@@ -125,9 +125,9 @@ def quota_change_request_create(
         reason=reason,
         chain=chain,
         escalations=escalations,
-        expires_at=_approval_expiry(),
+        expires_at=approval_expires_at(),
     )
-    _approval_audit(
+    approval_audit(
         approval,
         "create",
         actor=actor,
@@ -139,13 +139,11 @@ def quota_change_request_create(
         },
         request=request,
     )
-    _notify_approvers(approval)
+    notify_approvers(approval)
     return approval
 
 
 def _lock_approval(approval: Any) -> Any:
-    from tenants.models import ApprovalRequest
-
     return (
         ApprovalRequest.objects.select_for_update(of=("self",), no_key=True)
         .select_related("tenant__parent", "flavor", "requester")
@@ -154,8 +152,6 @@ def _lock_approval(approval: Any) -> Any:
 
 
 def _require_open(approval: Any, *statuses: str) -> None:
-    from tenants.models import ApprovalStatus
-
     allowed = statuses or (ApprovalStatus.PENDING,)
     if approval.status not in allowed:
         raise ConflictError(
@@ -166,9 +162,7 @@ def _require_open(approval: Any, *statuses: str) -> None:
 def _decision_begin(*, actor: User, approval: Any, refusal: Callable[[Any], str] | None = None) -> Any:
     """The start every decision shares: the actor may write, the request is locked and still pending, and it
     waits for ``actor`` (``refusal(locked request)`` is the answer otherwise)."""
-    from tenants.permissions import can_decide_approval
-
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     approval = _lock_approval(approval)
     _require_open(approval)
     if not can_decide_approval(actor, approval):
@@ -179,8 +173,6 @@ def _decision_begin(*, actor: User, approval: Any, refusal: Callable[[Any], str]
 
 
 def _step_record(approval: Any, *, actor: User, decision: str, comment: str, role: str | None = None) -> None:
-    from tenants.models import ApprovalStep
-
     ApprovalStep.objects.create(
         request=approval,
         step=approval.step,
@@ -196,8 +188,6 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
     """Approve the awaited step. On the last step the change is applied: a quota change is re-validated
     under row locks and either applied whole or marked ``failed`` with the reason; an admitted job is
     released to the queue."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
-
     approval = _decision_begin(
         actor=actor,
         approval=approval,
@@ -210,33 +200,31 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
     if approval.step + 1 < len(approval.chain):
         # Who can decide the later steps may have changed since the request was made: pass over the ones
         # nobody but the requester could decide now, so the request cannot stall on them.
-        from tenants.approval_chain import resolve_chain
-
         later, escalations = resolve_chain(approval.chain[approval.step + 1 :], approval.tenant, approval.requester_id)
         approval.chain = approval.chain[: approval.step + 1] + later
         approval.escalations = approval.escalations + escalations
     final = approval.step + 1 >= len(approval.chain)
     if final and approval.kind == ApprovalKind.QUOTA_CHANGE:
         # Locks first (before any audit write) so concurrent approvals queue here in one order.
-        _lock_quota_path(tenant=approval.tenant, flavor=approval.flavor)
+        quota_path_lock(tenant=approval.tenant, flavor=approval.flavor)
     _step_record(approval, actor=actor, decision=ApprovalDecision.APPROVE, comment=comment)
     if not final:
         approval.step += 1
         approval.save(update_fields=["step", "chain", "escalations", "updated_at"])
-        _approval_audit(
+        approval_audit(
             approval,
             "approve",
             actor=actor,
             details={"comment": comment, "final": False, "override": override, "chain": approval.chain},
             request=request,
         )
-        _notify_approvers(approval)
+        notify_approvers(approval)
         return approval
     approval.decided_at = timezone.now()
     if approval.kind == ApprovalKind.QUOTA_CHANGE:
         try:
             with transaction.atomic():
-                _quota_apply(
+                quota_apply(
                     actor=actor,
                     tenant=approval.tenant,
                     flavor=approval.flavor,
@@ -256,22 +244,20 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
     approval.step = len(approval.chain)
     approval.save()
     verb = "approve" if approval.status == ApprovalStatus.APPROVED else "fail"
-    _approval_audit(
+    approval_audit(
         approval,
         verb,
         actor=actor,
         details={"comment": comment, "final": True, "result": approval.result_message, "override": override},
         request=request,
     )
-    _notify_requester(approval, comment=comment)
+    notify_requester(approval, comment=comment)
     return approval
 
 
 @transaction.atomic
 def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
     """Refuse the request (any step's approver may). A job waiting for admission fails with the comment."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
-
     approval = _decision_begin(actor=actor, approval=approval)
     if not comment.strip():
         raise DomainError("Say why you reject the request (comment).", field="comment")
@@ -283,18 +269,14 @@ def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = 
     approval.save()
     if approval.kind == ApprovalKind.JOB_ADMISSION:
         approval_handler(approval.kind).closed(approval, actor, comment)
-    _approval_audit(
-        approval, "reject", actor=actor, details={"comment": comment, "override": override}, request=request
-    )
-    _notify_requester(approval, comment=comment)
+    approval_audit(approval, "reject", actor=actor, details={"comment": comment, "override": override}, request=request)
+    notify_requester(approval, comment=comment)
     return approval
 
 
 @transaction.atomic
 def approval_request_changes(*, actor: User, approval: Any, comment: str, request: Any = None) -> Any:
     """Send a quota change back to its requester, who may resubmit changed values."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
-
     approval = _decision_begin(actor=actor, approval=approval)
     if approval.kind != ApprovalKind.QUOTA_CHANGE:
         raise DomainError("A job admission can be approved or rejected, not sent back for changes.")
@@ -304,10 +286,10 @@ def approval_request_changes(*, actor: User, approval: Any, comment: str, reques
     _step_record(approval, actor=actor, decision=ApprovalDecision.REQUEST_CHANGES, comment=comment)
     approval.status = ApprovalStatus.CHANGES_REQUESTED
     approval.save(update_fields=["status", "updated_at"])
-    _approval_audit(
+    approval_audit(
         approval, "request_changes", actor=actor, details={"comment": comment, "override": override}, request=request
     )
-    _notify_requester(approval, comment=comment)
+    notify_requester(approval, comment=comment)
     return approval
 
 
@@ -316,17 +298,15 @@ def approval_resubmit(
     *, actor: User, approval: Any, values: dict | None = None, comment: str = "", request: Any = None
 ) -> Any:
     """The requester answers "changes requested" with new values; the chain starts again from its first step."""
-    from tenants.models import ApprovalDecision, ApprovalStatus, ApprovalStep
-
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     approval = _lock_approval(approval)
     _require_open(approval, ApprovalStatus.CHANGES_REQUESTED)
-    _require(actor.pk == approval.requester_id, "Only the requester may resubmit a request.")
+    require_permission(actor.pk == approval.requester_id, "Only the requester may resubmit a request.")
     before = dict(approval.payload)
     if values:
         merged = {**approval.payload, **values}
-        approval.payload = _clean_quota_values(merged, tenant=approval.tenant, flavor=approval.flavor)
-        _check_quota_tree(tenant=approval.tenant, flavor=approval.flavor, new=approval.payload)
+        approval.payload = quota_values_clean(merged, tenant=approval.tenant, flavor=approval.flavor)
+        quota_tree_check(tenant=approval.tenant, flavor=approval.flavor, new=approval.payload)
     ApprovalStep.objects.create(
         request=approval,
         step=approval.step,
@@ -337,43 +317,39 @@ def approval_resubmit(
     )
     approval.status = ApprovalStatus.PENDING
     approval.step = 0
-    approval.chain, approval.escalations = _approval_chain(approval.kind, approval.tenant, approval.requester)
-    approval.expires_at = _approval_expiry()
+    approval.chain, approval.escalations = approval_chain_for(approval.kind, approval.tenant, approval.requester)
+    approval.expires_at = approval_expires_at()
     approval.save()
-    _approval_audit(
+    approval_audit(
         approval,
         "resubmit",
         actor=actor,
         details={"before": before, "after": approval.payload, "comment": comment},
         request=request,
     )
-    _notify_approvers(approval)
+    notify_approvers(approval)
     return approval
 
 
 @transaction.atomic
 def approval_cancel(*, actor: User, approval: Any, comment: str = "", request: Any = None) -> Any:
     """The requester (or a system admin) withdraws an open request; a waiting job fails."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalStatus
-
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     approval = _lock_approval(approval)
     _require_open(approval, *OPEN_APPROVAL_STATUSES)
-    _require(allows(actor, Action.APPROVAL_WITHDRAW, approval), "Only the requester may cancel this request.")
+    require_permission(allows(actor, Action.APPROVAL_WITHDRAW, approval), "Only the requester may cancel this request.")
     _step_record(approval, actor=actor, decision=ApprovalDecision.CANCEL, comment=comment, role="requester")
     approval.status = ApprovalStatus.CANCELLED
     approval.decided_at = timezone.now()
     approval.save()
     if approval.kind == ApprovalKind.JOB_ADMISSION:
         approval_handler(approval.kind).closed(approval, actor, comment or "approval request cancelled")
-    _approval_audit(approval, "cancel", actor=actor, details={"comment": comment}, request=request)
+    approval_audit(approval, "cancel", actor=actor, details={"comment": comment}, request=request)
     return approval
 
 
 def approvals_expire(*, now: dt.datetime | None = None) -> int:
     """Expire open requests past ``expires_at`` (the periodic task calls this); returns how many."""
-    from tenants.models import ApprovalDecision, ApprovalKind, ApprovalRequest, ApprovalStatus, ApprovalStep
-
     now = now or timezone.now()
     expired = 0
     due = ApprovalRequest.objects.filter(status__in=OPEN_APPROVAL_STATUSES, expires_at__lte=now).values_list(
@@ -393,7 +369,7 @@ def approvals_expire(*, now: dt.datetime | None = None) -> int:
             approval.save()
             if approval.kind == ApprovalKind.JOB_ADMISSION:
                 approval_handler(approval.kind).closed(approval, None, "approval request expired")
-            _approval_audit(approval, "expire", actor=None, details={})
-            _notify_requester(approval, comment="")
+            approval_audit(approval, "expire", actor=None, details={})
+            notify_requester(approval, comment="")
             expired += 1
     return expired

@@ -14,9 +14,20 @@ from portal.api import DomainError, PermissionDeniedError
 from portal.policy import Action
 from tenants.models import Membership, PlatformRole, User
 from tenants.policy import allows
-from tenants.services._common import UNSET, _ensure_may_write, _require, _user_snapshot
+from tenants.services.guards import UNSET, ensure_may_write, require_permission
 
 # --- users and platform roles -----------------------------------------------------------------------------
+
+
+def _user_snapshot(user: User) -> dict:
+    return {
+        "username": user.username,
+        "email": user.email,
+        "platform_role": user.platform_role,
+        "is_active": user.is_active,
+        "first_name": user.first_name,
+        "last_name": user.last_name,
+    }
 
 
 def _validate_new_password(password: str, user: User) -> None:
@@ -40,9 +51,9 @@ def user_create(
 ) -> User:
     """Create an account. Only a security admin (or the system) may; ``password=None`` makes an account
     that can sign in only through single sign-on."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(allows(actor, Action.USER_MANAGE), "Only a security admin may create accounts.")
+        require_permission(allows(actor, Action.USER_MANAGE), "Only a security admin may create accounts.")
     if platform_role not in PlatformRole.values:
         raise DomainError(f"Unknown platform role {platform_role!r}.", code="invalid", field="platform_role")
     if User.objects.filter(username__iexact=username).exists():
@@ -79,9 +90,9 @@ def user_update(
 ) -> User:
     """Change an account's profile or deactivate it (security admin). Deactivation revokes nothing else:
     an inactive account simply cannot sign in or use its tokens."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(allows(actor, Action.USER_MANAGE, user), "Only a security admin may change accounts.")
+        require_permission(allows(actor, Action.USER_MANAGE, user), "Only a security admin may change accounts.")
         if is_active is False and actor.pk == user.pk:
             raise DomainError("You cannot deactivate your own account; ask another security admin.")
     user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
@@ -106,9 +117,9 @@ def user_update(
 def user_set_platform_role(*, actor: User | None, user: User, platform_role: str, request: Any = None) -> User:
     """Grant or clear a platform role. Separation of duties: an account holds at most one platform role, so
     switching from one role to another is refused — clear the current role first, on purpose and audited."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(
+        require_permission(
             allows(actor, Action.USER_PLATFORM_ROLE, user), "Only a security admin may grant or remove platform roles."
         )
         if actor.pk == user.pk:
@@ -152,9 +163,11 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
 
 @transaction.atomic
 def user_set_password(*, actor: User | None, user: User, password: str, request: Any = None) -> User:
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(allows(actor, Action.USER_SET_PASSWORD, user), "Only a security admin may set another's password.")
+        require_permission(
+            allows(actor, Action.USER_SET_PASSWORD, user), "Only a security admin may set another's password."
+        )
     _validate_new_password(password, user)
     user.set_password(password)
     user.save(update_fields=["password"])
@@ -208,7 +221,7 @@ def mfa_totp_begin(*, actor: User | None, user: User, confirmed: bool = False, r
     from django_otp.plugins.otp_totp.models import TOTPDevice
 
     if actor is not None:
-        _require(actor.pk == user.pk, "You can only enrol a two-factor device for your own account.")
+        require_permission(actor.pk == user.pk, "You can only enrol a two-factor device for your own account.")
     TOTPDevice.objects.filter(user=user, confirmed=False).delete()
     if confirmed:
         TOTPDevice.objects.filter(user=user).delete()
@@ -257,9 +270,9 @@ def mfa_reset(*, actor: User | None, user: User, request: Any = None) -> int:
     """Remove every OTP device of ``user`` (a lost phone). Security admins only; returns how many."""
     from django_otp import devices_for_user
 
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(
+        require_permission(
             allows(actor, Action.USER_MANAGE, user),
             "Only a security admin may reset another account's two-factor devices.",
         )
@@ -283,9 +296,9 @@ def auth_lockout_reset(*, actor: User | None, attempt: Any, request: Any = None)
     only — they check who is asking first. Returns the failures cleared; lifting twice is harmless (0)."""
     from axes.models import AccessAttempt
 
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(allows(actor, Action.LOCKOUT_RESET), "Only a security admin may lift a sign-in lockout.")
+        require_permission(allows(actor, Action.LOCKOUT_RESET), "Only a security admin may lift a sign-in lockout.")
     locked = AccessAttempt.objects.select_for_update().filter(pk=attempt.pk).first()
     if locked is None:
         return 0

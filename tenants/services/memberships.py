@@ -10,7 +10,7 @@ from audit.services import audit_record
 from portal.api import DomainError
 from tenants.models import Membership, MembershipRole, Tenant, User
 from tenants.permissions import can_manage_memberships
-from tenants.services._common import _ensure_may_write, _require
+from tenants.services.guards import ensure_may_write, require_permission
 
 # --- memberships ------------------------------------------------------------------------------------------
 
@@ -39,9 +39,9 @@ def membership_create(
 ) -> Membership:
     """Add ``user`` to ``tenant``. Security admins may do it anywhere, tenant admins within their subtree.
     Auditors hold no tenant roles: an auditor who could run jobs would audit themselves."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(
+        require_permission(
             can_manage_memberships(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may add members to it."
         )
     _check_membership_role(role)
@@ -65,9 +65,9 @@ def membership_create(
 
 @transaction.atomic
 def membership_update(*, actor: User | None, membership: Membership, role: str, request: Any = None) -> Membership:
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(
+        require_permission(
             can_manage_memberships(actor, membership.tenant),
             f"Only a tenant admin of {membership.tenant.slug!r} may change its members' roles.",
         )
@@ -93,9 +93,9 @@ def membership_update(*, actor: User | None, membership: Membership, role: str, 
 
 @transaction.atomic
 def membership_delete(*, actor: User | None, membership: Membership, request: Any = None) -> None:
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(
+        require_permission(
             can_manage_memberships(actor, membership.tenant),
             f"Only a tenant admin of {membership.tenant.slug!r} may remove its members.",
         )

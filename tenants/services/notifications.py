@@ -14,17 +14,17 @@ from django.utils import timezone
 from audit.services import audit_record
 from portal.api import ConflictError
 from portal.policy import Action
-from tenants.models import User
+from portal.task_queue import task_queue
+from tenants.approval_chain import eligible_approvers
+from tenants.models import ApprovalKind, DeliveryStatus, NotificationDelivery, User
 from tenants.policy import allows
-from tenants.services._common import _ensure_may_write, _require
+from tenants.services.guards import ensure_may_write, require_permission
 
 logger = logging.getLogger(__name__)
 
 
 def approvers_for(approval: Any) -> list[User]:
     """Who can take the decision ``approval`` waits for (for notifications)."""
-    from tenants.approval_chain import eligible_approvers
-
     role = approval.awaiting_role
     if role is None:
         return []
@@ -33,8 +33,6 @@ def approvers_for(approval: Any) -> list[User]:
 
 def _notify(approval: Any | None, *, event: str, recipients: list[User], subject: str, body: str) -> None:
     """Queue one delivery per configured notifier; sent by a Celery task after commit (retried on failure)."""
-    from tenants.models import NotificationDelivery
-
     paths = getattr(settings, "GPUPOOL_NOTIFIERS", None) or []
     for path in paths:
         delivery = NotificationDelivery.objects.create(
@@ -56,21 +54,18 @@ def notification_queue(*, event: str, recipients: list[User], subject: str, body
 
 
 def _enqueue_delivery(delivery_id: int) -> None:
-    from tenants.tasks import deliver_notification
-
-    deliver_notification.delay(delivery_id)
+    # By name: ``tenants.tasks`` imports this module, so importing it back would make a circle.
+    task_queue("tenants.deliver_notification", args=(delivery_id,))
 
 
 def _describe(approval: Any) -> str:
-    from tenants.models import ApprovalKind
-
     if approval.kind == ApprovalKind.QUOTA_CHANGE:
         values = ", ".join(f"{key}={value}" for key, value in approval.payload.items())
         return f"quota change for {approval.tenant.slug}/{approval.flavor.name}: {values}"
     return f"admission of job {approval.job_id} in {approval.tenant.slug} ({approval.payload.get('summary', '')})"
 
 
-def _notify_approvers(approval: Any) -> None:
+def notify_approvers(approval: Any) -> None:
     role = approval.awaiting_role
     _notify(
         approval,
@@ -82,7 +77,7 @@ def _notify_approvers(approval: Any) -> None:
     )
 
 
-def _notify_requester(approval: Any, *, comment: str) -> None:
+def notify_requester(approval: Any, *, comment: str) -> None:
     if approval.requester is None:
         return
     _notify(
@@ -103,8 +98,6 @@ NOTIFICATION_MAX_ATTEMPTS = 5
 def notification_deliver(*, delivery: Any) -> bool:
     """Try to send one delivery through its notifier; record the attempt. Returns True when sent."""
     from django.utils.module_loading import import_string
-
-    from tenants.models import DeliveryStatus, NotificationDelivery
 
     with transaction.atomic():
         delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
@@ -146,11 +139,9 @@ def notification_deliver(*, delivery: Any) -> bool:
 @transaction.atomic
 def notification_retry(*, actor: User | None, delivery: Any, request: Any = None) -> Any:
     """Send a failed delivery again (admins, from the API), with a fresh attempt budget."""
-    from tenants.models import DeliveryStatus, NotificationDelivery
-
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(allows(actor, Action.NOTIFICATION_RETRY), "Only platform admins retry notifications.")
+        require_permission(allows(actor, Action.NOTIFICATION_RETRY), "Only platform admins retry notifications.")
     delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
     if delivery.status == DeliveryStatus.SENT:
         raise ConflictError(f"Notification {delivery.pk} was already sent.", code="already_sent")

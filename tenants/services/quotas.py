@@ -7,11 +7,14 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import audit_record
+from catalog.models import FlavorPrice
 from portal.api import DomainError
 from portal.policy import Action
-from tenants.models import Tenant, TenantStorageUsage, User
+from tenants.models import QUOTA_FIELDS, QUOTA_STEP_MILLIS, Quota, Tenant, TenantStorageUsage, User
+from tenants.permissions import ancestors_and_self
 from tenants.policy import allows
-from tenants.services._common import _ensure_may_write, _require
+from tenants.selectors import subtree_q
+from tenants.services.guards import ensure_may_write, require_permission
 
 # --- quotas -----------------------------------------------------------------------------------------------
 
@@ -20,10 +23,8 @@ def _flavor_name(flavor: Any) -> str:
     return getattr(flavor, "name", str(flavor))
 
 
-def _clean_quota_values(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
+def quota_values_clean(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
     """Check one quota's own numbers: no negatives, steps of 100 millis, limit ≥ guaranteed."""
-    from tenants.models import QUOTA_FIELDS, QUOTA_STEP_MILLIS
-
     unknown = set(values) - set(QUOTA_FIELDS)
     if unknown:
         raise DomainError(f"Unknown quota field(s): {', '.join(sorted(unknown))}.")
@@ -52,15 +53,12 @@ def _clean_quota_values(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
     return cleaned
 
 
-def _lock_quota_path(*, tenant: Tenant, flavor: Any) -> list[Tenant]:
+def quota_path_lock(*, tenant: Tenant, flavor: Any) -> list[Tenant]:
     """Lock the tenant's ancestors (and itself), root first, and their quota rows for ``flavor``.
 
     Two changes anywhere under the same parent lock the same rows in the same order, so they run one after
     the other and the second re-checks against what the first committed; nothing is half-applied.
     """
-    from tenants.models import Quota
-    from tenants.permissions import ancestors_and_self
-
     chain_ids = [node.pk for node in ancestors_and_self(tenant)]
     locked = list(Tenant.objects.select_for_update(no_key=True).filter(pk__in=chain_ids).order_by("depth"))
     list(
@@ -71,13 +69,9 @@ def _lock_quota_path(*, tenant: Tenant, flavor: Any) -> list[Tenant]:
     return locked
 
 
-def _check_quota_tree(*, tenant: Tenant, flavor: Any, new: dict) -> None:
+def quota_tree_check(*, tenant: Tenant, flavor: Any, new: dict) -> None:
     """Σ children's guaranteed ≤ parent's guaranteed, where "parent" and "children" are the nearest tenants
     that hold a quota row for the flavor (a tenant without one is accounted to its nearest ancestor)."""
-    from tenants.models import Quota
-    from tenants.permissions import ancestors_and_self
-    from tenants.selectors import subtree_q
-
     root = ancestors_and_self(tenant)[-1]
     rows = {
         row.tenant_id: row
@@ -113,13 +107,11 @@ def _check_quota_tree(*, tenant: Tenant, flavor: Any, new: dict) -> None:
             )
 
 
-def _quota_apply(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, request: Any = None) -> Any:
+def quota_apply(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, request: Any = None) -> Any:
     """Validate and write one quota under row locks (no permission check: callers do that)."""
-    from tenants.models import Quota
-
-    cleaned = _clean_quota_values(values, tenant=tenant, flavor=flavor)
-    _lock_quota_path(tenant=tenant, flavor=flavor)
-    _check_quota_tree(tenant=tenant, flavor=flavor, new=cleaned)
+    cleaned = quota_values_clean(values, tenant=tenant, flavor=flavor)
+    quota_path_lock(tenant=tenant, flavor=flavor)
+    quota_tree_check(tenant=tenant, flavor=flavor, new=cleaned)
     quota = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
     before = quota.values() if quota else None
     if quota is None:
@@ -143,13 +135,13 @@ def _quota_apply(*, actor: User | None, tenant: Tenant, flavor: Any, values: dic
 def quota_set(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, request: Any = None) -> Any:
     """Set a tenant's quota for a flavor directly (system admins; tenant admins go through
     ``quota_change_request_create``). Refused, with the numbers, if it breaks the tree's rules."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(
+        require_permission(
             allows(actor, Action.QUOTA_SET, tenant),
             "Only a system admin sets quotas directly; tenant admins request a change.",
         )
-    return _quota_apply(actor=actor, tenant=tenant, flavor=flavor, values=values, request=request)
+    return quota_apply(actor=actor, tenant=tenant, flavor=flavor, values=values, request=request)
 
 
 @transaction.atomic
@@ -159,11 +151,9 @@ def flavor_price_set(
     """Set the showback price of one card-hour of ``flavor`` (system admins)."""
     from decimal import Decimal, InvalidOperation
 
-    from tenants.models import FlavorPrice
-
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(allows(actor, Action.PRICE_SET), "Only a system admin sets prices.")
+        require_permission(allows(actor, Action.PRICE_SET), "Only a system admin sets prices.")
     try:
         price = Decimal(str(price_per_device_hour))
     except InvalidOperation:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, ProtectedError
 
 from audit.services import audit_record
@@ -15,9 +15,29 @@ from portal.policy import Action
 from tenants.models import MAX_TENANT_DEPTH, Tenant, TenantKind, User
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
 from tenants.policy import reaches_all
-from tenants.services._common import UNSET, _ensure_may_write, _lock_tenant_tree, _require, _tenant_snapshot
+from tenants.selectors import tenant_subtree_height, tenant_subtree_ids
+from tenants.services.guards import UNSET, ensure_may_write, require_permission
 
 # --- tenants ----------------------------------------------------------------------------------------------
+
+
+def _lock_tenant_tree() -> None:
+    """Serialise structural changes to the tenant tree (moves, creates) so two concurrent moves cannot
+    together build a cycle. SQLite runs write transactions one at a time already."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [0x6770_7465_6E74])  # "gptent"
+
+
+def _tenant_snapshot(tenant: Tenant) -> dict:
+    return {
+        "name": tenant.name,
+        "slug": tenant.slug,
+        "kind": tenant.kind,
+        "parent": tenant.parent.slug if tenant.parent_id else None,
+        "depth": tenant.depth,
+        "description": tenant.description,
+    }
 
 
 def _check_sibling_name(*, name: str, parent: Tenant | None, exclude_pk: int | None = None) -> None:
@@ -45,12 +65,16 @@ def tenant_create(
 ) -> Tenant:
     """Create a tenant. Top-level tenants: system admins; children: system admins and tenant admins of the
     parent (or above)."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
         if parent is None:
-            _require(reaches_all(actor, Action.TENANT_CREATE), "Only a system admin may create a top-level tenant.")
+            require_permission(
+                reaches_all(actor, Action.TENANT_CREATE), "Only a system admin may create a top-level tenant."
+            )
         else:
-            _require(can_admin_tenant(actor, parent), f"Only a tenant admin of {parent.slug!r} may add tenants to it.")
+            require_permission(
+                can_admin_tenant(actor, parent), f"Only a tenant admin of {parent.slug!r} may add tenants to it."
+            )
     if kind not in TenantKind.values:
         raise DomainError(f"Unknown tenant kind {kind!r}.", field="kind")
     _lock_tenant_tree()
@@ -90,27 +114,25 @@ def tenant_update(
     """Rename, re-describe or move a tenant. A move keeps the tree a tree (no cycles) and within
     MAX_TENANT_DEPTH levels for the whole moved subtree; it needs admin rights above the tenant and on the
     new parent."""
-    from tenants.selectors import tenant_subtree_height, tenant_subtree_ids
-
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may change it.")
+        require_permission(can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may change it.")
     _lock_tenant_tree()
     tenant = Tenant.objects.select_for_update(of=("self",), no_key=True).select_related("parent").get(pk=tenant.pk)
     before = _tenant_snapshot(tenant)
     moving = parent is not UNSET and (parent.pk if parent else None) != tenant.parent_id
     if moving:
         if actor is not None:
-            _require(
+            require_permission(
                 can_admin_strict_ancestor(actor, tenant),
                 f"Moving {tenant.slug!r} needs tenant admin rights on its parent tenant.",
             )
             if parent is None:
-                _require(
+                require_permission(
                     reaches_all(actor, Action.TENANT_MOVE), "Only a system admin may move a tenant to the top level."
                 )
             else:
-                _require(can_admin_tenant(actor, parent), f"You are not a tenant admin of {parent.slug!r}.")
+                require_permission(can_admin_tenant(actor, parent), f"You are not a tenant admin of {parent.slug!r}.")
         if parent is not None and parent.pk in tenant_subtree_ids(tenant):
             raise DomainError(
                 f"Cannot move {tenant.slug!r} under {parent.slug!r}: {parent.slug!r} is inside the subtree of "
@@ -161,9 +183,9 @@ def tenant_update(
 @transaction.atomic
 def tenant_delete(*, actor: User | None, tenant: Tenant, request: Any = None) -> None:
     """Delete an empty tenant (no child tenants, no jobs or quotas that refer to it)."""
-    _ensure_may_write(actor)
+    ensure_may_write(actor)
     if actor is not None:
-        _require(
+        require_permission(
             can_admin_strict_ancestor(actor, tenant),
             f"Deleting {tenant.slug!r} needs tenant admin rights on its parent (or a system admin).",
         )

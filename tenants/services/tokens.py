@@ -17,7 +17,7 @@ from portal.policy import Action
 from tenants.models import TOKEN_PREFIX, ApiToken, TokenScope, User
 from tenants.permissions import is_auditor, token_scopes_allowed
 from tenants.policy import allows
-from tenants.services._common import _require
+from tenants.services.guards import require_permission
 
 TOKEN_DEFAULT_LIFETIME_DAYS = 90
 TOKEN_SCOPE_RANK = {TokenScope.READ: 0, TokenScope.WRITE: 1, TokenScope.ADMIN: 2}
@@ -101,7 +101,9 @@ def api_token_create(
 def api_token_revoke(*, actor: User | None, token: ApiToken, request: Any = None) -> ApiToken:
     """Revoke a token (its owner or a security admin). Revoking twice is harmless."""
     if actor is not None:
-        _require(allows(actor, Action.TOKEN_REVOKE, token), "Only the owner or a security admin may revoke it.")
+        require_permission(
+            allows(actor, Action.TOKEN_REVOKE, token), "Only the owner or a security admin may revoke it."
+        )
     token = ApiToken.objects.select_for_update(no_key=True).get(pk=token.pk)
     if token.revoked_at is not None:
         return token

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from audit import services
+from audit.services import append, records
 
 
 @pytest.fixture(autouse=True)
@@ -13,6 +13,6 @@ def audit_settings(settings, tmp_path):
     settings.GPUPOOL_AUDIT_CIPHER = "aes-256-gcm"
     settings.GPUPOOL_AUDIT_ALERT_HOOK = ""
     settings.GPUPOOL_AUDIT_SIEM_URL = ""
-    services._key_cache.clear()
-    services._tenant_keys.clear()
+    records._key_cache.clear()
+    append._tenant_keys.clear()
     return settings

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from audit import crypto
 from audit.models import AuditRecord, ChainHead
 from audit.services import audit_record
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from tenants.models import Tenant
 from tests.factories import TenantFactory
 

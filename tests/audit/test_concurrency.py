@@ -9,7 +9,7 @@ from django.db import connection, transaction
 
 from audit.models import PLATFORM_STREAM, AuditRecord
 from audit.services import audit_record
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from tests.factories import SystemAdminFactory, TenantFactory
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True)]

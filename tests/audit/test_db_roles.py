@@ -22,7 +22,7 @@ from django.utils import timezone
 from audit.management.commands.db_roles import OWNER_ROLE
 from audit.models import AuditRecord, ChainHead, Cosignature, DataKey, IntegrityCheck, KeyRotation, Tombstone
 from audit.services import audit_record, checkpoint_all, tenant_keys_shred
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from tests.factories import TenantFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.services, pytest.mark.database_owner]  # switches roles itself

@@ -2,7 +2,7 @@
 
 Each test performs the attack the way a DBA would (raw SQL, triggers disabled where a superuser could disable
 them) and then runs what an auditor runs: ``gpupool audit_verify`` (CommandError = exit 1, its FAILED line and
-the finding lines it prints) or ``python -m audit.verify`` (exit 1 and its FAILED line).
+the finding lines it prints) or ``python -m audit.bundle_verifier`` (exit 1 and its FAILED line).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from django.db import DatabaseError, connection, transaction
 from django.test import TestCase
 from django.utils import timezone
 
+from audit import bundle_verifier as offline
 from audit import chain
-from audit import verify as offline
 from audit.exports import build_bundle, trust_root
 from audit.models import PLATFORM_STREAM, AuditRecord, ChainHead, DataKey
 from audit.services import (
@@ -30,7 +30,7 @@ from audit.services import (
     record_header,
     tenant_keys_shred,
 )
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from tests.audit.helpers import raw, row
 from tests.factories import AuditorFactory, TenantFactory, UserFactory
 

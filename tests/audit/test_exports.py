@@ -16,10 +16,10 @@ from django.core.management import call_command
 from django.test import TestCase
 from django.utils import timezone
 
+from audit.bundle_verifier import BundleError, verify_bundle
 from audit.exports import build_bundle, trust_root
 from audit.models import AuditRecord
 from audit.services import audit_record, checkpoint_create
-from audit.verify import BundleError, verify_bundle
 from tests.factories import AuditorFactory, SystemAdminFactory, TenantFactory
 
 pytestmark = pytest.mark.django_db
@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 RUN_WITHOUT_DJANGO = """
 import runpy, sys
-sys.argv = ["audit.verify", *sys.argv[1:]]
+sys.argv = ["audit.bundle_verifier", *sys.argv[1:]]
 code = 0
 try:
-    runpy.run_module("audit.verify", run_name="__main__")
+    runpy.run_module("audit.bundle_verifier", run_name="__main__")
 except SystemExit as exc:
     code = exc.code
 print("django imported" if any(m == "django" or m.startswith("django.") for m in sys.modules) else "no django")
@@ -223,7 +223,7 @@ def test_export_command_writes_a_bundle_and_is_audited(tmp_path, capsys):
     out = tmp_path / "cmd.zip"
     today = timezone.now().date().isoformat()
     call_command("audit_export", "--from", today, "--to", today, "-o", str(out))
-    assert "python -m audit.verify" in capsys.readouterr().out
+    assert "python -m audit.bundle_verifier" in capsys.readouterr().out
     assert verify_bundle(str(out))["records"] >= 5
     assert AuditRecord.objects.filter(action="audit.export").exists()
 

@@ -19,9 +19,10 @@ from audit.services import (
     legal_hold_place,
     legal_hold_release,
     record_details,
+    records,
     tenant_keys_shred,
 )
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from portal.api import ConflictError
 from tests.factories import TenantFactory
 
@@ -47,9 +48,7 @@ def test_rotation_rewraps_data_keys_and_leaves_records_readable(settings):
     assert bytes(stored.ciphertext) == ciphertext_before  # re-wrapped, never re-encrypted
 
     settings.GPUPOOL_AUDIT_MASTER_KEYS = ring("k2", keys=keys)  # the old master key is retired
-    from audit import services
-
-    services._key_cache.clear()
+    records._key_cache.clear()
     assert record_details(stored) == {"before": 1, "after": 2}
     assert AuditRecord.objects.filter(action="audit.key.rotate").exists()
     assert verify_trail(record_result=False).ok

@@ -16,7 +16,7 @@ from audit import chain
 from audit.models import PLATFORM_STREAM, AuditRecord, Tombstone
 from audit.services import audit_record, checkpoint_all, legal_hold_place, records_purge
 from audit.siem import SyslogForwarder, format_cef, format_rfc5424
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from tests.factories import SystemAdminFactory, TenantFactory, UserFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin

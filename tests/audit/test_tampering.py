@@ -14,7 +14,7 @@ from django.db import connection
 from audit import chain
 from audit.models import AuditRecord, ChainHead
 from audit.services import checkpoint_create, record_header
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from tests.audit.helpers import make_chain, raw, row
 
 pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin

@@ -1,6 +1,6 @@
 """The red team of issue 32: attacks on a production-configured database, each run as the role that can do it,
 and each checked with every verifier the product offers — ``audit_verify`` (online), the scheduled integrity
-check, and export + ``python -m audit.verify --trust-root`` (offline) — or refused outright.
+check, and export + ``python -m audit.bundle_verifier --trust-root`` (offline) — or refused outright.
 
 The trust root is pinned before each attack, as the auditor pinned it at install (``GPUPOOL_AUDIT_TRUST_ROOT``,
 taken from the witness, never from the database).
@@ -26,13 +26,13 @@ from django.test import TestCase
 from django.utils import timezone
 
 from audit import chain, transparency, witness
+from audit.bundle_verifier import BundleError, verify_bundle
 from audit.exports import build_bundle, trust_root
 from audit.integrity import latest_failure, run_integrity_check
 from audit.models import AuditRecord, ChainHead, Checkpoint, DataKey
 from audit.services import audit_record, checkpoint_all, legal_hold_place, record_header
 from audit.signing import Ed25519Signer, get_signer
-from audit.verification import verify_trail
-from audit.verify import BundleError, verify_bundle
+from audit.trail_verifier import verify_trail
 from portal.api import DomainError
 from tests.audit.helpers import raw, row
 from tests.factories import AuditorFactory, TenantFactory, UserFactory

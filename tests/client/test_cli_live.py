@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from scheduler.models import Job, JobState, ResourceFlavor
+from catalog.models import ResourceFlavor
+from scheduler.models import Job, JobState
 from tenants.models import Tenant
 from tenants.services.quotas import quota_set
 from tests.client.conftest import place_and_start, submitted_id

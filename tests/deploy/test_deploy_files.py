@@ -588,7 +588,7 @@ def exported(db, settings, monkeypatch) -> dict[str, set[str]]:
     from tests.patching import patch_imported
 
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-deploy-{uuid.uuid4().hex[:10]}"
-    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services.notify.cycle_request_after_commit", lambda: None)
     node, _credential = register_node("gpu-01")
     node_hello(node_id=node.pk, hello=dataclasses.asdict(hello("gpu-01", devices=2)))
     device = Device.objects.get(uuid="GPU-gpu-01-0")

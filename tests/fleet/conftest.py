@@ -24,7 +24,9 @@ def fleet_isolation(settings, monkeypatch) -> list[int]:
     """
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-fleet-{uuid.uuid4().hex[:10]}"
     requests: list[int] = []
-    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: requests.append(1))
+    patch_imported(
+        monkeypatch, "scheduler.fleet.services.notify.cycle_request_after_commit", lambda: requests.append(1)
+    )
     return requests
 
 

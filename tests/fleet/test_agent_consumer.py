@@ -9,13 +9,14 @@ import pytest
 from channels.db import database_sync_to_async
 
 from audit.models import AuditRecord
+from catalog.models import ResourceFlavor
 from nodeagent import protocol
 from scheduler.fleet.consumers import AgentConsumer
 from scheduler.fleet.models import NodeCredential
 from scheduler.fleet.runtime import fleet_process
-from scheduler.fleet.services._common import agent_group
 from scheduler.fleet.services.enrolment import CLOSE_REPLACED, CLOSE_UNAUTHORIZED, node_credentials_revoke
-from scheduler.models import AgentCommand, Device, DeviceHealth, Node, NodeStatus, ResourceFlavor
+from scheduler.fleet.services.notify import agent_group
+from scheduler.models import AgentCommand, Device, DeviceHealth, Node, NodeStatus
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node, settle, telemetry
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -189,7 +190,9 @@ async def test_sent_but_unacked_commands_are_sent_again_on_reconnect():
 
 async def test_workload_status_goes_to_the_scheduler(monkeypatch):
     reports = []
-    monkeypatch.setattr("scheduler.services.reports.workload_status_report", lambda **kwargs: reports.append(kwargs))
+    monkeypatch.setattr(
+        "scheduler.fleet.services.agent_commands.workload_status_report", lambda **kwargs: reports.append(kwargs)
+    )
     node, credential = await db(register_node)("gpu-a")
     socket = await connect_agent(credential, "gpu-a")
     status = protocol.WorkloadStatus(

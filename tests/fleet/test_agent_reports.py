@@ -326,7 +326,7 @@ async def test_a_report_the_database_could_not_take_is_not_acked_and_applies_whe
             raise OperationalError("deadlock detected")
         return real(**kwargs)
 
-    monkeypatch.setattr("scheduler.services.reports.workload_status_report", deadlocked_once)
+    monkeypatch.setattr("scheduler.fleet.services.agent_commands.workload_status_report", deadlocked_once)
     await socket.send_to(text_data=status(job_id, "succeeded", 201, exit_code=0))
     refused = (await frames_until(socket, report_answer(201)))[-1]
     assert (refused["type"], refused["code"]) == ("error", "retry_later")
@@ -354,7 +354,7 @@ async def test_a_report_refused_for_good_is_acked_with_the_error_code(monkeypatc
     def refuse(**kwargs):
         raise error
 
-    monkeypatch.setattr("scheduler.services.reports.workload_status_report", refuse)
+    monkeypatch.setattr("scheduler.fleet.services.agent_commands.workload_status_report", refuse)
     await socket.send_to(text_data=status(job_id, "failed", 301, exit_code=1))
     ack = (await frames_until(socket, report_answer(301)))[-1]
     await socket.disconnect()

@@ -38,7 +38,7 @@ def requeues(monkeypatch) -> list:
         calls.append((node.pk, reason))
         return 2
 
-    monkeypatch.setattr("scheduler.services.reports.node_jobs_requeue", fake_requeue)
+    monkeypatch.setattr("scheduler.fleet.services.lease.node_jobs_requeue", fake_requeue)
     return calls
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 import uuid
 
-from scheduler.models import Device, Node, NodeStatus, ResourceFlavor, Vendor
+from catalog.models import ResourceFlavor, Vendor
+from scheduler.models import Device, Node, NodeStatus
 from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
 from tenants.services.identity import user_create
 from tenants.services.memberships import membership_create

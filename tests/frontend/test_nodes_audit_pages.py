@@ -110,7 +110,7 @@ def test_auditor_downloads_an_export_bundle_that_verifies_offline(client, tmp_pa
     import datetime
     import zipfile
 
-    from audit.verify import verify_bundle
+    from audit.bundle_verifier import verify_bundle
 
     audit_record(action="console.test", actor=None, target="thing:4")
     client.force_login(make_user(platform_role=PlatformRole.AUDITOR))

@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from scheduler.models import ResourceFlavor
+from catalog.models import ResourceFlavor
 from tenants.models import PlatformRole
 from tests.frontend.factories import make_member, make_node, make_tenant, make_user
 from tests.patching import patch_request_cycle

@@ -17,7 +17,8 @@ import pytest
 from nodeagent import protocol
 from nodeagent.cgroups import Limits
 from nodeagent.containers import OCI_LABEL, container_argv, find_runtime, runtime_labels
-from nodeagent.workloads import WorkloadRejected, WorkloadRunner
+from nodeagent.launcher import WorkloadRejected
+from nodeagent.workloads import WorkloadRunner
 
 
 def test_the_runtime_command_line_has_the_uid_limits_mounts_and_devices(tmp_path: Path) -> None:

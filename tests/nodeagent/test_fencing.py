@@ -15,7 +15,8 @@ from websockets.asyncio.server import serve
 from nodeagent import protocol
 from nodeagent.agent import Agent, websocket_connector
 from nodeagent.fencing import FENCE_FILE, Fence, FenceSettings
-from nodeagent.workloads import WorkloadRunner, process_start_time
+from nodeagent.launcher import process_start_time
+from nodeagent.workloads import WorkloadRunner
 from tests.nodeagent.test_agent_loop import FakeClock, FakeConnector, _agent
 
 FENCE_CONFIG = protocol.Config(

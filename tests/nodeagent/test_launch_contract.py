@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from nodeagent import protocol
+from nodeagent.launcher import RSH_AGENT, WorkloadRejected
 from nodeagent.netpolicy import IsolationMode, NetworkIsolation, render_ruleset
-from nodeagent.workloads import RSH_AGENT, WorkloadRejected, WorkloadRunner
+from nodeagent.workloads import WorkloadRunner
 from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE, WORKLOAD_PYTHON
 
 MPI_LAUNCH = Path(__file__).resolve().parents[2] / "nodeagent" / "mpi_launch.py"

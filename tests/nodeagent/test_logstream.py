@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from nodeagent import protocol
+from nodeagent.journal import WorkloadRecord
+from nodeagent.launcher import LOG_FILE
 from nodeagent.logstream import LogShipper, complete_utf8_length
-from nodeagent.workloads import LOG_FILE, WorkloadRecord
 from tests.nodeagent.test_agent_loop import FakeClock, FakeConnector, _agent
 
 KIB = 1024

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from nodeagent import protocol, sandbox_init
+from nodeagent.journal import WorkloadRecord
 from nodeagent.sandbox import INIT_SCRIPT, Sandbox, SandboxConfig, ServedProcess, write_spec
-from nodeagent.workloads import WorkloadRecord, WorkloadRunner
+from nodeagent.workloads import WorkloadRunner
 from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE
 
 #: What the init must not import: slow to load (``json`` pulls in ``re`` and ``enum``; ``ctypes.util`` runs

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent import protocol
-from nodeagent.workloads import WorkloadRejected, WorkloadRunner, process_start_time, workload_env
+from nodeagent.launcher import WorkloadRejected, process_start_time, workload_env
+from nodeagent.workloads import WorkloadRunner
 
 H100_A = "GPU-4b0e5f1c-2d3a-8e9f-0000-0a1b2c3d4e5f"
 H100_B = "GPU-4b0e5f1c-2d3a-8e9f-0001-0a1b2c3d4e5f"

@@ -17,8 +17,8 @@ from nodeagent.demo import DEMO_NODES, demo_fleet_cards, demo_hello
 from portal.demo import load_demo_data
 from scheduler.fleet.models import TelemetryMinute
 from scheduler.models import Allocation, Device, Job, JobState, Node
+from scheduler.showback import usage_report
 from tenants.models import ApprovalRequest, ApprovalStatus, Quota
-from tenants.usage import usage_report
 
 pytestmark = pytest.mark.django_db
 

@@ -429,7 +429,7 @@ def _deadlocks() -> int:
 def _final_checks(cluster: Cluster, result: ChaosResult, deadlocks_before: int) -> None:
     from django.test import override_settings
 
-    from audit.verification import verify_trail
+    from audit.trail_verifier import verify_trail
     from scheduler.models import FINAL_JOB_STATES, Job, JobEvent
 
     jobs = list(Job.objects.all())

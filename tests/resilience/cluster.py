@@ -228,7 +228,7 @@ class Cluster:
     def seed(self, *, slug: str = "resilience", cards: int = 16) -> str:
         """A tenant with a quota of ``cards`` H100s and a member with a write API token (through the services,
         so the audit trail has them). Returns the token; runs in the caller's process (Django set up)."""
-        from scheduler.models import ResourceFlavor, Vendor
+        from catalog.models import ResourceFlavor, Vendor
         from tenants.models import MembershipRole, TenantKind
         from tenants.services.identity import user_create
         from tenants.services.memberships import membership_create
@@ -581,7 +581,7 @@ class WorkloadProcess:
 
 def workload_processes(run_id: str) -> list[WorkloadProcess]:
     """Every live (not zombie) process of this run's workloads, found in /proc by the job env marker."""
-    from nodeagent.workloads import process_start_time
+    from nodeagent.launcher import process_start_time
 
     found = []
     marker = f"{RUN_ENV}={run_id}".encode()

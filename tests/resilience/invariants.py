@@ -102,7 +102,7 @@ def agreement_violations(cluster: Cluster) -> list[str]:
 
 
 def assert_audit_verifies(cluster: Cluster) -> None:
-    from audit.verification import verify_trail
+    from audit.trail_verifier import verify_trail
 
     with override_settings(GPUPOOL_AUDIT_WITNESS_PATH=str(cluster.witness_path)):
         report = verify_trail(record_result=False)

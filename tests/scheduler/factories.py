@@ -5,7 +5,8 @@ from __future__ import annotations
 import factory
 from django.utils import timezone
 
-from scheduler.models import Device, Job, JobState, Node, NodeStatus, ResourceFlavor, Vendor
+from catalog.models import ResourceFlavor, Vendor
+from scheduler.models import Device, Job, JobState, Node, NodeStatus
 
 try:  # the shared user/tenant factories of the tenants area
     from tests.factories import MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory

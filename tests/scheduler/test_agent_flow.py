@@ -8,8 +8,9 @@ import json
 import pytest
 from channels.db import database_sync_to_async
 
+from catalog.models import ResourceFlavor
 from nodeagent import protocol
-from scheduler.models import AgentCommand, Allocation, Job, JobState, ResourceFlavor
+from scheduler.models import AgentCommand, Allocation, Job, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import connect_agent, register_node, settle
@@ -28,7 +29,7 @@ def member_of_team_a():
 
 async def test_a_placed_job_reaches_the_agent_and_its_reports_finish_it(monkeypatch):
     patch_request_cycle(monkeypatch, lambda: None)
-    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services.notify.cycle_request_after_commit", lambda: None)
     await db(ResourceFlavor.objects.create)(
         name="nvidia-h100-80g", vendor="nvidia", model="NVIDIA H100 80GB HBM3", memory_mib=81559
     )

@@ -1,8 +1,9 @@
 import pytest
 from rest_framework.test import APIClient
 
+from catalog.models import ResourceFlavor
 from scheduler.core import types as core
-from scheduler.models import Job, JobState, Node, ResourceFlavor
+from scheduler.models import Job, JobState, Node
 from scheduler.persist import persist_plan
 from tests.factories import client_for
 from tests.scheduler.factories import (

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from audit.services import record_details
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan

@@ -6,7 +6,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
-from scheduler.models import Job, ResourceFlavor
+from catalog.models import ResourceFlavor
+from scheduler.models import Job
 from tests.factories import client_for
 from tests.scheduler.factories import FlavorFactory, SystemAdminFactory
 

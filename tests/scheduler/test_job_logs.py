@@ -18,9 +18,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from catalog.models import ResourceFlavor
 from nodeagent import protocol
 from scheduler import logs
-from scheduler.models import AgentCommand, Job, JobLogChunk, JobState, ResourceFlavor
+from scheduler.models import AgentCommand, Job, JobLogChunk, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from scheduler.services.reports import node_jobs_requeue, workload_status_report
@@ -305,7 +306,7 @@ async def log_socket(user, job_id: int, query: str = "") -> WebsocketCommunicato
 @pytest.mark.django_db(transaction=True)
 async def test_a_follower_gets_output_as_the_agent_sends_it_and_the_end(monkeypatch) -> None:
     patch_request_cycle(monkeypatch, lambda: None)
-    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services.notify.cycle_request_after_commit", lambda: None)
     await db(ResourceFlavor.objects.create)(
         name="nvidia-h100-80g", vendor="nvidia", model="NVIDIA H100 80GB HBM3", memory_mib=81559
     )
@@ -379,7 +380,7 @@ async def test_a_follower_who_may_not_see_the_job_is_refused(monkeypatch) -> Non
 async def test_the_api_shows_a_running_jobs_output_from_a_real_agent(tmp_path: Path, settings, monkeypatch) -> None:
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
     patch_request_cycle(monkeypatch, lambda: False)
-    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services.notify.cycle_request_after_commit", lambda: None)
     _node, credential = await db(register_node)("gpu-live")
     link = Link(credential)
     agent = real_agent(tmp_path, "gpu-live", link)

@@ -17,7 +17,7 @@ from django.db import connection
 from django.test import Client
 
 from audit.services import checkpoint_all
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 from scheduler.models import Allocation, Job, JobEvent, JobState, Node
 from scheduler.services.cycle import run_cycle
 from scheduler.services.reports import workload_status_report

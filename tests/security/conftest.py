@@ -36,7 +36,7 @@ def assert_unchanged(before: dict[str, list[tuple]], after: dict[str, list[tuple
 def private_telemetry_prefix(settings, monkeypatch) -> None:
     """Latest telemetry under a key prefix of our own; scheduling cycles not queued to Celery."""
     settings.GPUPOOL_TELEMETRY_KEY_PREFIX = f"test-security-{uuid.uuid4().hex[:10]}"
-    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services.notify.cycle_request_after_commit", lambda: None)
     patch_request_cycle(monkeypatch, lambda: None)
 
 

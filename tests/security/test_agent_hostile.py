@@ -21,10 +21,11 @@ from channels.db import database_sync_to_async
 from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
+from catalog.models import ResourceFlavor
 from nodeagent import protocol
 from scheduler.fleet.services.enrolment import CLOSE_UNAUTHORIZED, agent_register, bootstrap_token_create
 from scheduler.fleet.telemetry import latest_store
-from scheduler.models import AgentCommand, Allocation, Job, JobState, ResourceFlavor
+from scheduler.models import AgentCommand, Allocation, Job, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tenants.services.quotas import quota_set

@@ -17,8 +17,8 @@ import pytest
 from django.utils import timezone
 from openpyxl import load_workbook
 
+from audit.bundle_verifier import verify_bundle
 from audit.csvsafe import FORMULA_TRIGGERS, formula_safe
-from audit.verify import verify_bundle
 from scheduler.models import Allocation
 from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole

@@ -24,7 +24,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from nodeagent import protocol
-from nodeagent.workloads import WorkloadRejected, WorkloadRunner
+from nodeagent.launcher import WorkloadRejected
+from nodeagent.workloads import WorkloadRunner
 from tenants.models import MembershipRole
 from tests.factories import MembershipFactory, TenantFactory, UserFactory
 from tests.scheduler.factories import FlavorFactory

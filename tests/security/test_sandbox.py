@@ -19,8 +19,9 @@ import pytest
 
 from nodeagent import protocol
 from nodeagent.cgroups import detect
+from nodeagent.launcher import WorkloadRejected
 from nodeagent.sandbox import Sandbox, SandboxConfig, SandboxMode, hidden_device_nodes
-from nodeagent.workloads import WorkloadRejected, WorkloadRunner
+from nodeagent.workloads import WorkloadRunner
 from tests.nodeagent.sandboxing import SANDBOX_AVAILABLE, WORKLOAD_PYTHON
 
 pytestmark = pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare")

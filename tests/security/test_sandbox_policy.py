@@ -129,7 +129,7 @@ def test_an_image_job_is_only_for_nodes_with_a_container_runtime(member) -> None
 async def test_a_job_cannot_steal_the_node_credential_end_to_end(tmp_path: Path, settings, monkeypatch) -> None:
     settings.GPUPOOL_SCHEDULER_POLICY = {"require_quota": False}
     patch_request_cycle(monkeypatch, lambda: False)
-    patch_imported(monkeypatch, "scheduler.fleet.services._common._request_cycle", lambda: None)
+    patch_imported(monkeypatch, "scheduler.fleet.services.notify.cycle_request_after_commit", lambda: None)
     _node, credential = await db(register_node)("gpu-theft")
     credential_file = tmp_path / "etc" / "agent.json"
     credential_file.parent.mkdir()

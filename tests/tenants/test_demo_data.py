@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from portal.demo import load_demo_data
+from scheduler.quota_usage import quota_usage
 from tenants.models import Quota, Tenant
-from tenants.selectors import quota_usage
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,8 @@ from django.utils import timezone
 
 from portal.api import DomainError, PermissionDeniedError
 from scheduler.models import Allocation
+from scheduler.quota_usage import quota_usage
 from tenants.models import Quota
-from tenants.selectors import quota_usage
 from tenants.services.quotas import quota_set
 from tests.scheduler.factories import DeviceFactory, FlavorFactory, JobFactory
 from tests.tenants.conftest import audited

@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 
 from scheduler.models import Allocation
-from tenants.usage import usage_report
+from scheduler.showback import usage_report
 from tests.scheduler.factories import DeviceFactory, FlavorFactory, JobFactory
 
 pytestmark = pytest.mark.django_db

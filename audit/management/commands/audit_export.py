@@ -25,7 +25,7 @@ def parse_moment(raw: str, *, end: bool = False) -> dt.datetime:
 
 
 class Command(BaseCommand):
-    help = "Export audit records as a signed bundle (zip) that `python -m audit.verify` checks offline."
+    help = "Export audit records as a signed bundle (zip) that `python -m audit.bundle_verifier` checks offline."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--from", dest="start", required=True, help="start date/datetime (inclusive)")
@@ -49,7 +49,7 @@ class Command(BaseCommand):
             self.style.SUCCESS(
                 f"wrote {options['output']}: {count} records in {len(manifest['streams'])} streams, signed by key "
                 f"{manifest['signing_key_id']}. Verify with the trust root you pinned at install (compare it with "
-                f"{manifest['trust_root']}): python -m audit.verify {options['output']} --trust-root "
+                f"{manifest['trust_root']}): python -m audit.bundle_verifier {options['output']} --trust-root "
                 f"{manifest['trust_root']}"
             )
         )

@@ -12,7 +12,7 @@ class Command(BaseCommand):
     help = (
         "Print the audit trail's trust-root fingerprint (the witness's genesis entry for this database: the first "
         "signing key and the witness's key). Run it at install and hand the fingerprint to the auditor out of band; "
-        "the verifiers pin it (GPUPOOL_AUDIT_TRUST_ROOT, python -m audit.verify --trust-root)."
+        "the verifiers pin it (GPUPOOL_AUDIT_TRUST_ROOT, python -m audit.bundle_verifier --trust-root)."
     )
 
     def handle(self, *args, **options) -> None:

@@ -5,7 +5,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from audit import conf
-from audit.verification import verify_trail
+from audit.trail_verifier import verify_trail
 
 
 class Command(BaseCommand):

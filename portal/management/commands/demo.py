@@ -102,7 +102,9 @@ class Command(BaseCommand):
         self.stdout.write(f"demo logins (password for all: {demo.DEMO_PASSWORD}):")
         for login in demo.DEMO_LOGINS:
             self.stdout.write(f"  {login.username:<10} {login.role}")
-        self.stdout.write(f"audit trust root (pin it for `python -m audit.verify --trust-root`): {_trust_root()}")
+        self.stdout.write(
+            f"audit trust root (pin it for `python -m audit.bundle_verifier --trust-root`): {_trust_root()}"
+        )
         self.stdout.write("press Ctrl-C to stop")
         self.stdout.flush()
         try:

@@ -13,5 +13,5 @@ Rooms:
 - ``agent_commands``: workload reports forwarded to the scheduler and applied; the commands agents fetch and
   acknowledge.
 - ``rollups``: telemetry history: minute rows, hourly rollups, purge.
-- ``_common``: an agent's channel group, sends after commit, asking for a scheduling cycle after commit.
+- ``notify``: what the fleet tells others after commit: an agent's socket (its channel group), the scheduler (a cycle).
 """

@@ -12,7 +12,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from scheduler.fleet.models import AgentReport
+from scheduler.fleet.telemetry import parse_time
 from scheduler.models import AgentCommand, Node
+from scheduler.services.reports import workload_status_report
 
 # --- workloads and the outbox ------------------------------------------------------------------------------
 
@@ -97,11 +99,9 @@ def _forward(*, node: Node, status: dict, savepoint: bool = True) -> str | None:
     """``workload_status_report`` for one frame: its outcome, or None when the scheduler takes no reports.
 
     ``savepoint=False``: the caller's transaction is open and rolls back whenever this raises."""
-    from scheduler.fleet.telemetry import parse_time
-    from scheduler.services.reports import workload_status_report as report
 
     checkpoint = status.get("last_checkpoint_at")
-    outcome = report(
+    outcome = workload_status_report(
         node=node,
         job_id=int(status["job_id"]),
         replica=int(status.get("replica") or 0),

@@ -18,7 +18,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from portal.api import DomainError
 from scheduler.fleet.models import BootstrapToken, NodeAgent, NodeCredential
-from scheduler.fleet.services._common import _group_send_on_commit, agent_group
+from scheduler.fleet.services.notify import agent_group, group_send_after_commit
 from scheduler.models import Node, NodeStatus
 
 BOOTSTRAP_PREFIX = "gpb_"
@@ -143,7 +143,7 @@ def _agent_register(*, token: str, node_name: str, hostname: str, agent_version:
         Node.objects.filter(pk=node.pk).update(**fields)
         node.refresh_from_db()
         if replaced:
-            _group_send_on_commit(agent_group(node.pk), {"type": "agent.disconnect", "code": CLOSE_UNAUTHORIZED})
+            group_send_after_commit(agent_group(node.pk), {"type": "agent.disconnect", "code": CLOSE_UNAUTHORIZED})
     NodeAgent.objects.update_or_create(node=node, defaults={"hostname": hostname[:255]})
     _credential, secret = _new_credential(node)
     row.used_at = now
@@ -180,7 +180,7 @@ def node_credentials_revoke(*, actor: Any | None, node: Node, request: Any | Non
         details={"node": node.name, "revoked": count},
         request=request,
     )
-    _group_send_on_commit(agent_group(node.pk), {"type": "agent.disconnect", "code": CLOSE_UNAUTHORIZED})
+    group_send_after_commit(agent_group(node.pk), {"type": "agent.disconnect", "code": CLOSE_UNAUTHORIZED})
     return count
 
 

@@ -19,12 +19,14 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from audit.services import audit_record
+from catalog.models import ResourceFlavor, Vendor
 from nodeagent import protocol
 from portal.api import ConflictError, DomainError, PermissionDeniedError
 from portal.policy import Action
 from scheduler.fleet.models import NodeAgent
-from scheduler.fleet.services._common import _request_cycle
-from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Node, NodeStatus, ResourceFlavor, Vendor
+from scheduler.fleet.services.notify import cycle_request_after_commit
+from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Node, NodeStatus
+from scheduler.services.reports import node_jobs_requeue, workload_status_report
 from tenants.policy import allows
 
 logger = logging.getLogger(__name__)
@@ -247,7 +249,7 @@ def _node_hello(*, node_id: int, hello: dict, now: datetime | None) -> dict[str,
             "stale_devices": [device.uuid for device in stale],
         },
     )
-    _request_cycle()
+    cycle_request_after_commit()
     return mapping
 
 
@@ -310,8 +312,6 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
     Finished workloads are left to their reports, which follow the hello from the agent's outbox. Each job is
     its own transaction (the job lock is taken before any node row, as everywhere).
     """
-    from scheduler.services.reports import node_jobs_requeue as requeue
-    from scheduler.services.reports import workload_status_report as report
 
     node = Node.objects.get(pk=node_id)
     known: set[tuple[int, int]] = set()
@@ -327,7 +327,7 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
         if state not in ("starting", "running"):
             continue
         try:
-            outcome = report(
+            outcome = workload_status_report(
                 node=node,
                 job_id=key[0],
                 replica=key[1],
@@ -343,7 +343,7 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
         if outcome not in (None, "applied"):
             stopped.append(key)
     requeued = 0
-    if complete and requeue is not None:
+    if complete:
         held = set(Allocation.objects.active().filter(node=node).values_list("job_id", "replica"))
         starting = set(
             AgentCommand.objects.unacked()
@@ -353,7 +353,7 @@ def node_workloads_reconcile(*, node_id: int, workloads: list[dict], complete: b
         missing = sorted({job_id for job_id, replica in held - known - starting})
         if missing:
             logger.warning("node %s no longer has jobs %s: requeueing them", node.name, missing)
-            requeued = requeue(
+            requeued = node_jobs_requeue(
                 node=node,
                 reason="workload_missing",
                 job_ids=missing,

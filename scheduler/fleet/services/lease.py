@@ -13,8 +13,9 @@ from django.utils import timezone
 from audit.services import audit_record
 from scheduler.fleet.fencing import lease_timing
 from scheduler.fleet.models import NodeAgent
-from scheduler.fleet.services._common import _request_cycle
+from scheduler.fleet.services.notify import cycle_request_after_commit
 from scheduler.models import Node, NodeStatus
+from scheduler.services.reports import node_jobs_requeue
 
 
 def node_heartbeat(*, node_id: int, now: datetime | None = None) -> bool:
@@ -34,7 +35,7 @@ def node_heartbeat(*, node_id: int, now: datetime | None = None) -> bool:
             target=f"node:{node_id}",
             details={"reason": "heartbeat resumed", "after": {"status": NodeStatus.READY if revived else "unchanged"}},
         )
-        _request_cycle()
+        cycle_request_after_commit()
     return bool(revived)
 
 
@@ -95,17 +96,16 @@ def lease_check(*, now: datetime | None = None) -> dict[str, list[int]]:
                     "after": {"status": node.status},
                 },
             )
-            _request_cycle()
+            cycle_request_after_commit()
             lost.append(node.pk)
     grace_before = now - timedelta(seconds=settings.GPUPOOL_NODE_LOST_GRACE_S)
     overdue = NodeAgent.objects.filter(lost_at__lte=grace_before, jobs_requeued_at__isnull=True)
-    from scheduler.services.reports import node_jobs_requeue as requeue
 
     for node_id in overdue.values_list("node_id", flat=True):
         with transaction.atomic():
             # Jobs first, the NodeAgent row last (the project's lock order: Job → ... → Node/NodeAgent); if the
             # node came back meanwhile the conditional update finds nothing and the requeue is rolled back.
-            count = requeue(node=Node.objects.get(pk=node_id), reason="node_lost")
+            count = node_jobs_requeue(node=Node.objects.get(pk=node_id), reason="node_lost")
             still_lost = NodeAgent.objects.filter(pk=node_id, lost_at__isnull=False, jobs_requeued_at__isnull=True)
             lost_at = still_lost.values_list("lost_at", flat=True).first()
             if lost_at is None or not still_lost.update(jobs_requeued_at=now):

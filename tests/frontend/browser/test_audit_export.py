@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def test_auditor_verifies_and_exports_a_bundle(page, tmp_path):
-    from audit.verify import verify_bundle
+    from audit.bundle_verifier import verify_bundle
 
     login(page, "auditor")
     page.wait_for_url("**/console/audit/")

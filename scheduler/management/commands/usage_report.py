@@ -6,9 +6,9 @@ import datetime as dt
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from scheduler.showback import PERIODS, report_csv, report_xlsx, usage_report
 from tenants.models import Tenant
 from tenants.selectors import tenant_subtree_ids
-from tenants.usage import PERIODS, report_csv, report_xlsx, usage_report
 
 
 def _moment(text: str) -> dt.datetime:

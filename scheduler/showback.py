@@ -3,7 +3,9 @@
 A device-hour is one whole card for one hour: ``millis * seconds / 1000 / 3600``. Each allocation counts
 from ``started_at`` to ``ended_at`` (active ones up to ``now``), clipped to the report's range and split at
 period boundaries (day, ISO week starting Monday, calendar month; all UTC). With a FlavorPrice a row also has
-a cost. Reads only; the API (``/api/v1/usage/``) and ``gpupool usage_report`` both use this module.
+a cost. Reads only; the API (``/api/v1/usage/``), the console's reports and ``gpupool usage_report`` all use
+this module. It lives on the scheduler's side because it reads the scheduler's allocations; the tenants app
+stays below and knows nothing of them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from audit.csvsafe import formula_safe, formula_safe_row
-from scheduler.models import MILLIS_PER_DEVICE
+from catalog.models import FlavorPrice
+from scheduler.models import MILLIS_PER_DEVICE, Allocation
+from tenants.models import Tenant
 
 PERIODS = ("day", "week", "month")
 SECONDS_PER_HOUR = 3600
@@ -90,9 +94,6 @@ def usage_report(
     now: dt.datetime | None = None,
 ) -> UsageReport:
     """The showback report for ``[start, end)``, limited to ``tenant_ids`` (None = all tenants)."""
-    from scheduler.models import Allocation
-    from tenants.models import FlavorPrice, Tenant
-
     if period not in PERIODS:
         raise ValueError(f"period must be one of {', '.join(PERIODS)}")
     if end <= start:

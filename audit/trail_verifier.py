@@ -41,7 +41,8 @@ from audit.models import (
     Tombstone,
     tenant_stream,
 )
-from audit.services import _raw_key, audit_record, open_details, raise_alert, record_header
+from audit.services import audit_record, open_details, raise_alert, record_header
+from audit.services.records import _raw_key
 from audit.signing import get_signer
 
 logger = logging.getLogger(__name__)
@@ -646,7 +647,7 @@ def verify_trail(
     only_streams: set[str] | None = None,
 ) -> VerificationReport:
     """Verify every stream (or, with ``only_streams``, those; the trust root and every witnessed stream's size are
-    checked either way). With ``record_result``, the run is audited (``audit.verify``), and a failure also
+    checked either way). With ``record_result``, the run is audited (``audit.bundle_verifier``), and a failure also
     records ``audit.tamper_detected`` and raises an alert.
 
     ``witness_required`` (the default) makes a missing, lagging or contradicting witness a failure; False checks

@@ -1,4 +1,4 @@
-"""Offline verifier for audit export bundles: ``python -m audit.verify bundle.zip [--key-id ID]``.
+"""Offline verifier for audit export bundles: ``python -m audit.bundle_verifier bundle.zip [--key-id ID]``.
 
 Standalone on purpose: the standard library and ``cryptography`` only — no Django, no settings, no database —
 so an assessor can run it on their own machine. It checks the manifest signature, the SHA-256 of every file,
@@ -360,7 +360,7 @@ def _check_data_keys(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m audit.verify", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m audit.bundle_verifier", description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", help="the export bundle (.zip)")
     parser.add_argument(
         "--trust-root",

@@ -1,0 +1,9 @@
+from django.contrib import admin
+
+from catalog.models import ResourceFlavor
+from portal.admin_readonly import ReadOnlyAdmin
+
+
+@admin.register(ResourceFlavor)
+class ResourceFlavorAdmin(ReadOnlyAdmin):
+    list_display = ("name", "vendor", "model", "memory_mib")

@@ -1,0 +1,31 @@
+"""What every tenants service checks before it writes: that the actor may write at all (``ensure_may_write``)
+and that the policy allows this change (``require_permission``); and ``UNSET``, the "argument not given"
+default of the update services.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from portal.api import PermissionDeniedError
+from tenants.models import User
+from tenants.permissions import is_auditor
+
+# Marks "argument not given" where None is a meaningful value (e.g. parent=None moves a tenant to the top).
+UNSET: Any = object()
+
+
+def ensure_may_write(actor: User | None) -> None:
+    """Auditors change nothing (separation of duties); inactive accounts neither."""
+    if actor is None:
+        return
+    if not actor.is_active:
+        raise PermissionDeniedError("This account is deactivated.")
+    if is_auditor(actor):
+        raise PermissionDeniedError("Auditors have read-only access; ask a system or security admin.")
+
+
+def require_permission(allowed: bool, message: str) -> None:
+    """Refuse with ``message`` (a 403 that says who may do it) unless ``allowed``."""
+    if not allowed:
+        raise PermissionDeniedError(message)
