@@ -21,7 +21,7 @@ from catalog.models import ResourceFlavor
 from portal.api import NotFoundError
 from portal.policy import Action
 from scheduler.core.types import Ordering
-from scheduler.fleet.telemetry import latest_store
+from scheduler.fleet import telemetry
 from scheduler.message_text import localize
 from scheduler.models import PENDING_JOB_STATES, Allocation, Device, Job, JobEvent, JobState, Node
 from scheduler.snapshot import policy_from_settings
@@ -215,6 +215,6 @@ def latest_telemetry(node_ids: set[int]) -> dict[int, dict[str, dict]]:
     if not node_ids:
         return {}
     try:
-        return latest_store().get_nodes(sorted(node_ids))
+        return telemetry.latest_store().get_nodes(sorted(node_ids))
     except (OSError, redis.RedisError):
         return {}

@@ -18,11 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from scheduler import logs
-from scheduler.fleet import selectors
+from scheduler.fleet import selectors, telemetry
 from scheduler.fleet.batching import GroupWrite, db
 from scheduler.fleet.services.lease import node_heartbeats_record
 from scheduler.fleet.services.rollups import telemetry_minutes_write
-from scheduler.fleet.telemetry import latest_store
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +143,7 @@ class FleetProcess:
 
     async def refresh_watched(self) -> None:
 
-        self.watched = await latest_store().awatched()
+        self.watched = await telemetry.latest_store().awatched()
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
