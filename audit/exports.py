@@ -52,8 +52,8 @@ from audit.models import (
     tenant_stream,
 )
 from audit.services import audit_record, checkpoint_all, details_for, record_header, witness_genesis
-from audit.services.checkpoints import _witness_pending
-from audit.services.records import _iso
+from audit.services.checkpoints import witness_pending
+from audit.services.records import iso_utc
 from audit.signing import get_signer
 from portal.api import DomainError
 
@@ -138,7 +138,7 @@ def _data_keys(key_ids: set[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]
         k.key_id: {
             "tenant_id": k.tenant_id,
             "destroyed": k.destroyed_at is not None or not bytes(k.wrapped_key),
-            "destroyed_at": _iso(k.destroyed_at) if k.destroyed_at else None,
+            "destroyed_at": iso_utc(k.destroyed_at) if k.destroyed_at else None,
         }
         for k in DataKey.objects.filter(key_id__in=key_ids)
     }
@@ -180,7 +180,7 @@ def build_bundle(
     with transaction.atomic():
         checkpoint_all()  # sign the tail first, so the newest records are covered too
     streams_in_db = sorted(ChainHead.objects.values_list("stream", flat=True))
-    _witness_pending(streams_in_db)  # and have the witness cosign it now, not at the next beat
+    witness_pending(streams_in_db)  # and have the witness cosign it now, not at the next beat
     client = witness.get_witness()
     log = witness.log_id()
     try:
@@ -265,9 +265,9 @@ def build_bundle(
     }
     manifest = {
         "format": BUNDLE_FORMAT,
-        "created_at": _iso(dt.datetime.now(dt.UTC)),
+        "created_at": iso_utc(dt.datetime.now(dt.UTC)),
         "created_by": getattr(actor, "username", "") or "system",
-        "range": {"from": _iso(start), "to": _iso(end)},
+        "range": {"from": iso_utc(start), "to": iso_utc(end)},
         "tenant_id": tenant_id,
         "log_id": log,
         "streams": included,

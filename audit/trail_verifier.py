@@ -42,7 +42,7 @@ from audit.models import (
     tenant_stream,
 )
 from audit.services import audit_record, open_details, raise_alert, record_header
-from audit.services.records import _raw_key
+from audit.services.records import raw_data_key
 from audit.signing import get_signer
 
 logger = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def _check_seals(
             )
             continue
         try:
-            raw = _raw_key(data_key)
+            raw = raw_data_key(data_key)
         except crypto.KeyUnavailable as exc:
             if _destroyed(data_key):
                 continue  # crypto-shredded: the hash chain still covers the ciphertext

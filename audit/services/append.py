@@ -19,8 +19,8 @@ from audit import chain, conf, crypto, events
 from audit.context import Origin, current_origin, request_origin
 from audit.models import PLATFORM_STREAM, AuditRecord, ChainHead, DataKey, tenant_stream
 from audit.services.alerting import raise_alert
-from audit.services.checkpoints import _checkpoint_after_commit
-from audit.services.records import _key_cache, _raw_key, record_header
+from audit.services.checkpoints import checkpoint_after_commit
+from audit.services.records import data_key_cache, raw_data_key, record_header
 from audit.siem import forward_on_commit
 from portal.db import precommit
 from portal.db.bulk import insert_instances, insert_rows, mark_saved, reserve_ids
@@ -163,7 +163,7 @@ def _live_keys(tenant_ids: set[int | None], cipher: str) -> dict[int | None, tup
         data_key = DataKey(
             key_id=key_id, tenant_id=tenant_id, cipher=cipher, master_key_id=master_key_id, wrapped_key=bytes(wrapped)
         )
-        keys[tenant_id] = (data_key, _raw_key(data_key))
+        keys[tenant_id] = (data_key, raw_data_key(data_key))
     for tenant_id in tenant_ids - keys.keys():
         key_id = uuid.uuid4().hex
         raw = crypto.new_data_key(cipher)
@@ -171,7 +171,7 @@ def _live_keys(tenant_ids: set[int | None], cipher: str) -> dict[int | None, tup
         data_key = DataKey.objects.create(
             key_id=key_id, tenant_id=tenant_id, cipher=cipher, master_key_id=master_id, wrapped_key=wrapped
         )
-        _key_cache[key_id] = (master_id, wrapped, raw)
+        data_key_cache[key_id] = (master_id, wrapped, raw)
         keys[tenant_id] = (data_key, raw)
     for tenant_id, (data_key, _raw) in keys.items():
         _tenant_keys[(tenant_id, cipher)] = data_key
@@ -186,7 +186,7 @@ def _keys_for(payloads: list[_Pending], live_ids: set[str]) -> dict[tuple[int | 
         cached = _tenant_keys.get(wanted)
         if cached is not None and cached.key_id in live_ids:
             try:
-                keys[wanted] = (cached, _raw_key(cached))
+                keys[wanted] = (cached, raw_data_key(cached))
                 continue
             except crypto.KeyUnavailable:
                 pass
@@ -239,7 +239,7 @@ def _link_and_insert(db: Any, payloads: list[_Pending], after_commit: Any) -> No
     urgent = {p.record.stream for p in payloads if p.record.action in events.WITNESS_AT_COMMIT}
     for head in heads.values():
         if head.stream in urgent or head.seq - head.checkpoint_seq >= conf.checkpoint_every_records():
-            after_commit(lambda stream=head.stream: _checkpoint_after_commit(stream))
+            after_commit(lambda stream=head.stream: checkpoint_after_commit(stream))
     if conf.siem_url():
         forward_on_commit(records, after_commit=after_commit)
 

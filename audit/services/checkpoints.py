@@ -16,13 +16,13 @@ from audit import transparency as tp
 from audit import witness_service as ws_errors
 from audit.models import AuditRecord, ChainHead, Checkpoint, Cosignature, SigningKey
 from audit.services.alerting import raise_alert
-from audit.services.records import _iso
+from audit.services.records import iso_utc
 from audit.signing import get_signer
 
 logger = logging.getLogger(__name__)
 
 
-def _remember_signer_key() -> None:
+def signer_key_remember() -> None:
     signer = get_signer()
     SigningKey.objects.get_or_create(
         key_id=signer.key_id, defaults={"algorithm": signer.algorithm, "public_key_pem": signer.public_key_pem()}
@@ -117,7 +117,7 @@ def _checkpoint_stream(stream: str) -> Checkpoint | None:
             "seq": head.seq,
             "head_hash": head.hash,
             "merkle_root": chain.merkle_root(hashes),
-            "signed_at": _iso(timezone.now()),
+            "signed_at": iso_utc(timezone.now()),
             "key_id": signer.key_id,
         }
         body = tp.Checkpoint(
@@ -138,7 +138,7 @@ def _checkpoint_stream(stream: str) -> Checkpoint | None:
             note=_note(signer, body),
         )
         ChainHead.objects.filter(stream=stream).update(checkpoint_seq=head.seq)
-        _remember_signer_key()
+        signer_key_remember()
     return checkpoint
 
 
@@ -184,7 +184,7 @@ def _submit(client: Any, stream: str, old_size: int, checkpoint: Checkpoint) -> 
     raise AssertionError("unreachable")
 
 
-def _witness_pending(streams: list[str]) -> int:
+def witness_pending(streams: list[str]) -> int:
     """Have the witness cosign every committed checkpoint of ``streams`` it has not cosigned yet (above the head's
     ``witnessed_seq``), in order, each with its RFC 9162 consistency proof, and store the cosignatures. A checkpoint
     whose cosigning failed (a crash, a witness outage) is sent by the next run. Returns the number cosigned."""
@@ -229,16 +229,16 @@ def _witness_pending(streams: list[str]) -> int:
     return cosigned
 
 
-def _checkpoint_after_commit(stream: str) -> None:
+def checkpoint_after_commit(stream: str) -> None:
     checkpoint_create(stream=stream)
-    _witness_pending([stream])  # outside any transaction here: on_commit would run it at once anyway
+    witness_pending([stream])  # outside any transaction here: on_commit would run it at once anyway
 
 
 def checkpoint_create(*, stream: str) -> Checkpoint | None:
     """Sign the head of ``stream`` (see ``_checkpoint_stream``) and have the witness cosign it once committed.
     None when nothing was appended since the last checkpoint."""
     checkpoint = _checkpoint_stream(stream)
-    transaction.on_commit(lambda: _witness_pending([stream]))
+    transaction.on_commit(lambda: witness_pending([stream]))
     return checkpoint
 
 
@@ -254,5 +254,5 @@ def checkpoint_all() -> list[Checkpoint]:
     if not streams:
         return []
     made = [c for c in (_checkpoint_stream(stream) for stream in streams) if c is not None]
-    transaction.on_commit(lambda: _witness_pending(streams))
+    transaction.on_commit(lambda: witness_pending(streams))
     return made

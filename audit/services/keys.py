@@ -12,8 +12,8 @@ from audit import conf, crypto, witness
 from audit import transparency as tp
 from audit.models import ChainHead, DataKey, KeyRotation
 from audit.services.append import audit_record
-from audit.services.checkpoints import _witness_pending, checkpoint_all, witness_genesis
-from audit.services.records import _iso, _raw_key
+from audit.services.checkpoints import checkpoint_all, witness_genesis, witness_pending
+from audit.services.records import iso_utc, raw_data_key
 from audit.signing import Ed25519Signer, get_signer
 from portal.api import ConflictError
 
@@ -27,7 +27,7 @@ def signing_key_rotate(*, actor: Any | None, new_seed: bytes) -> dict[str, Any]:
     log = witness.log_id()
     with transaction.atomic():
         checkpoint_all()
-    _witness_pending(list(ChainHead.objects.values_list("stream", flat=True)))
+    witness_pending(list(ChainHead.objects.values_list("stream", flat=True)))
     genesis = witness_genesis(client)
     state = client.state(log)
     keys = tp.key_chain(genesis["statement"]["root_key_pem"], state["rotations"])
@@ -42,7 +42,7 @@ def signing_key_rotate(*, actor: Any | None, new_seed: bytes) -> dict[str, Any]:
         number=len(keys),
         previous_key_id=old.key_id,
         public_key_pem=new.public_key_pem(),
-        at=_iso(timezone.now()),
+        at=iso_utc(timezone.now()),
     )
     rotation = {"statement": statement, "signature": old.sign(tp.rotation_payload(statement))}
     client.add_rotation(log, rotation)
@@ -65,7 +65,7 @@ def data_keys_rotate(*, actor: Any | None) -> int:
         for data_key in (
             DataKey.objects.select_for_update().filter(destroyed_at__isnull=True).exclude(master_key_id=active_id)
         ):
-            raw = _raw_key(data_key)
+            raw = raw_data_key(data_key)
             master_id, wrapped = crypto.wrap_data_key(
                 key_id=data_key.key_id, tenant_id=data_key.tenant_id, cipher=data_key.cipher, data_key=raw
             )

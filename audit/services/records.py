@@ -18,7 +18,7 @@ SHREDDED = "[shredded]"
 SEAL_BROKEN = "[seal broken]"
 
 
-def _iso(moment: dt.datetime) -> str:
+def iso_utc(moment: dt.datetime) -> str:
     return moment.astimezone(dt.UTC).isoformat(timespec="microseconds")
 
 
@@ -30,7 +30,7 @@ def record_header(record: AuditRecord) -> dict[str, Any]:
         "stream": record.stream,
         "seq": record.seq,
         "event_id": record.event_id,
-        "time": _iso(created) if isinstance(created, dt.datetime) else str(created),
+        "time": iso_utc(created) if isinstance(created, dt.datetime) else str(created),
         "actor_id": record.actor_id,
         "actor_username": record.actor_username,
         "actor_role": record.actor_role,
@@ -49,14 +49,14 @@ def record_header(record: AuditRecord) -> dict[str, Any]:
 
 # key_id → (master_key_id, wrapped bytes, raw key). Checked against the row on every use, so a re-wrapped or
 # destroyed key (or a rolled-back test database) is never served stale.
-_key_cache: dict[str, tuple[str, bytes, bytes]] = {}
+data_key_cache: dict[str, tuple[str, bytes, bytes]] = {}
 
 
-def _raw_key(data_key: DataKey) -> bytes:
+def raw_data_key(data_key: DataKey) -> bytes:
     wrapped = bytes(data_key.wrapped_key)
     if data_key.destroyed_at is not None or not wrapped:
         raise crypto.KeyUnavailable(f"data key {data_key.key_id} was destroyed")
-    cached = _key_cache.get(data_key.key_id)
+    cached = data_key_cache.get(data_key.key_id)
     if cached is not None and cached[0] == data_key.master_key_id and cached[1] == wrapped:
         return cached[2]
     raw = crypto.unwrap_data_key(
@@ -66,7 +66,7 @@ def _raw_key(data_key: DataKey) -> bytes:
         master_key_id=data_key.master_key_id,
         wrapped=wrapped,
     )
-    _key_cache[data_key.key_id] = (data_key.master_key_id, wrapped, raw)
+    data_key_cache[data_key.key_id] = (data_key.master_key_id, wrapped, raw)
     return raw
 
 
@@ -75,7 +75,7 @@ def open_details(record: AuditRecord, data_key: DataKey | None) -> dict | str:
     if data_key is None:
         return SHREDDED
     try:
-        raw = _raw_key(data_key)
+        raw = raw_data_key(data_key)
     except crypto.KeyUnavailable:
         return SHREDDED
     try:

@@ -23,8 +23,8 @@ from audit.models import (
     Tombstone,
 )
 from audit.services.append import audit_record
-from audit.services.checkpoints import _remember_signer_key, checkpoint_create
-from audit.services.records import _iso, _key_cache
+from audit.services.checkpoints import checkpoint_create, signer_key_remember
+from audit.services.records import data_key_cache, iso_utc
 from audit.signing import get_signer
 from portal.api import ConflictError, DomainError
 
@@ -68,12 +68,12 @@ def tenant_keys_shred(*, actor: Any | None, tenant_id: int, now: dt.datetime | N
             action="audit.key.shred",
             actor=actor,
             target=f"tenant:{tenant_id}",
-            details={"tenant_id": tenant_id, "key_ids": [k.key_id for k in keys], "destroyed_at": _iso(now)},
+            details={"tenant_id": tenant_id, "key_ids": [k.key_id for k in keys], "destroyed_at": iso_utc(now)},
         )
         for data_key in keys:
             data_key.wrapped_key, data_key.destroyed_at = b"", now
             data_key.save(update_fields=["wrapped_key", "destroyed_at"])
-            _key_cache.pop(data_key.key_id, None)
+            data_key_cache.pop(data_key.key_id, None)
         transaction.on_commit(lambda: checkpoint_create(stream=PLATFORM_STREAM))
     return len(keys)
 
@@ -163,7 +163,7 @@ def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[
                 "through_seq": checkpoint.seq,
                 "through_hash": checkpoint.head_hash,
                 "purged_count": purged + (last.purged_count if last else 0),
-                "purged_at": _iso(now),
+                "purged_at": iso_utc(now),
                 "key_id": signer.key_id,
             }
             tombstone = Tombstone.objects.create(
@@ -183,14 +183,14 @@ def records_purge(*, actor: Any | None, now: dt.datetime | None = None) -> list[
                     f"{head.stream}: {witness.describe()} did not record the purge ({exc}); nothing was purged",
                     code="witness_refused",
                 ) from exc
-        _remember_signer_key()
+        signer_key_remember()
         audit_record(
             action="audit.purge",
             actor=actor,
             target="audit",
             outcome=Outcome.SUCCESS,
             details={
-                "cutoff": _iso(cutoff),
+                "cutoff": iso_utc(cutoff),
                 "tombstones": [{"stream": t.stream, "through_seq": t.through_seq} for t in tombstones],
             },
         )

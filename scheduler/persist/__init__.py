@@ -44,24 +44,24 @@ from django.utils import timezone
 from scheduler import outbox, serving
 from scheduler.core import types as core
 from scheduler.logs import job_log_ends
-from scheduler.persist.batch import _Batch
+from scheduler.persist.batch import PlanBatch
 from scheduler.persist.explanations import (
     StoredExplanation,
-    _changed_explanations,
-    _holds_replace,
-    _write_explanations,
+    changed_explanations,
+    explanations_write,
+    holds_replace,
 )
-from scheduler.persist.places import PlaceRejected, _check_place
+from scheduler.persist.places import PlaceRejected, place_check
 from scheduler.persist.writes import (
     WRITE_BATCH,
     PersistOutcome,
-    _preempt,
-    _reserve_ports,
-    _skipped,
-    _write_places,
+    places_write,
+    preempt_write,
+    reserve_job_ports,
+    skipped_write,
 )
 
-__all__ = ["WRITE_BATCH", "PersistOutcome", "PlaceRejected", "StoredExplanation", "_Batch", "persist_plan"]
+__all__ = ["WRITE_BATCH", "PersistOutcome", "PlaceRejected", "PlanBatch", "StoredExplanation", "persist_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,23 +82,23 @@ def persist_plan(
     outcome = PersistOutcome()
     # No savepoint inside the cycle's transaction: a failure here fails the whole cycle anyway.
     with transaction.atomic(savepoint=False):
-        explained = _changed_explanations(plan.explanations, stored=stored_explanations)
-        batch = _Batch(plan, also_lock=[row[0] for row in explained])
+        explained = changed_explanations(plan.explanations, stored=stored_explanations)
+        batch = PlanBatch(plan, also_lock=[row[0] for row in explained])
         for preempt in plan.preemptions:
-            _preempt(preempt, batch=batch, outcome=outcome)
+            preempt_write(preempt, batch=batch, outcome=outcome)
         accepted = []
         for place in plan.places:
             try:
-                accepted.append(_check_place(place, batch=batch, now=now))
+                accepted.append(place_check(place, batch=batch, now=now))
             except PlaceRejected as exc:
                 logger.info("place of job %s skipped: %s", place.job_id, exc)
-                _skipped(place.job_id, str(exc), outcome=outcome)
-        accepted = _reserve_ports(accepted, now=now, outcome=outcome)
+                skipped_write(place.job_id, str(exc), outcome=outcome)
+        accepted = reserve_job_ports(accepted, now=now, outcome=outcome)
         starts = []
         # Only a job placed before (preempted, requeued; a service scaling up) can have a log: its output comes
         # from the nodes of its allocations. Read before the writes set this placement's admitted_at.
         placed_before = {write.job.pk for write in accepted if write.scaling or write.job.admitted_at is not None}
-        written = _write_places(accepted, now=now, outcome=outcome)
+        written = places_write(accepted, now=now, outcome=outcome)
         # A job that ran before continues its log where the last run ended.
         log_ends = job_log_ends(job_ids=[write.job.pk for write in written if write.job.pk in placed_before])
         for write in written:
@@ -122,6 +122,6 @@ def persist_plan(
         if any((write.job.spec or {}).get("ports") for write in written):
             transaction.on_commit(serving.serving_sync)  # new replicas join their endpoints once ready
         if holds_stored or plan.holds:
-            _holds_replace(plan.holds, now=now)
-        outcome.explained = _write_explanations(explained)
+            holds_replace(plan.holds, now=now)
+        outcome.explained = explanations_write(explained)
     return outcome

@@ -1,4 +1,4 @@
-"""The rows a plan touches, locked once up front and read as values (``_Batch``); see ``scheduler.persist``."""
+"""The rows a plan touches, locked once up front and read as values (``PlanBatch``); see ``scheduler.persist``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from scheduler.snapshot import CompiledQuery
 from tenants.models import Tenant
 
 
-def _job_id(text: str) -> int | None:
+def plan_job_id(text: str) -> int | None:
     try:
         return int(text)
     except (TypeError, ValueError):
@@ -24,7 +24,7 @@ def _job_id(text: str) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _DeviceRow:
+class DeviceRow:
     """What a place needs of a device (and its node): read as values, not as model instances (thousands)."""
 
     pk: int
@@ -38,7 +38,7 @@ class _DeviceRow:
     memory_mib: int
 
 
-class _Batch:
+class PlanBatch:
     """The rows every preemption and place of a plan touches, locked once up front: the jobs, then the devices,
     then the devices' reservations (each in pk order, so concurrent writers never deadlock), with the devices'
     active usage summed once. The locks hold until commit, so the usage kept here stays true: any other insert
@@ -47,8 +47,8 @@ class _Batch:
 
     def __init__(self, plan: core.Plan, *, also_lock: Sequence[int] = ()) -> None:
         """``also_lock``: more job pks to lock in the same pk-ordered pass (the jobs whose explanation changes)."""
-        wanted = {pk for place in plan.places if (pk := _job_id(place.job_id)) is not None} | {
-            pk for preempt in plan.preemptions if (pk := _job_id(preempt.job_id)) is not None
+        wanted = {pk for place in plan.places if (pk := plan_job_id(place.job_id)) is not None} | {
+            pk for preempt in plan.preemptions if (pk := plan_job_id(preempt.job_id)) is not None
         }
         every = sorted(wanted | set(also_lock))
         # Compiled once (``CompiledQuery``), and none run for what nothing asks for: most cycles of a busy
@@ -73,8 +73,8 @@ class _Batch:
             if devices
             else {}
         )
-        self.devices: dict[str, _DeviceRow] = {
-            uuid: _DeviceRow(pk, uuid, index, node_id, *nodes[node_id], health, flavor_id, memory_mib)
+        self.devices: dict[str, DeviceRow] = {
+            uuid: DeviceRow(pk, uuid, index, node_id, *nodes[node_id], health, flavor_id, memory_mib)
             for pk, uuid, index, node_id, health, flavor_id, memory_mib in devices
         }
         device_pks = sorted(d.pk for d in self.devices.values())
@@ -108,7 +108,7 @@ class _Batch:
             self.running[job_pk].add(replica)
 
 
-# The batch's reads and locks (see ``_Batch``), each compiled once; each argument is a list of values.
+# The batch's reads and locks (see ``PlanBatch``), each compiled once; each argument is a list of values.
 _JOBS_LOCK = CompiledQuery(
     lambda pks: (
         Job.objects.select_for_update(of=("self",), no_key=True)

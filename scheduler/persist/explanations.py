@@ -9,19 +9,19 @@ from datetime import UTC, datetime
 from portal.db.bulk import AnyOf, update_rows
 from scheduler.core import types as core
 from scheduler.models import CapacityHold, Device, Job, JobState
-from scheduler.persist.batch import _job_id
+from scheduler.persist.batch import plan_job_id
 
 #: What a pending job shows: (reason code, message, position in its tenant, position overall).
 StoredExplanation = tuple[str, str, int | None, int | None]
 
 
-def _changed_explanations(
+def changed_explanations(
     explanations: tuple[core.Explain, ...], *, stored: Mapping[int, StoredExplanation] | None
 ) -> list[tuple[int, str, str, int | None, int | None]]:
     """The explanations that differ from what the jobs show, as ``(pk, code, message, in tenant, overall)``.
     ``stored`` is what the snapshot read (``build_snapshot(stored_explanations=...)``); without it the jobs
     are read here. Only jobs still pending take an explanation (a running service scaling up does not)."""
-    by_pk = {pk: e for e in explanations if (pk := _job_id(e.job_id)) is not None}
+    by_pk = {pk: e for e in explanations if (pk := plan_job_id(e.job_id)) is not None}
     if not by_pk:
         return []
     if stored is None:
@@ -41,7 +41,7 @@ def _changed_explanations(
     return changed
 
 
-def _write_explanations(rows: list[tuple[int, str, str, int | None, int | None]]) -> int:
+def explanations_write(rows: list[tuple[int, str, str, int | None, int | None]]) -> int:
     """The changed explanations in one UPDATE; a job that stopped pending meanwhile keeps its fields."""
     return update_rows(
         Job,
@@ -61,22 +61,22 @@ def _write_explanations(rows: list[tuple[int, str, str, int | None, int | None]]
     )
 
 
-def _holds_replace(holds: tuple[core.Hold, ...], *, now: datetime) -> None:
+def holds_replace(holds: tuple[core.Hold, ...], *, now: datetime) -> None:
     """Store the plan's holds in place of the last cycle's (the engine returns every hold to keep)."""
     CapacityHold.objects.all().delete()
     if not holds:
         return
-    jobs = set(Job.objects.filter(pk__in={_job_id(h.job_id) for h in holds}).values_list("pk", flat=True))
+    jobs = set(Job.objects.filter(pk__in={plan_job_id(h.job_id) for h in holds}).values_list("pk", flat=True))
     devices = dict(Device.objects.filter(uuid__in={h.device_uuid for h in holds}).values_list("uuid", "pk"))
     rows: dict[int, CapacityHold] = {}
     for hold in holds:
         device = devices.get(hold.device_uuid)
-        if _job_id(hold.job_id) not in jobs or device is None or device in rows:
+        if plan_job_id(hold.job_id) not in jobs or device is None or device in rows:
             continue  # a job or device gone meanwhile; one preemptor per device (the engine keeps that too)
         rows[device] = CapacityHold(
-            job_id=_job_id(hold.job_id),
+            job_id=plan_job_id(hold.job_id),
             device_id=device,
-            victim_ids=[int(v) for v in hold.victims if _job_id(v) is not None],
+            victim_ids=[int(v) for v in hold.victims if plan_job_id(v) is not None],
             since=datetime.fromtimestamp(hold.since, tz=UTC) if hold.since else now,
         )
     CapacityHold.objects.bulk_create(rows.values())

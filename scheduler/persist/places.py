@@ -1,5 +1,5 @@
-"""Each place of a plan checked in memory against the locked rows (``_check_place``), and what an accepted
-place writes (``_PlaceWrite``); nothing here writes to the database. See ``scheduler.persist``."""
+"""Each place of a plan checked in memory against the locked rows (``place_check``), and what an accepted
+place writes (``PlaceWrite``); nothing here writes to the database. See ``scheduler.persist``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from scheduler.models import (
     JobState,
     NodeStatus,
 )
-from scheduler.persist.batch import _Batch, _DeviceRow, _job_id
+from scheduler.persist.batch import DeviceRow, PlanBatch, plan_job_id
 
 logger = logging.getLogger("scheduler.persist")
 
@@ -29,7 +29,7 @@ class PlaceRejected(Exception):
     """The place no longer fits (or never did); the job stays queued."""
 
 
-def _memory_taken(device: _DeviceRow, assignment: core.Assignment) -> int:
+def _memory_taken(device: DeviceRow, assignment: core.Assignment) -> int:
     """A whole card takes all its memory; a fraction takes what it asked for."""
     return device.memory_mib if assignment.millis >= MILLIS_PER_DEVICE else assignment.memory_mib
 
@@ -57,7 +57,7 @@ def _check_shape(job: Job, place: core.Place, running: set[int]) -> dict[int, li
 
 
 @dataclass
-class _PlaceWrite:
+class PlaceWrite:
     """Everything one accepted place writes; nothing of it is in the database until ``_write`` runs."""
 
     job: Job
@@ -71,10 +71,10 @@ class _PlaceWrite:
     layout: launch.Launch | None = None
 
 
-def _check_place(place: core.Place, *, batch: _Batch, now: datetime) -> _PlaceWrite:
+def place_check(place: core.Place, *, batch: PlanBatch, now: datetime) -> PlaceWrite:
     """Check ``place`` against the locked rows and build what it writes; raises PlaceRejected. Changes nothing
     (``_accept`` counts an accepted place's usage)."""
-    job = batch.jobs.get(_job_id(place.job_id))
+    job = batch.jobs.get(plan_job_id(place.job_id))
     # A job an earlier place of this plan took counts as admitted (its transition is written with the rest).
     state = (JobState.ADMITTED if job.pk in batch.placed else job.state) if job is not None else None
     scaling = job is not None and job.kind == JobKind.INFERENCE and state in (JobState.ADMITTED, JobState.RUNNING)
@@ -108,7 +108,7 @@ def _check_place(place: core.Place, *, batch: _Batch, now: datetime) -> _PlaceWr
             if device.health != DeviceHealth.HEALTHY or device.flavor_id != flavor.pk:
                 raise PlaceRejected(f"device {device.uuid} is {device.health} / not {flavor.name}")
             memory = _memory_taken(device, assignment)
-            service = _job_id(assignment.reservation_of) if assignment.reservation_of else None
+            service = plan_job_id(assignment.reservation_of) if assignment.reservation_of else None
             if service is None:
                 adding[device.pk][0] += assignment.millis
                 adding[device.pk][1] += memory
@@ -169,7 +169,7 @@ def _check_place(place: core.Place, *, batch: _Batch, now: datetime) -> _PlaceWr
     else:
         message = f"Placed on {', '.join(nodes)}."
         batch.placed.add(job.pk)  # a second place of the same job in this plan is refused
-    return _PlaceWrite(
+    return PlaceWrite(
         job=job,
         scaling=scaling,
         allocations=rows,
@@ -181,7 +181,7 @@ def _check_place(place: core.Place, *, batch: _Batch, now: datetime) -> _PlaceWr
 
 
 def _own_reservation_row(
-    batch: _Batch, device: _DeviceRow, job: Job, millis: int, taken: list[InferenceReservation]
+    batch: PlanBatch, device: DeviceRow, job: Job, millis: int, taken: list[InferenceReservation]
 ) -> InferenceReservation:
     """The reservation row of ``job`` on ``device`` its new replica takes over; no borrower may be on it."""
     if batch.lent[(device.pk, job.pk)][0] > 0:
@@ -192,7 +192,7 @@ def _own_reservation_row(
     raise PlaceRejected(f"job {job.pk} has no {millis}-millis reservation on device {device.uuid}")
 
 
-def _reserve(place: core.Place, *, job: Job, batch: _Batch) -> list[InferenceReservation]:
+def _reserve(place: core.Place, *, job: Job, batch: PlanBatch) -> list[InferenceReservation]:
     """Reservation rows for ``Place.reserved`` (idle replicas up to ``max_replicas``), counted in the batch.
     One that no longer fits is left out: the service runs anyway, with less room to scale into."""
     by_replica: dict[int, list[core.Assignment]] = defaultdict(list)

@@ -15,8 +15,8 @@ from portal.db.bulk import AnyOf, insert_rows
 from scheduler import launch, outbox
 from scheduler.core import types as core
 from scheduler.models import Allocation, InferenceReservation, Job, JobState
-from scheduler.persist.batch import _Batch, _job_id
-from scheduler.persist.places import _PlaceWrite
+from scheduler.persist.batch import PlanBatch, plan_job_id
+from scheduler.persist.places import PlaceWrite
 from scheduler.services.transitions import JobMove, job_transition, jobs_transition
 
 logger = logging.getLogger("scheduler.persist")
@@ -44,7 +44,7 @@ class PersistOutcome:
     skipped: list[dict] = field(default_factory=list)
 
 
-def _write(writes: Sequence[_PlaceWrite], *, now: datetime) -> None:
+def _write(writes: Sequence[PlaceWrite], *, now: datetime) -> None:
     """The rows of accepted places, a few statements for all of them."""
     consumed = [reservation.pk for write in writes for reservation in write.consumed]
     if consumed:  # the service's replicas take over their reserved capacity
@@ -112,7 +112,7 @@ ALLOCATION_COLUMNS = (
 )
 
 
-def _write_places(writes: list[_PlaceWrite], *, now: datetime, outcome: PersistOutcome) -> list[_PlaceWrite]:
+def places_write(writes: list[PlaceWrite], *, now: datetime, outcome: PersistOutcome) -> list[PlaceWrite]:
     """Write every accepted place in bulk; returns those written. When the database refuses the bulk insert (the
     PostgreSQL trigger saw a double booking the checks did not), the places are written one by one, each in a
     savepoint, and only the refused ones are skipped."""
@@ -138,17 +138,17 @@ def _write_places(writes: list[_PlaceWrite], *, now: datetime, outcome: PersistO
                 _write([write], now=now)
         except IntegrityError as exc:
             logger.warning("place of job %s refused by the database: %s", write.job.pk, exc)
-            _skipped(str(write.job.pk), "refused by the database", outcome=outcome)
+            skipped_write(str(write.job.pk), "refused by the database", outcome=outcome)
             continue
         written.append(write)
     return written
 
 
-def _preempt(preempt: core.Preempt, *, batch: _Batch, outcome: PersistOutcome) -> None:
-    job = batch.jobs.get(_job_id(preempt.job_id))  # locked by the batch (FOR NO KEY UPDATE, not its tenant)
+def preempt_write(preempt: core.Preempt, *, batch: PlanBatch, outcome: PersistOutcome) -> None:
+    job = batch.jobs.get(plan_job_id(preempt.job_id))  # locked by the batch (FOR NO KEY UPDATE, not its tenant)
     if job is None or job.state not in (JobState.ADMITTED, JobState.RUNNING):
         return  # already stopping, finished or gone
-    preemptor = _job_id(preempt.victim_of)
+    preemptor = plan_job_id(preempt.victim_of)
     if preemptor is not None and preemptor not in job.preempted_by:
         job.preempted_by = [*job.preempted_by, preemptor]
     job.preemption_count += 1
@@ -165,7 +165,7 @@ def _preempt(preempt: core.Preempt, *, batch: _Batch, outcome: PersistOutcome) -
     outcome.preempted.append(job.pk)
 
 
-def _reserve_ports(accepted: list[_PlaceWrite], *, now: datetime, outcome: PersistOutcome) -> list[_PlaceWrite]:
+def reserve_job_ports(accepted: list[PlaceWrite], *, now: datetime, outcome: PersistOutcome) -> list[PlaceWrite]:
     """The *Reserve* step: each accepted place's ports (``scheduler.launch``); a place whose nodes have none left
     is not written, and its job stays queued saying so (the capacity it was counted with stays counted for the
     rest of this plan: conservative, never a double booking)."""
@@ -193,9 +193,9 @@ def _reserve_ports(accepted: list[_PlaceWrite], *, now: datetime, outcome: Persi
     return kept
 
 
-def _skipped(job_id: str, reason: str, *, outcome: PersistOutcome) -> None:
+def skipped_write(job_id: str, reason: str, *, outcome: PersistOutcome) -> None:
     outcome.skipped.append({"job_id": job_id, "reason": reason})
-    Job.objects.filter(pk=_job_id(job_id), state=JobState.QUEUED).update(
+    Job.objects.filter(pk=plan_job_id(job_id), state=JobState.QUEUED).update(
         pending_reason_code=str(core.PendingReason.INSUFFICIENT_CAPACITY),
         pending_message="The devices chosen for this job were taken a moment ago; it is tried again next cycle.",
     )

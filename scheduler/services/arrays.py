@@ -14,7 +14,7 @@ from portal.api import DomainError, NotFoundError, PermissionDeniedError
 from scheduler.jobspec import JobSpecError, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services.cycle import request_cycle
-from scheduler.services.jobs import _admission, _new_job, _resolve_submit, job_cancel
+from scheduler.services.jobs import admission_for, job_cancel, new_job_from_spec, submit_resolve
 from scheduler.services.transitions import JobMove, S, job_array_create, jobs_transition
 from tenants.permissions import can_manage_job
 
@@ -51,8 +51,8 @@ def job_array_submit(
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is None:
         raise JobSpecError('array: say how many jobs to create, e.g. "array": {"count": 100}.', field="array")
-    tenant, parsed = _resolve_submit(actor=actor, parsed=parsed)
-    state, reason, message = _admission(tenant=tenant, parsed=parsed)
+    tenant, parsed = submit_resolve(actor=actor, parsed=parsed)
+    state, reason, message = admission_for(tenant=tenant, parsed=parsed)
     if state == S.PENDING_APPROVAL:
         raise DomainError(
             "array: each job of this array would need an administrator's approval (priority critical, or more than "
@@ -66,7 +66,7 @@ def job_array_submit(
     count = parsed.array_count
     now = timezone.now()
     array_env = {"GPUPOOL_ARRAY_ID": str(array_id), "GPUPOOL_ARRAY_COUNT": str(count), "GPUPOOL_ARRAY_INDEX": "0"}
-    first = _new_job(
+    first = new_job_from_spec(
         parsed=parsed,
         tenant=tenant,
         submitter=submitter,

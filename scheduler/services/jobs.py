@@ -31,11 +31,11 @@ from scheduler.jobspec import (
 )
 from scheduler.models import FINAL_JOB_STATES, AgentCommand, Allocation, Device, Job, Node, PriorityClass
 from scheduler.services.cycle import request_cycle
-from scheduler.services.transitions import S, _end_allocations, _lock_job, job_create, job_transition
+from scheduler.services.transitions import S, allocations_end, job_create, job_lock_for_update, job_transition
 from tenants.models import Membership, MembershipRole, Quota, Tenant
 from tenants.permissions import can_manage_job
 from tenants.policy import reaches_all
-from tenants.services.admissions import job_admission_needs_approval, job_admission_request_create
+from tenants.services import admissions
 
 # --- submit, cancel, approval -------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ def _resolve_tenant(
     return tenant, defaults, fleets
 
 
-def _resolve_submit(*, actor: Any | None, parsed: JobSpec) -> tuple[Any, JobSpec]:
+def submit_resolve(*, actor: Any | None, parsed: JobSpec) -> tuple[Any, JobSpec]:
     """The tenant a submit goes to (``_resolve_tenant``) and ``parsed`` with its flavors' host defaults, its
     checkpoint dir checked against the tenant, and refused when it can never start (``_refuse_never_fits``):
     what a single submit and an array share before admission."""
@@ -289,11 +289,11 @@ def _tenant_chains(
 APPROVAL_MESSAGE = "Waiting for approval by an administrator."
 
 
-def _admission(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
+def admission_for(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
     """(state, reason, message) a new job enters with: ``pending_approval`` when the tenants app's rule asks
     for an approval (priority critical, or larger than the tenant's threshold), else ``queued``."""
 
-    if job_admission_needs_approval(
+    if admissions.job_admission_needs_approval(
         tenant=tenant,
         total_millis=parsed.total_millis,
         critical=parsed.priority_class >= PriorityClass.CRITICAL,
@@ -302,7 +302,7 @@ def _admission(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
     return S.QUEUED, "submitted", ""
 
 
-def _new_job(
+def new_job_from_spec(
     *,
     parsed: JobSpec,
     tenant: Any,
@@ -366,10 +366,10 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         raise JobSpecError(
             'array: submit job arrays through POST /api/v1/jobs/; here remove "array" to submit one job.', field="array"
         )
-    tenant, parsed = _resolve_submit(actor=actor, parsed=parsed)
-    state, reason, message = _admission(tenant=tenant, parsed=parsed)
+    tenant, parsed = submit_resolve(actor=actor, parsed=parsed)
+    state, reason, message = admission_for(tenant=tenant, parsed=parsed)
     submitter = actor if getattr(actor, "pk", None) else None
-    job = _new_job(parsed=parsed, tenant=tenant, submitter=submitter)
+    job = new_job_from_spec(parsed=parsed, tenant=tenant, submitter=submitter)
     job.idempotency_key = idempotency_key
     # Plain statements (``portal.db.bulk``): composing them through the ORM was a fifth of a submit's CPU.
     events = job_create(job=job, to_state=state, reason=reason, message=message, now=timezone.now())
@@ -382,7 +382,7 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         request=request,
     )
     if state == S.PENDING_APPROVAL:
-        job_admission_request_create(job=job, actor=actor)
+        admissions.job_admission_request_create(job=job, actor=actor)
     transaction.on_commit(request_cycle)
     _mark_loaded(job, "events", events)
     _mark_loaded(job, "allocations", [])
@@ -396,13 +396,13 @@ def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | 
     or killed after the stop's grace), so no other job is placed on a card a process still uses. A replica whose
     start no agent has acknowledged never ran: its allocations end now. A node that never confirms the stop is
     swept (:func:`scheduler.services.reports.jobs_awaiting_stop_sweep`) or declared lost."""
-    job = _lock_job(job)
+    job = job_lock_for_update(job)
     if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this job.")
     if job.state in FINAL_JOB_STATES:
         raise ConflictError(f"Job {job.pk} is already {job.state}; there is nothing to cancel.", code="job_finished")
     outbox.stop_active_replicas(job=job, reason="cancelled")
-    freed = _end_allocations(_never_started(job)) > 0
+    freed = allocations_end(_never_started(job)) > 0
     job_transition(
         job=job,
         to_state=S.CANCELLED,
@@ -435,7 +435,7 @@ def _never_started(job: Job):
 @transaction.atomic
 def job_release_from_approval(*, job: Job, actor: Any | None) -> Job:
     """An approved job leaves ``pending_approval`` for the queue (called by the tenants approval flow)."""
-    job = _lock_job(job)
+    job = job_lock_for_update(job)
     if job.state != S.PENDING_APPROVAL:
         raise ConflictError(f"Job {job.pk} is {job.state}, not waiting for approval.", code="invalid_transition")
     job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="approved", message="Approved.")
@@ -446,7 +446,7 @@ def job_release_from_approval(*, job: Job, actor: Any | None) -> Job:
 @transaction.atomic
 def job_reject_from_approval(*, job: Job, actor: Any | None, comment: str = "") -> Job:
     """A rejected job fails with the approver's comment (called by the tenants approval flow)."""
-    job = _lock_job(job)
+    job = job_lock_for_update(job)
     if job.state != S.PENDING_APPROVAL:
         raise ConflictError(f"Job {job.pk} is {job.state}, not waiting for approval.", code="invalid_transition")
     return job_transition(

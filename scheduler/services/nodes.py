@@ -16,7 +16,7 @@ from scheduler import outbox
 from scheduler.fleet.fencing import lease_timing
 from scheduler.models import Allocation, Node, NodeStatus
 from scheduler.services.cycle import request_cycle
-from scheduler.services.transitions import S, _lock_job, job_transition
+from scheduler.services.transitions import S, job_lock_for_update, job_transition
 from tenants.policy import allows
 
 # --- nodes and flavors (system admin) -----------------------------------------------------------------
@@ -56,7 +56,7 @@ def node_drain(*, node: Node, actor: Any | None, grace_s: float = outbox.DEFAULT
     node = _node_set_status(node=node, actor=actor, status=NodeStatus.DRAINING, action="node.drain")
     job_ids = sorted(set(Allocation.objects.active().filter(node=node).values_list("job_id", flat=True)))
     for job_id in job_ids:
-        job = _lock_job(job_id)
+        job = job_lock_for_update(job_id)
         if job.state not in (S.ADMITTED, S.RUNNING):
             continue
         outbox.stop_active_replicas(job=job, grace_s=grace_s, reason="node_drain")

@@ -18,8 +18,8 @@ from portal.db.bulk import AnyOf, update_instance
 from scheduler import outbox
 from scheduler.models import ACTIVE_JOB_STATES, AgentCommand, Allocation, Job, JobKind, Node
 from scheduler.services.cycle import request_cycle
-from scheduler.services.scaling import _scale_down_replica_stopped
-from scheduler.services.transitions import S, _end_allocations, _lock_job, _requeue, job_transition
+from scheduler.services.scaling import scale_down_replica_stopped
+from scheduler.services.transitions import S, allocations_end, job_lock_for_update, job_requeue, job_transition
 from scheduler.snapshot import CompiledQuery
 
 logger = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ _NO_NEWER_START = 2**62
 
 #: The job columns a report reads or writes (the others are deferred: loaded on first use, which no common report
 #: needs). ``job_transition`` reads ``state``, ``started_at``, ``kind``, ``scaling_down_replicas`` and the tenant's
-#: id; a scale-down's stop (``_scale_down_replica_stopped``) reads ``replicas`` too.
+#: id; a scale-down's stop (``scale_down_replica_stopped``) reads ``replicas`` too.
 _REPORT_JOB_FIELDS = (
     "id",
     "tenant",
@@ -265,7 +265,7 @@ def _apply(
         return "applied"
     if state == "stopped" and replica in (job.scaling_down_replicas or []):
         _save_changed(job, changed)
-        _scale_down_replica_stopped(job=job, replica=replica, node=node)
+        scale_down_replica_stopped(job=job, replica=replica, node=node)
         return "applied"
     if state == "running":
         if job.state == S.ADMITTED:
@@ -273,7 +273,7 @@ def _apply(
         return "applied"
 
     # The replica's run on this node has ended: its allocations end, and its start, if no agent acknowledged
-    # it, is withdrawn (the run is known: no need to read it back as ``_end_allocations`` does).
+    # it, is withdrawn (the run is known: no need to read it back as ``allocations_end`` does).
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {Allocation._meta.db_table} SET ended_at = %s"
@@ -299,14 +299,14 @@ def _apply(
         # have moved it: not the job's failure. Like a lost node: the gang's other members stop, and it resumes
         # from its checkpoint wherever it is placed next.
         outbox.stop_active_replicas(job=job, reason="gang_member_fenced")
-        _end_allocations(remaining)
+        allocations_end(remaining)
         why = f"Node {node.name} lost contact with the portal, and its agent stopped the job there (fencing)."
         _transition(job, changed, to_state=S.NODE_LOST, reason="fenced", message=why, details=details)
-        _requeue(job, reason="fenced", message=f"{why.removesuffix('.')}; requeued.")
+        job_requeue(job, reason="fenced", message=f"{why.removesuffix('.')}; requeued.")
     elif state == "failed" or (state == "stopped" and job.state != S.PREEMPTING):
         # A gang cannot go on without one of its members: stop the others and fail the job.
         outbox.stop_active_replicas(job=job, reason="gang_member_failed")
-        _end_allocations(remaining)
+        allocations_end(remaining)
         job.exit_code = exit_code
         changed.append("exit_code")
         why = text or (
@@ -317,14 +317,14 @@ def _apply(
     elif state == "stopped":
         if not run.others_active:
             _save_changed(job, changed)
-            _requeue(job, reason="preempted", message="Preempted and requeued.")
+            job_requeue(job, reason="preempted", message="Preempted and requeued.")
     elif state == "lost":
         outbox.stop_active_replicas(job=job, reason="gang_member_lost")
-        _end_allocations(remaining)
+        allocations_end(remaining)
         _transition(
             job, changed, to_state=S.NODE_LOST, reason="lost", message=text or "Workload lost.", details=details
         )
-        _requeue(job, reason="lost", message="The workload was lost; requeued.")
+        job_requeue(job, reason="lost", message="The workload was lost; requeued.")
     else:
         logger.warning("unknown workload state %r for job %s", state, job_id)
     return "applied"
@@ -370,14 +370,14 @@ def node_jobs_requeue(
     why = message or f"Node {node.name} was lost."
     count = 0
     for job_id in job_ids:
-        job = _lock_job(job_id)
+        job = job_lock_for_update(job_id)
         replicas = Allocation.objects.active().filter(job=job)
         for replica, node_id in replicas.values_list("replica", "node_id").distinct().order_by("replica", "node_id"):
             outbox.workload_stop_create(job=job, replica=replica, node_id=node_id, reason=reason)
-        _end_allocations(Allocation.objects.filter(job=job))
+        allocations_end(Allocation.objects.filter(job=job))
         if job.state in ACTIVE_JOB_STATES:
             job_transition(job=job, to_state=S.NODE_LOST, actor=None, reason=reason, message=why)
-            _requeue(job, reason=reason, message=f"{why.removesuffix('.')}; requeued.")
+            job_requeue(job, reason=reason, message=f"{why.removesuffix('.')}; requeued.")
             count += 1
     if job_ids:
         transaction.on_commit(request_cycle)
@@ -394,7 +394,7 @@ def jobs_awaiting_stop_sweep(*, older_than_s: float = 300.0) -> int:
     cancelled = Allocation.objects.active().filter(job__state=S.CANCELLED, job__updated_at__lt=cutoff)
     for job_id in sorted(set(cancelled.values_list("job_id", flat=True))):
         with transaction.atomic():
-            _end_allocations(Allocation.objects.filter(job=_lock_job(job_id)))
+            allocations_end(Allocation.objects.filter(job=job_lock_for_update(job_id)))
             transaction.on_commit(request_cycle)
     stale = list(
         Job.objects.filter(state=S.PREEMPTING, updated_at__lt=cutoff).filter(~Q(allocations__isnull=True)).distinct()
@@ -402,11 +402,11 @@ def jobs_awaiting_stop_sweep(*, older_than_s: float = 300.0) -> int:
     count = 0
     for job in stale:
         with transaction.atomic():
-            locked = _lock_job(job.pk)
+            locked = job_lock_for_update(job.pk)
             if locked.state != S.PREEMPTING:
                 continue
-            _end_allocations(Allocation.objects.filter(job=locked))
-            _requeue(locked, reason="stop_timeout", message="The node did not confirm the stop in time; requeued.")
+            allocations_end(Allocation.objects.filter(job=locked))
+            job_requeue(locked, reason="stop_timeout", message="The node did not confirm the stop in time; requeued.")
             count += 1
     return count + _scale_down_stop_sweep(cutoff=cutoff)
 
@@ -420,11 +420,11 @@ def _scale_down_stop_sweep(*, cutoff: datetime) -> int:
     count = 0
     for pk in stale.values_list("pk", flat=True):
         with transaction.atomic():
-            job = _lock_job(pk)
+            job = job_lock_for_update(pk)
             for replica in list(job.scaling_down_replicas):
                 nodes = Allocation.objects.active().filter(job=job, replica=replica).values_list("node_id", flat=True)
                 for node in Node.objects.filter(pk__in=set(nodes)).order_by("pk"):
-                    _scale_down_replica_stopped(job=job, replica=replica, node=node)
+                    scale_down_replica_stopped(job=job, replica=replica, node=node)
             if job.scaling_down_replicas:  # replicas whose allocations had already ended
                 job.scaling_down_replicas = []
                 job.save(update_fields=["scaling_down_replicas", "updated_at"])

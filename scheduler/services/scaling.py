@@ -25,7 +25,7 @@ from scheduler.models import (
     Node,
 )
 from scheduler.services.cycle import request_cycle
-from scheduler.services.transitions import S, _end_allocations, _lock_job
+from scheduler.services.transitions import S, allocations_end, job_lock_for_update
 from tenants.permissions import can_manage_job
 
 # --- inference services: scaling and reservations ----------------------------------------------------
@@ -67,7 +67,7 @@ def job_scale(*, job: Job, replicas: int, actor: Any | None, reason: str = "manu
     it is preempted with ``reservation_reclaim``). Down: the highest replicas get ``workload.stop``; once
     each has stopped its capacity becomes the service's reservation again (up to ``max_replicas``).
     """
-    job = _lock_job(job)
+    job = job_lock_for_update(job)
     if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may scale this job.")
     if job.kind != JobKind.INFERENCE:
@@ -124,7 +124,7 @@ def job_scale(*, job: Job, replicas: int, actor: Any | None, reason: str = "manu
 def inference_load_report(*, job: Job, load: float, actor: Any | None, request: Any | None = None) -> Job:
     """The service reports its average load per running replica (busy time / capacity of one replica, so
     1.0 is saturated); it is scaled to keep ``TARGET_LOAD_PER_REPLICA`` (HPA's rule, within its bounds)."""
-    job = _lock_job(job)
+    job = job_lock_for_update(job)
     if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may report its load.")
     if load < 0 or math.isnan(load) or math.isinf(load):
@@ -139,7 +139,7 @@ def inference_load_report(*, job: Job, load: float, actor: Any | None, request: 
     return job_scale(job=job, replicas=wanted, actor=actor, reason=f"load {load:.2f} per replica", request=request)
 
 
-def _scale_down_replica_stopped(*, job: Job, replica: int, node: Node) -> None:
+def scale_down_replica_stopped(*, job: Job, replica: int, node: Node) -> None:
     """A replica stopped for a scale-down: its allocations end and, while the service holds fewer than
     ``max_replicas`` replicas' worth (running + reserved), their capacity becomes its reservation."""
     rows = list(Allocation.objects.active().filter(job=job, replica=replica, node=node))
@@ -150,7 +150,7 @@ def _scale_down_replica_stopped(*, job: Job, replica: int, node: Node) -> None:
         .order_by("pk")
     )
     now = timezone.now()
-    _end_allocations(Allocation.objects.filter(pk__in=[row.pk for row in rows]), now=now)
+    allocations_end(Allocation.objects.filter(pk__in=[row.pk for row in rows]), now=now)
     if not Allocation.objects.active().filter(job=job, replica=replica).exists():
         job.scaling_down_replicas = [r for r in job.scaling_down_replicas if r != replica]
         job.save(update_fields=["scaling_down_replicas", "updated_at"])

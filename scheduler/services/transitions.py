@@ -350,7 +350,7 @@ def _array_events_insert(*, array_id: uuid.UUID, state: str, reason: str, messag
 # --- locks, allocations ------------------------------------------------------------------------------
 
 
-def _lock_job(job: Job | int) -> Job:
+def job_lock_for_update(job: Job | int) -> Job:
     pk = job if isinstance(job, int) else job.pk
     try:
         # The job row only (FOR NO KEY UPDATE): locking the tenant row too made every transaction of the tenant
@@ -360,7 +360,7 @@ def _lock_job(job: Job | int) -> Job:
         raise NotFoundError(f"No job with id {pk}.") from None
 
 
-def _end_allocations(queryset, *, now: datetime | None = None) -> int:
+def allocations_end(queryset, *, now: datetime | None = None) -> int:
     """End the active allocations of ``queryset`` (one job's) and withdraw the starts of their runs that no agent
     acknowledged yet, so a cut-off node that reconnects never starts a run that has ended."""
     active = queryset.filter(ended_at__isnull=True)
@@ -373,7 +373,7 @@ def _end_allocations(queryset, *, now: datetime | None = None) -> int:
 # --- requeue, reservations ---------------------------------------------------------------------------
 
 
-def _requeue(job: Job, *, reason: str, message: str) -> None:
+def job_requeue(job: Job, *, reason: str, message: str) -> None:
     """Back to the queue (resuming from its checkpoint when it has one)."""
     suffix = " It resumes from its last checkpoint." if job.last_checkpoint_at else ""
     job_transition(job=job, to_state=S.QUEUED, actor=None, reason=reason, message=message + suffix)

@@ -13,6 +13,6 @@ def audit_settings(settings, tmp_path):
     settings.GPUPOOL_AUDIT_CIPHER = "aes-256-gcm"
     settings.GPUPOOL_AUDIT_ALERT_HOOK = ""
     settings.GPUPOOL_AUDIT_SIEM_URL = ""
-    records._key_cache.clear()
+    records.data_key_cache.clear()
     append._tenant_keys.clear()
     return settings

@@ -48,7 +48,7 @@ def test_rotation_rewraps_data_keys_and_leaves_records_readable(settings):
     assert bytes(stored.ciphertext) == ciphertext_before  # re-wrapped, never re-encrypted
 
     settings.GPUPOOL_AUDIT_MASTER_KEYS = ring("k2", keys=keys)  # the old master key is retired
-    records._key_cache.clear()
+    records.data_key_cache.clear()
     assert record_details(stored) == {"before": 1, "after": 2}
     assert AuditRecord.objects.filter(action="audit.key.rotate").exists()
     assert verify_trail(record_result=False).ok

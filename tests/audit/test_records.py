@@ -138,5 +138,5 @@ def test_master_key_ring_rejects_malformed_entries(settings):
 
 def test_key_cache_is_checked_against_the_stored_key():
     record = audit_record(action="user.create", actor=None, details={"a": 1})
-    records._key_cache.clear()
+    records.data_key_cache.clear()
     assert record_details(AuditRecord.objects.get(pk=record.pk)) == {"a": 1}

@@ -105,7 +105,7 @@ def test_a_warm_snapshot_and_persist_step_compile_no_sql(member, tenant, compile
             counting[0] = False
 
     monkeypatch.setattr(snapshot, "build_snapshot", watched)
-    real_batch = persist._Batch.__init__
+    real_batch = persist.PlanBatch.__init__
 
     def batch(self, *args, **kwargs):
         counting[0] = True
@@ -114,7 +114,7 @@ def test_a_warm_snapshot_and_persist_step_compile_no_sql(member, tenant, compile
         finally:
             counting[0] = False
 
-    monkeypatch.setattr(persist._Batch, "__init__", batch)
+    monkeypatch.setattr(persist.PlanBatch, "__init__", batch)
     job = job_submit(actor=member, spec=SPEC)
     assert run_cycle().placed == [job.pk]
     assert counted[0] == 0

@@ -7,7 +7,7 @@ What counts as a write of a job's state:
 
 - an assignment to ``<x>.state`` (``=``, ``+=``, annotated) or ``setattr(<x>, "state", …)`` where ``<x>`` is a
   job: its text names a job (``job``, ``write.job``, ``jobs[0]``…), or it is a name bound in the same function
-  or module from ``Job(...)``, ``Job.objects…`` or a call whose name says job (``_lock_job(...)``), or a loop
+  or module from ``Job(...)``, ``Job.objects…`` or a call whose name says job (``job_lock_for_update(...)``), or a loop
   variable over something whose text names jobs;
 - a ``state=`` keyword in ``Job(...)`` or in ``.update`` / ``.create`` / ``.get_or_create`` /
   ``.update_or_create`` (``defaults`` too) / ``.bulk_create`` on a job queryset (same test on the receiver);
@@ -245,7 +245,7 @@ def run(job, write, pks, report, sim_run):
     job.state = "running"
     write.job.state = JobState.QUEUED
     fresh = Job(name="x", state="queued")
-    locked = _lock_job(7)
+    locked = job_lock_for_update(7)
     locked.state = "failed"
     Job.objects.filter(pk__in=pks).update(state="cancelled")
     waiting = Job.objects.filter(pk__in=pks)

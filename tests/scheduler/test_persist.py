@@ -116,13 +116,13 @@ def test_a_place_the_database_refuses_in_a_bulk_write_skips_only_that_place(post
         job=jobs[0], replica=5, tenant=jobs[0].tenant, flavor=taken.flavor, device=taken, node=node,
         millis=1000, memory_mib=taken.memory_mib, started_at=jobs[0].submitted_at,
     )  # fmt: skip
-    real_init = persist._Batch.__init__
+    real_init = persist.PlanBatch.__init__
 
     def blind(self, *args, **kwargs):  # the checks in memory miss the card's allocation: only the trigger sees it
         real_init(self, *args, **kwargs)
         self.used.clear()
 
-    monkeypatch.setattr(persist._Batch, "__init__", blind)
+    monkeypatch.setattr(persist.PlanBatch, "__init__", blind)
     outcome = persist_plan(core.Plan(places=_places(jobs, node)))
     assert sorted(outcome.placed) == [jobs[0].pk, jobs[2].pk]
     assert outcome.skipped == [{"job_id": str(jobs[1].pk), "reason": "refused by the database"}]
