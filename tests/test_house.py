@@ -88,6 +88,34 @@ def test_no_import_between_our_modules_hides_inside_a_function():
     assert hidden == [], "imports inside functions (move them to the top, or break the cycle):\n" + "\n".join(hidden)
 
 
+def _private_names_imported(source: str) -> list[tuple[int, str, str]]:
+    """(line, module, name) for each ``from <our module> import _name``: a private name used as an interface."""
+    return [
+        (node.lineno, node.module, alias.name)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+        if node.module.split(".")[0] in OUR_PACKAGES
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+
+
+def test_the_walker_sees_a_private_name_imported():
+    assert _private_names_imported("from scheduler.persist.batch import _Batch, PlanBatch\n") == [
+        (1, "scheduler.persist.batch", "_Batch")
+    ]
+
+
+def test_no_module_imports_another_modules_private_name():
+    """What another module needs is public, in a module named for it (issue 34: 49 such imports were found)."""
+    found = [
+        f"{path.relative_to(ROOT).as_posix()}:{line} imports {name} from {module}"
+        for path in _python_files()
+        for line, module, name in _private_names_imported(path.read_text())
+    ]
+    assert found == []
+
+
 # --- docs/architecture.md is true ------------------------------------------------------------------------
 
 _ARCHITECTURE = ROOT / "docs" / "architecture.md"
