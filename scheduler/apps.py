@@ -8,6 +8,7 @@ class SchedulerConfig(AppConfig):
     def ready(self) -> None:
         from audit.events import register_app_events
         from scheduler import audit_events
+        from scheduler.models import Job
         from scheduler.services.jobs import job_reject_from_approval, job_release_from_approval
         from tenants.approval_handlers import ApprovalHandler, register_approval_handler
 
@@ -17,9 +18,11 @@ class SchedulerConfig(AppConfig):
         register_approval_handler(
             "job_admission",
             ApprovalHandler(
-                approved=lambda approval, actor: job_release_from_approval(job=approval.job, actor=actor),
+                approved=lambda approval, actor: job_release_from_approval(
+                    job=Job.objects.get(pk=approval.job_id), actor=actor
+                ),
                 closed=lambda approval, actor, comment: job_reject_from_approval(
-                    job=approval.job, actor=actor, comment=comment
+                    job=Job.objects.get(pk=approval.job_id), actor=actor, comment=comment
                 ),
             ),
         )

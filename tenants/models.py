@@ -207,7 +207,10 @@ class ApprovalRequest(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approval_requests")
     requester = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     flavor = models.ForeignKey("catalog.ResourceFlavor", null=True, blank=True, on_delete=models.PROTECT)
-    job = models.ForeignKey("scheduler.Job", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    # The scheduler's job waiting for admission, by id: the tenants app sits below the scheduler and names none of
+    # its tables (the scheduler resolves the id when the request is decided; a job is never deleted on its own,
+    # only with its tenant, which takes its requests along).
+    job_id = models.BigIntegerField(null=True, blank=True, db_index=True, db_column="job_id")
     # quota_change: the requested values (QUOTA_FIELDS); job_admission: a summary of the job.
     payload = models.JSONField(default=dict)
     reason = models.TextField(blank=True, default="")

@@ -365,6 +365,9 @@ class ApprovalSerializer(serializers.ModelSerializer):
         source="requester.username", read_only=True, default=None, allow_null=True
     )
     awaiting_role = serializers.CharField(read_only=True, allow_null=True)
+    job = serializers.IntegerField(
+        source="job_id", read_only=True, allow_null=True, help_text="The job waiting for admission (job_admission)."
+    )
     steps = ApprovalStepSerializer(many=True, read_only=True)
     plan = serializers.SerializerMethodField(
         help_text="Each step of the chain with its state (done, awaiting, upcoming) and the users who may decide it."

@@ -47,7 +47,7 @@ def job_admission_request_create(*, job: Any, actor: User | None) -> Any:
     approval = ApprovalRequest.objects.create(
         kind=ApprovalKind.JOB_ADMISSION,
         tenant=job.tenant,
-        job=job,
+        job_id=job.pk,
         requester=requester,
         payload={
             "job": job.pk,
