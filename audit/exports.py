@@ -55,7 +55,7 @@ from audit.services import audit_record, checkpoint_all, details_for, record_hea
 from audit.services.checkpoints import witness_pending
 from audit.services.records import iso_utc
 from audit.signing import get_signer
-from portal.api import DomainError
+from kernel.api import DomainError
 
 BUNDLE_FORMAT = "gpupool-audit-bundle/3"
 CSV_COLUMNS = [

@@ -6,7 +6,7 @@ import django_filters
 
 from audit.models import AuditRecord, Outcome
 from audit.selectors import records_search
-from portal.filters import IdFilter, UtcIsoDateTimeFilter
+from kernel.filters import IdFilter, UtcIsoDateTimeFilter
 
 
 class AuditRecordFilterSet(django_filters.FilterSet):

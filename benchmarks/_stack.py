@@ -24,7 +24,7 @@ def production_timings() -> dict[str, str]:
     leases do not leak into a performance run."""
     from django.conf import settings
 
-    from portal.celery import CYCLE_INTERVAL_S, LEASE_CHECK_INTERVAL_S
+    from kernel.cadence import CYCLE_INTERVAL_S, LEASE_CHECK_INTERVAL_S
 
     return {
         "GPUPOOL_HEARTBEAT_INTERVAL_S": str(settings.GPUPOOL_HEARTBEAT_INTERVAL_S),

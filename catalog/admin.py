@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from catalog.models import ResourceFlavor
-from portal.admin_readonly import ReadOnlyAdmin
+from kernel.admin_readonly import ReadOnlyAdmin
 
 
 @admin.register(ResourceFlavor)

@@ -12,7 +12,7 @@ from django.utils.text import format_lazy
 from django.utils.translation import gettext_lazy as _
 
 from frontend.service_text import localize
-from portal import request_limits
+from kernel import request_limits
 from scheduler.jobspec import EXAMPLE_COMMAND, MAX_FLAVORS
 from scheduler.models import JobKind, PriorityClass
 

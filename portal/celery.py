@@ -8,7 +8,7 @@ import os
 from celery import Celery
 from celery.signals import worker_ready
 
-from portal.env import env_int
+from kernel.cadence import CYCLE_INTERVAL_S, ETA_INTERVAL_S, LEASE_CHECK_INTERVAL_S, SERVING_SYNC_S
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -45,10 +45,7 @@ def _keep_workers_alive_when_redis_goes_away() -> None:
 
 _keep_workers_alive_when_redis_goes_away()
 
-# How often beat checks node leases and starts a scheduling cycle (seconds). Short heartbeats and grace periods
-# (tests, benchmarks/recovery.py) need a lease check at least as often as a heartbeat.
-LEASE_CHECK_INTERVAL_S = env_int("GPUPOOL_LEASE_CHECK_INTERVAL_S", 5)
-CYCLE_INTERVAL_S = env_int("GPUPOOL_CYCLE_INTERVAL_S", 5)
+# How often beat checks node leases and starts a scheduling cycle: kernel.cadence.
 
 # Node lease (not_ready after missed heartbeats), hourly telemetry rollups, retention of rollups.
 app.conf.beat_schedule.update(
@@ -65,14 +62,12 @@ app.conf.beat_schedule.update(
     {"scheduler-run-cycle": {"task": "scheduler.run_cycle", "schedule": float(CYCLE_INTERVAL_S)}}
 )
 # Start-time estimates of pending jobs (scheduler.eta); the task itself skips a run that comes too soon.
-ETA_INTERVAL_S = env_int("GPUPOOL_ETA_INTERVAL_S", 30)
 app.conf.beat_schedule.update(
     {"scheduler-estimate-starts": {"task": "scheduler.estimate_starts", "schedule": float(ETA_INTERVAL_S)}}
 )
 # Approval requests past their expiry (quota changes, job admissions).
 app.conf.beat_schedule.update({"tenants-approvals-expire": {"task": "tenants.approvals_expire", "schedule": 300.0}})
 # Serving endpoints routed in Caddy (scheduler.serving): a restarted Caddy gets its route back.
-SERVING_SYNC_S = env_int("GPUPOOL_SERVING_SYNC_S", 15)
 app.conf.beat_schedule.update(
     {"scheduler-serving-sync": {"task": "scheduler.serving_sync", "schedule": float(SERVING_SYNC_S)}}
 )

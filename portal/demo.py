@@ -8,12 +8,21 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.conf import settings
 from django.db import transaction
 
+from catalog.models import ResourceFlavor
 from nodeagent import demo as agent_demo
+from portal import demo_history
+from portal.demo_login import DEMO_PASSWORD
 from portal.demo_nodes import DemoNodeRow
-
-DEMO_PASSWORD = "gpupool-demo-2026"
+from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create
+from scheduler.fleet.services.inventory import node_hello
+from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
+from tenants.services.identity import user_create
+from tenants.services.memberships import membership_create
+from tenants.services.quotas import quota_set
+from tenants.services.tenancy import tenant_create
 
 
 @dataclass(frozen=True)
@@ -63,17 +72,6 @@ def load_demo_data(*, agents: int | None = None, now: datetime | None = None) ->
     (``GPUPOOL_DEMO_AGENTS`` by default) with the cards they will report, and give the pool its last hour
     (``portal.demo_history``): finished jobs, per-minute telemetry, quota approvals, and two jobs that the live
     agents then run. Idempotent: returns False when the demo data already exist."""
-    # The models and services are imported here, not at the top: the browser-test and screenshot driver
-    # (frontend.livedemo) imports this module for DEMO_PASSWORD in a process without Django settings.
-    from django.conf import settings
-
-    from catalog.models import ResourceFlavor
-    from portal import demo_history
-    from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
-    from tenants.services.identity import user_create
-    from tenants.services.memberships import membership_create
-    from tenants.services.quotas import quota_set
-    from tenants.services.tenancy import tenant_create
 
     if User.objects.filter(username="admin").exists():
         return False
@@ -119,9 +117,6 @@ def register_demo_nodes(*, count: int) -> list[DemoNodeRow]:
     """Register demo nodes ``sim-00`` … and apply the hello their agents will send, so the nodes and their cards
     exist (ready) before the agent processes start. Each agent registers again with its own token when it
     starts, which replaces the credential made here."""
-    from scheduler.fleet.services.enrolment import agent_register, bootstrap_token_create
-    from scheduler.fleet.services.inventory import node_hello
-
     nodes = []
     for index in range(count):
         demo_node = agent_demo.demo_node(index)
@@ -143,10 +138,6 @@ def start_demo_agents(*, server_url: str, count: int) -> list[subprocess.Popen]:
     processes: list[subprocess.Popen] = []
     if count <= 0:
         return processes
-    from django.conf import settings
-
-    from scheduler.fleet.services.enrolment import bootstrap_token_create
-
     for index in range(count):
         paths = agent_demo.demo_agent_paths(index=index, data_dir=settings.DATA_DIR)
         _token, secret = bootstrap_token_create(actor=None, ttl_s=600, description=f"gpupool demo: {paths.node_name}")

@@ -2,7 +2,7 @@
 
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_bool, env_int
+from kernel.env import env_bool, env_int
 from portal.settings import *  # noqa: F403
 from portal.settings import DEFAULT_SECRET_KEY, SECRET_KEY
 

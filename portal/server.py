@@ -18,7 +18,7 @@ from typing import Literal
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.env import env_int
+from kernel.env import env_int
 
 ASGI_APP = "portal.asgi:application"
 #: The largest WebSocket message accepted, as daphne (autobahn) enforced it: an agent frame over 1 MiB is

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal.env import env_bool, env_int, env_list, env_str
-from portal.security import DEFAULT_CSP as _DEFAULT_CSP
+from kernel.env import env_bool, env_int, env_list, env_str
+from kernel.security import DEFAULT_CSP as _DEFAULT_CSP
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("GPUPOOL_DATA_DIR", str(BASE_DIR / "var")))
@@ -56,10 +56,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "portal.security.ContentSecurityPolicyMiddleware",
+    "kernel.security.ContentSecurityPolicyMiddleware",
     "audit.context.RequestIdMiddleware",
     # Before sessions, CSRF and authentication: NUL bytes, over-deep JSON and oversize bodies are a 400/413.
-    "portal.request_limits.RequestLimitsMiddleware",
+    "kernel.request_limits.RequestLimitsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.locale.LocaleMiddleware",
@@ -102,7 +102,7 @@ if DATABASE_URL:
 else:
     DATABASES = {
         "default": {
-            "ENGINE": "portal.db.sqlite3",
+            "ENGINE": "kernel.db.sqlite3",
             "NAME": DATA_DIR / "gpupool.sqlite3",
             # The embedded server runs web, worker and beat threads in one process: wait for the write lock
             # instead of failing with "database is locked", and take it up front for write transactions.
@@ -113,11 +113,11 @@ else:
             },
         }
     }
-# Django's backends with a pre-commit hook (portal/db/precommit.py): the audit trail links its records into
+# Django's backends with a pre-commit hook (kernel/db/precommit.py): the audit trail links its records into
 # their hash chains just before COMMIT, so its chain-head locks are always the last a transaction takes.
 _BACKENDS_WITH_PRE_COMMIT = {
-    "django.db.backends.postgresql": "portal.db.postgresql",
-    "django.db.backends.sqlite3": "portal.db.sqlite3",
+    "django.db.backends.postgresql": "kernel.db.postgresql",
+    "django.db.backends.sqlite3": "kernel.db.sqlite3",
 }
 DATABASES["default"]["ENGINE"] = _BACKENDS_WITH_PRE_COMMIT.get(
     DATABASES["default"]["ENGINE"], DATABASES["default"]["ENGINE"]
@@ -227,7 +227,7 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_HTTPONLY = False
 CSRF_COOKIE_SAMESITE = "Lax"
-# Content-Security-Policy on every response (portal.security); no inline scripts or styles.
+# Content-Security-Policy on every response (kernel.security); no inline scripts or styles.
 GPUPOOL_CSP = env_str("GPUPOOL_CSP", _DEFAULT_CSP)
 AUTHENTICATION_BACKENDS = [
     "tenants.authentication.LockoutBackend",  # django-axes: refuse locked-out sign-ins first
@@ -287,17 +287,17 @@ REST_FRAMEWORK = {
         "tenants.permissions.PolicyPermission",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    # Lists refuse unknown parameters, and ordering/search they do not offer, with a 400 (portal/filters.py).
+    # Lists refuse unknown parameters, and ordering/search they do not offer, with a 400 (kernel/filters.py).
     "DEFAULT_FILTER_BACKENDS": [
-        "portal.filters.KnownQueryParameters",
+        "kernel.filters.KnownQueryParameters",
         "django_filters.rest_framework.DjangoFilterBackend",
-        "portal.filters.OfferedOrderingFilter",
-        "portal.filters.OfferedSearchFilter",
+        "kernel.filters.OfferedOrderingFilter",
+        "kernel.filters.OfferedSearchFilter",
     ],
     # LimitOffsetPagination that answers a malformed limit/offset with a 400 instead of the default page.
-    "DEFAULT_PAGINATION_CLASS": "portal.pagination.StrictLimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "kernel.pagination.StrictLimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "portal.api.exception_handler",
+    "EXCEPTION_HANDLER": "kernel.api.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "gpupool API",
@@ -305,10 +305,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
-    # Every operation documents the API's error answers ({"code", "detail"}): portal/openapi.py.
+    # Every operation documents the API's error answers ({"code", "detail"}): kernel/openapi.py.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "portal.openapi.document_error_responses",
+        "kernel.openapi.document_error_responses",
     ],
     # Served from our own static files: customers' networks are often offline.
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -327,7 +327,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("GPUPOOL_MAX_BODY_BYTES", 1024 * 1024)
-#: Deepest nesting of objects and arrays a JSON request body may have (portal/request_limits.py).
+#: Deepest nesting of objects and arrays a JSON request body may have (kernel/request_limits.py).
 GPUPOOL_MAX_JSON_DEPTH = env_int("GPUPOOL_MAX_JSON_DEPTH", 64)
 #: Environment variables a job may not set, comma-separated ("X_*" is a prefix); empty: the agent's default list
 #: (nodeagent.protocol.DEFAULT_ENV_DENYLIST: LD_*, PATH, the loader and libc variables). Agents check their own.

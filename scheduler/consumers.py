@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from portal.api import NotFoundError
+from kernel.api import NotFoundError
 from scheduler import logs
 from tenants.services.tokens import TokenRejected, api_token_authenticate
 

@@ -43,8 +43,8 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from portal.db.bulk import AnyOf, update_rows
-from portal.task_queue import task_queue
+from kernel.db.bulk import AnyOf, update_rows
+from kernel.task_queue import task_queue
 from scheduler import snapshot as live
 from scheduler.core import eta as core_eta
 from scheduler.core import types as core

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from portal.filters import UtcIsoDateTimeFilter
+from kernel.filters import UtcIsoDateTimeFilter
 from scheduler.models import Device, DeviceHealth, Job, JobKind, JobState, Node, NodeStatus, PriorityClass
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from portal.api import DomainError
+from kernel.api import DomainError
 from scheduler import selectors
 from scheduler.jobspec import validate_job_spec
 from scheduler.models import Job, JobState

@@ -47,8 +47,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from catalog.models import ResourceFlavor
+from kernel.api import DomainError
 from nodeagent.protocol import DEFAULT_ENV_DENYLIST, env_denied
-from portal.api import DomainError
 from scheduler.core.feasibility import NeverFits
 from scheduler.core.types import FRACTION_STEP_MILLIS
 from scheduler.models import MILLIS_PER_DEVICE, MIN_FRACTION_MILLIS, JobKind, PriorityClass, TopologyConstraint

@@ -29,9 +29,9 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from kernel.api import DomainError, NotFoundError
+from kernel.db.bulk import update_rows
 from nodeagent import protocol
-from portal.api import DomainError, NotFoundError
-from portal.db.bulk import update_rows
 from scheduler import selectors
 from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobLogChunk
 

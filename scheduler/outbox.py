@@ -11,9 +11,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from kernel.channel_send import run_with_channel_layer
+from kernel.db.bulk import insert_rows, mark_saved, reserve_ids
 from nodeagent import protocol
-from portal.channel_send import run_with_channel_layer
-from portal.db.bulk import insert_rows, mark_saved, reserve_ids
 from scheduler import launch, serving, storage_paths
 from scheduler.logs import job_log_ends
 from scheduler.models import AgentCommand, Allocation, Job, Node

@@ -18,8 +18,8 @@ from django.utils import timezone
 from django.utils.translation import gettext, ngettext
 
 from catalog.models import ResourceFlavor
-from portal.api import NotFoundError
-from portal.policy import Action
+from kernel.api import NotFoundError
+from kernel.policy import Action
 from scheduler.core.types import Ordering
 from scheduler.fleet import telemetry
 from scheduler.message_text import localize

@@ -29,8 +29,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import DomainError, PermissionDeniedError
-from portal.policy import Action
+from kernel.api import DomainError, PermissionDeniedError
+from kernel.policy import Action
 from scheduler.core import types as core
 from scheduler.models import Allocation, Job
 from scheduler.sim.traceformat import FORMATS, TenantSpec, flavor_capacity, trace_texts

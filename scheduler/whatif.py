@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from portal.api import DomainError, PermissionDeniedError
-from portal.celery import CYCLE_INTERVAL_S
-from portal.policy import Action
+from kernel.api import DomainError, PermissionDeniedError
+from kernel.cadence import CYCLE_INTERVAL_S
+from kernel.policy import Action
 from scheduler.sim.policies import parse_settings
 from scheduler.sim.simulator import SimConfig
 from scheduler.sim.whatif import WhatIf, compare

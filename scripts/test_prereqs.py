@@ -35,7 +35,7 @@ def ensure_chromium() -> None:
 
 def ensure_cjk_font() -> None:
     """A Chinese font for chromium (Debian's fonts-wqy-microhei), so the Simplified Chinese pages in the browser
-    tests' screenshots and in ``python -m frontend.screenshots`` show characters, not empty boxes."""
+    tests' screenshots and in ``python -m portal.screenshots`` show characters, not empty boxes."""
     if Path("/usr/share/fonts/truetype/wqy/wqy-microhei.ttc").exists():
         return
     if _apt("install", "-y", "-qq", "fonts-wqy-microhei"):

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth.admin import UserAdmin
 
-from portal.admin_readonly import ReadOnlyAdmin
+from kernel.admin_readonly import ReadOnlyAdmin
 from tenants.models import ApiToken, ApprovalRequest, Membership, NotificationDelivery, Quota, Tenant, User
 
 

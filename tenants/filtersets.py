@@ -6,7 +6,7 @@ import django_filters
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from portal.filters import IdFilter, StrictBooleanFilter
+from kernel.filters import IdFilter, StrictBooleanFilter
 from tenants.models import (
     ApiToken,
     ApprovalKind,

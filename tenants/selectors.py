@@ -10,8 +10,8 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from portal.api import NotFoundError
-from portal.policy import Action
+from kernel.api import NotFoundError
+from kernel.policy import Action
 from tenants.models import (
     ApiToken,
     ApprovalRequest,

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from portal.filters import MAX_ID
+from kernel.filters import MAX_ID
 from tenants.models import MAX_TENANT_DEPTH, Tenant
 
 __all__ = ["ancestors_and_self", "parse_id", "subtree_q"]

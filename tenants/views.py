@@ -14,7 +14,7 @@ from django_otp import login as otp_login
 from django_otp import match_token, user_has_device
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from portal.api import DomainError
+from kernel.api import DomainError
 from tenants.services.identity import mfa_totp_begin, mfa_totp_confirm, mfa_verified
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-PROJECT_PACKAGES = ("scheduler", "tenants", "frontend", "portal", "audit", "catalog")
+PROJECT_PACKAGES = ("scheduler", "tenants", "frontend", "portal", "kernel", "audit", "catalog")
 
 
 def patch_imported(monkeypatch: pytest.MonkeyPatch, target: str, replacement: Any) -> None:

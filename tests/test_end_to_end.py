@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from frontend.livedemo import DemoFailed, LiveDemo
+from portal.livedemo import DemoFailed, LiveDemo
 from scheduler.jobspec import EXAMPLE_COMMAND
 from tests.nodeagent.sandboxing import WORKLOAD_PYTHON
 

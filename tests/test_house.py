@@ -15,7 +15,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OUR_PACKAGES = ("portal", "tenants", "scheduler", "audit", "nodeagent", "frontend", "catalog", "gpupool_client")
+OUR_PACKAGES = (
+    "portal",
+    "kernel",
+    "tenants",
+    "scheduler",
+    "audit",
+    "nodeagent",
+    "frontend",
+    "catalog",
+    "gpupool_client",
+)
 
 #: Where an import inside a function is the rule, not a shortcut (module path prefix or function name).
 #: ``ready``: Django loads models before an AppConfig may import the modules that use them.
@@ -29,8 +39,6 @@ LAZY_IMPORT_MODULES = {
     "portal/celery.py": "imported by portal/__init__.py before Django's apps are loaded",
     # ``serve`` sets the environment up first; importing the ASGI application sets Django up.
     "portal/server.py": "the ASGI application is imported after the server configured the environment",
-    # ``frontend/livedemo.py`` imports the demo's password in the screenshot process, which has no Django.
-    "portal/demo.py": "the screenshot process imports DEMO_PASSWORD without Django",
     # DRF loads authentication classes while ``rest_framework.views`` is still importing.
     "tenants/authentication.py": "DRF imports it while rest_framework.views is importing (tokens import views)",
 }
@@ -123,7 +131,7 @@ _CODE_SPAN = re.compile(r"`([^`\s]+)`")
 
 
 def _named_paths(text: str) -> set[str]:
-    """Paths (``scheduler/persist/``, ``portal/policy.py``) and dotted modules (``tenants.policy``) in code spans."""
+    """Paths (``scheduler/persist/``, ``kernel/policy.py``) and dotted modules (``tenants.policy``) in code spans."""
     names = set()
     for span in _CODE_SPAN.findall(text):
         span = span.rstrip(",.;:")

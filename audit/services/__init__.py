@@ -5,7 +5,7 @@ or neither does. If the record cannot be written, the exception propagates and t
 nothing changes unaudited — and an alert is raised (PCI DSS 10.7.2).
 
 Records are queued in the transaction and linked into their per-stream hash chains just before COMMIT
-(``portal.db.precommit``): the chain-head rows are the last locks a transaction takes, in stream order, and
+(``kernel.db.precommit``): the chain-head rows are the last locks a transaction takes, in stream order, and
 are held only for the commit. There is no global audit lock; see docs/locking.md for the project's lock order.
 
 One module per seam, each importing only the ones above it in this list (imports run one way):

@@ -22,8 +22,8 @@ from audit.services.alerting import raise_alert
 from audit.services.checkpoints import checkpoint_after_commit
 from audit.services.records import data_key_cache, raw_data_key, record_header
 from audit.siem import forward_on_commit
-from portal.db import precommit
-from portal.db.bulk import insert_instances, insert_rows, mark_saved, reserve_ids
+from kernel.db import precommit
+from kernel.db.bulk import insert_instances, insert_rows, mark_saved, reserve_ids
 
 _PLATFORM_ROLES = {"system_admin", "security_admin", "auditor"}
 _json_encoder = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
@@ -45,7 +45,7 @@ def _clean_ip(raw: str | None) -> str | None:
 # --- appending --------------------------------------------------------------------------------------------
 #
 # ``audit_record`` validates the event, encodes its details and queues one pending record per stream on the
-# connection; ``_link_and_insert`` runs just before COMMIT (portal/db/precommit.py). It locks the chain-head
+# connection; ``_link_and_insert`` runs just before COMMIT (kernel/db/precommit.py). It locks the chain-head
 # rows of every stream the transaction wrote to — FOR UPDATE, in stream order, as the transaction's last locks —
 # seals each record under its tenant's data key, links it to its stream's head, bulk-inserts the records and
 # moves the heads. The heads stay locked only until the COMMIT that follows at once, so appends to one stream are
@@ -252,7 +252,7 @@ _COPY_FROM = 64
 
 def _insert_records(records: list[AuditRecord]) -> None:
     """Insert ``records`` (filling in their primary keys): one multi-row INSERT, or on PostgreSQL for a large
-    batch, ids drawn from the sequence and the rows sent with COPY (``portal.db.bulk``)."""
+    batch, ids drawn from the sequence and the rows sent with COPY (``kernel.db.bulk``)."""
     ids = reserve_ids(AuditRecord, len(records)) if len(records) >= _COPY_FROM else None
     if ids is None:
         # A few records (a request's): one plain INSERT … RETURNING, without bulk_create's composition.

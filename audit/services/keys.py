@@ -15,7 +15,7 @@ from audit.services.append import audit_record
 from audit.services.checkpoints import checkpoint_all, witness_genesis, witness_pending
 from audit.services.records import iso_utc, raw_data_key
 from audit.signing import Ed25519Signer, get_signer
-from portal.api import ConflictError
+from kernel.api import ConflictError
 
 
 def signing_key_rotate(*, actor: Any | None, new_seed: bytes) -> dict[str, Any]:

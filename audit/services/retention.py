@@ -26,7 +26,7 @@ from audit.services.append import audit_record
 from audit.services.checkpoints import checkpoint_create, signer_key_remember
 from audit.services.records import data_key_cache, iso_utc
 from audit.signing import get_signer
-from portal.api import ConflictError, DomainError
+from kernel.api import ConflictError, DomainError
 
 
 def _active_hold(tenant_id: int | None) -> LegalHold | None:

@@ -13,8 +13,8 @@ from audit.selectors import alerts_for
 from audit.services import alert_acknowledge
 from frontend.access import Section, action_required, section_required
 from frontend.service_text import localize
-from portal.api import DomainError
-from portal.policy import Action
+from kernel.api import DomainError
+from kernel.policy import Action
 from tenants.policy import may
 
 PAGE_SIZE = 50

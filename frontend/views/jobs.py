@@ -23,8 +23,8 @@ from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
 from frontend.service_text import localize
 from frontend.summaries import job_chart_devices
 from frontend.tables import JobTable
-from portal.api import DomainError, NotFoundError
-from portal.policy import Action
+from kernel.api import DomainError, NotFoundError
+from kernel.policy import Action
 from scheduler import launch, serving
 from scheduler import logs as scheduler_logs
 from scheduler import selectors as scheduler_selectors

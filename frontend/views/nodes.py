@@ -22,8 +22,8 @@ from frontend.filtersets import NodeFilterSet
 from frontend.service_text import localize
 from frontend.summaries import devices_for_charts, node_utilisation
 from frontend.tables import NodeTable, node_status_shown
-from portal.api import DomainError
-from portal.policy import Action
+from kernel.api import DomainError
+from kernel.policy import Action
 from scheduler.fleet.selectors import bootstrap_tokens_recent
 from scheduler.fleet.services.enrolment import bootstrap_token_create
 from scheduler.models import Allocation, Device, Node

@@ -17,8 +17,8 @@ from catalog.models import ResourceFlavor
 from frontend.access import Section, action_required, section_required, visible_tenant_ids
 from frontend.admin_forms import FlavorPriceForm, attach_domain_error
 from frontend.forms import UsageReportForm
-from portal.api import DomainError
-from portal.policy import Action
+from kernel.api import DomainError
+from kernel.policy import Action
 from scheduler import showback
 from tenants import selectors as tenant_selectors
 from tenants.policy import may

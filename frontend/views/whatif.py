@@ -13,8 +13,8 @@ from django.utils.translation import gettext_lazy as _
 from frontend.access import Section, action_required, section_required
 from frontend.forms import WhatIfForm
 from frontend.service_text import localize
-from portal.api import DomainError
-from portal.policy import Action
+from kernel.api import DomainError
+from kernel.policy import Action
 from scheduler.sim.traceformat import FORMATS
 from scheduler.sim.whatif import WhatIf, allocation_chart, format_setting, format_value
 from scheduler.snapshot import policy_from_settings

@@ -7,7 +7,7 @@ from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from catalog.models import ResourceFlavor, Vendor
-from portal.serializers import FieldsBuiltOnce, JsonTypedSerializer
+from kernel.serializers import FieldsBuiltOnce, JsonTypedSerializer
 from scheduler import launch, serving
 from scheduler.jobspec import PRIORITY_NAMES
 from scheduler.models import Allocation, Device, Job, JobEvent, Node, PriorityClass

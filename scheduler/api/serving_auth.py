@@ -12,8 +12,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.api import NotFoundError
-from portal.policy import Action
+from kernel.api import NotFoundError
+from kernel.policy import Action
 from scheduler.launch import named_ports_of
 from scheduler.models import Job
 from tenants.policy import restrict

@@ -15,7 +15,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from portal.policy import Action
+from kernel.policy import Action
 from scheduler import idempotency, selectors
 from scheduler.api import serializers as s
 from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.policy import Action
+from kernel.policy import Action
 from scheduler.sim.traceformat import FORMATS
 from scheduler.trace_export import MAX_WINDOW_DAYS, trace_export, window_bounds
 from scheduler.whatif import WEB_MAX_JOBS, whatif_run

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from portal.admin_readonly import ReadOnlyAdmin
+from kernel.admin_readonly import ReadOnlyAdmin
 from scheduler.fleet.models import BootstrapToken, NodeAgent, NodeCredential
 
 

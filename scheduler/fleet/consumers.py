@@ -20,8 +20,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
+from kernel.api import DomainError
 from nodeagent import protocol
-from portal.api import DomainError
 from scheduler import logs
 from scheduler.fleet import selectors
 from scheduler.fleet.batching import db

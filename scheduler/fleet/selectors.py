@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from audit import selectors as audit_selectors
-from portal.policy import Action
+from kernel.policy import Action
 from scheduler.fleet.models import BootstrapToken, NodeCredential, TelemetryMinute
 from scheduler.fleet.telemetry import latest_store, minute_of
 from scheduler.models import (

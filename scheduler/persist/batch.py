@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db.models import Sum
 
 from catalog.models import ResourceFlavor
-from portal.db.bulk import AnyOf
+from kernel.db.bulk import AnyOf
 from scheduler.core import types as core
 from scheduler.models import Allocation, Device, InferenceReservation, Job, JobKind, JobState, Node
 from scheduler.snapshot import CompiledQuery

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from portal.db.bulk import AnyOf, update_rows
+from kernel.db.bulk import AnyOf, update_rows
 from scheduler.core import types as core
 from scheduler.models import CapacityHold, Device, Job, JobState
 from scheduler.persist.batch import plan_job_id

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from django.db import IntegrityError, transaction
 
-from portal.db.bulk import AnyOf, insert_rows
+from kernel.db.bulk import AnyOf, insert_rows
 from scheduler import launch, outbox
 from scheduler.core import types as core
 from scheduler.models import Allocation, InferenceReservation, Job, JobState

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import DomainError, NotFoundError, PermissionDeniedError
+from kernel.api import DomainError, NotFoundError, PermissionDeniedError
 from scheduler.jobspec import JobSpecError, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services.cycle import request_cycle

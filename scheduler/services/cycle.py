@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
 
-from portal.task_queue import task_queue
+from kernel.task_queue import task_queue
 from scheduler import eta, locks, persist, snapshot
 from scheduler.services.never_fits import never_fits_notify
 

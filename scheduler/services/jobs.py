@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from catalog.models import ResourceFlavor
-from portal.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
-from portal.policy import Action, principals_for
+from kernel.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
+from kernel.policy import Action, principals_for
 from scheduler import outbox
 from scheduler.core.feasibility import FlavorFleet, QuotaLevel, never_fits
 from scheduler.core.types import MILLIS_PER_DEVICE, ReplicaRequest
@@ -371,7 +371,7 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
     submitter = actor if getattr(actor, "pk", None) else None
     job = new_job_from_spec(parsed=parsed, tenant=tenant, submitter=submitter)
     job.idempotency_key = idempotency_key
-    # Plain statements (``portal.db.bulk``): composing them through the ORM was a fifth of a submit's CPU.
+    # Plain statements (``kernel.db.bulk``): composing them through the ORM was a fifth of a submit's CPU.
     events = job_create(job=job, to_state=state, reason=reason, message=message, now=timezone.now())
     audit_record(
         action="job.submit",

@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from catalog.models import ResourceFlavor
-from portal.api import ConflictError, PermissionDeniedError
-from portal.policy import Action
+from kernel.api import ConflictError, PermissionDeniedError
+from kernel.policy import Action
 from scheduler import outbox
 from scheduler.fleet.fencing import lease_timing
 from scheduler.models import Allocation, Node, NodeStatus

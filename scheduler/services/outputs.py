@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import DomainError, NotFoundError
+from kernel.api import DomainError, NotFoundError
 from scheduler.models import Allocation, Job, JobOutput, Node
 
 CHUNK = 1024 * 1024

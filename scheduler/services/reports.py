@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from kernel.db.bulk import AnyOf, update_instance
 from nodeagent import protocol
-from portal.db.bulk import AnyOf, update_instance
 from scheduler import outbox
 from scheduler.models import ACTIVE_JOB_STATES, AgentCommand, Allocation, Job, JobKind, Node
 from scheduler.services.cycle import request_cycle

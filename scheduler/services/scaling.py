@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import ConflictError, DomainError, PermissionDeniedError
+from kernel.api import ConflictError, DomainError, PermissionDeniedError
 from scheduler import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,

@@ -18,8 +18,8 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import ConflictError, NotFoundError
-from portal.db.bulk import insert_instance_with_children, insert_instances, insert_rows, update_instance, update_rows
+from kernel.api import ConflictError, NotFoundError
+from kernel.db.bulk import insert_instance_with_children, insert_instances, insert_rows, update_instance, update_rows
 from scheduler import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,
@@ -163,7 +163,7 @@ def jobs_transition(
     Writes, in the caller's transaction: the rows (one UPDATE per set of changed fields), the ``JobEvent`` rows
     (one INSERT, ``notes`` included), and one audit record per move (``audit_record`` buffers them to the
     commit; ``audit=False`` where the caller records the batch as one act, as an array cancel does). A single
-    move writes what ``job_transition`` always has (one UPDATE, one INSERT); more use ``portal.db.bulk``'s
+    move writes what ``job_transition`` always has (one UPDATE, one INSERT); more use ``kernel.db.bulk``'s
     statements for many rows.
     """
     if not moves and not notes:

@@ -9,9 +9,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from catalog.models import FlavorPrice
-from portal.filters import MAX_ID
-from portal.policy import TOKEN_SCOPE, Action
-from portal.serializers import JsonTypedSerializer
+from kernel.filters import MAX_ID
+from kernel.policy import TOKEN_SCOPE, Action
+from kernel.serializers import JsonTypedSerializer
 from tenants.approval_chain import chain_plan
 from tenants.models import (
     QUOTA_FIELDS,

@@ -10,8 +10,8 @@ from django.conf import settings
 from django.db import transaction
 
 from audit.services import audit_record
-from portal.api import DomainError
-from portal.policy import Action
+from kernel.api import DomainError
+from kernel.policy import Action
 from tenants.models import ApprovalKind, ApprovalRequest, Tenant, User
 from tenants.permissions import ancestors_and_self
 from tenants.policy import allows

@@ -13,8 +13,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import ConflictError, DomainError, PermissionDeniedError
-from portal.policy import Action
+from kernel.api import ConflictError, DomainError, PermissionDeniedError
+from kernel.policy import Action
 from tenants.approval_chain import eligible_approvers, resolve_chain
 from tenants.approval_handlers import approval_handler
 from tenants.models import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from portal.api import PermissionDeniedError
+from kernel.api import PermissionDeniedError
 from tenants.models import User
 from tenants.permissions import is_auditor
 

@@ -7,7 +7,7 @@ from typing import Any
 from django.db import transaction
 
 from audit.services import audit_record
-from portal.api import DomainError
+from kernel.api import DomainError
 from tenants.models import Membership, MembershipRole, Tenant, User
 from tenants.permissions import can_manage_memberships
 from tenants.services.guards import ensure_may_write, require_permission

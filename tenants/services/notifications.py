@@ -12,9 +12,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import ConflictError
-from portal.policy import Action
-from portal.task_queue import task_queue
+from kernel.api import ConflictError
+from kernel.policy import Action
+from kernel.task_queue import task_queue
 from tenants.approval_chain import eligible_approvers
 from tenants.models import ApprovalKind, DeliveryStatus, NotificationDelivery, User
 from tenants.policy import allows

@@ -8,8 +8,8 @@ from django.db import transaction
 
 from audit.services import audit_record
 from catalog.models import FlavorPrice
-from portal.api import DomainError
-from portal.policy import Action
+from kernel.api import DomainError
+from kernel.policy import Action
 from tenants.models import QUOTA_FIELDS, QUOTA_STEP_MILLIS, Quota, Tenant, TenantStorageUsage, User
 from tenants.permissions import ancestors_and_self
 from tenants.policy import allows

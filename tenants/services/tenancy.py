@@ -10,8 +10,8 @@ from django.db import connection, transaction
 from django.db.models import F, ProtectedError
 
 from audit.services import audit_record
-from portal.api import ConflictError, DomainError
-from portal.policy import Action
+from kernel.api import ConflictError, DomainError
+from kernel.policy import Action
 from tenants.models import MAX_TENANT_DEPTH, Tenant, TenantKind, User
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
 from tenants.policy import reaches_all

@@ -12,8 +12,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import DomainError, PermissionDeniedError
-from portal.policy import Action
+from kernel.api import DomainError, PermissionDeniedError
+from kernel.policy import Action
 from tenants.models import TOKEN_PREFIX, ApiToken, TokenScope, User
 from tenants.permissions import is_auditor, token_scopes_allowed
 from tenants.policy import allows

@@ -23,7 +23,7 @@ from audit.services import (
     tenant_keys_shred,
 )
 from audit.trail_verifier import verify_trail
-from portal.api import ConflictError
+from kernel.api import ConflictError
 from tests.factories import TenantFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin
@@ -94,7 +94,7 @@ def test_shredded_details_read_as_shredded_and_the_chain_still_verifies():
 
 
 def test_legal_hold_needs_a_reason():
-    from portal.api import DomainError
+    from kernel.api import DomainError
 
     with pytest.raises(DomainError):
         legal_hold_place(actor=None, tenant_id=1, reason=" ")

@@ -33,7 +33,7 @@ from audit.models import AuditRecord, ChainHead, Checkpoint, DataKey
 from audit.services import audit_record, checkpoint_all, legal_hold_place, record_header
 from audit.signing import Ed25519Signer, get_signer
 from audit.trail_verifier import verify_trail
-from portal.api import DomainError
+from kernel.api import DomainError
 from tests.audit.helpers import raw, row
 from tests.factories import AuditorFactory, TenantFactory, UserFactory
 

@@ -22,11 +22,11 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import OperationalError
 
+from kernel.api import ConflictError
 from nodeagent import protocol
 from nodeagent.agent import Agent, AgentSettings, ConnectionLost
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.workloads import WorkloadRunner
-from portal.api import ConflictError
 from scheduler.fleet.models import AgentReport
 from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle

@@ -17,8 +17,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
+from kernel.api import DomainError
 from nodeagent import protocol
-from portal.api import DomainError
 from scheduler.fleet.models import NodeAgent
 from scheduler.fleet.services.inventory import device_rehome
 from scheduler.models import Allocation, Device, DeviceHealth, Node, NodeStatus

@@ -14,7 +14,7 @@ import pytest
 from django.utils import translation
 
 from frontend.service_text import PATTERNS, localize
-from portal.api import DomainError
+from kernel.api import DomainError
 
 # Sample data for a template's placeholders, by name; a number where the pattern wants digits.
 SAMPLES = {
@@ -453,10 +453,10 @@ def _setting_refusals() -> list[str]:
 
 
 def _job_json_refusals() -> list[str]:
-    """What the job form's JSON field answers for a NUL or a too deep spec (portal.request_limits)."""
+    """What the job form's JSON field answers for a NUL or a too deep spec (kernel.request_limits)."""
     from django.conf import settings
 
-    from portal import request_limits
+    from kernel import request_limits
 
     deep = "[" * (settings.GPUPOOL_MAX_JSON_DEPTH + 1) + "]" * (settings.GPUPOOL_MAX_JSON_DEPTH + 1)
     refusals = []

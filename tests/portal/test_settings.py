@@ -52,7 +52,7 @@ def _settings(**overrides: str) -> dict:
 def test_nothing_set_means_embedded_mode(tmp_path):
     loaded = _settings(GPUPOOL_DATA_DIR=str(tmp_path))
     assert loaded["embedded"] is True
-    assert loaded["db_engine"] == "portal.db.sqlite3"
+    assert loaded["db_engine"] == "kernel.db.sqlite3"
     assert loaded["db_name"] == str(tmp_path / "gpupool.sqlite3")
     assert loaded["broker"].startswith("memory://")
     assert loaded["layer"] == "channels.layers.InMemoryChannelLayer"
@@ -76,7 +76,7 @@ def test_database_url_and_hosts_come_from_environment(tmp_path):
         GPUPOOL_ALLOWED_HOSTS="pool.example.com, console.example.com",
         GPUPOOL_DEBUG="true",
     )
-    assert loaded["db_engine"] == "portal.db.postgresql"
+    assert loaded["db_engine"] == "kernel.db.postgresql"
     assert loaded["db_name"] == "pool"
     assert loaded["allowed_hosts"] == ["pool.example.com", "console.example.com"]
     assert loaded["debug"] is True

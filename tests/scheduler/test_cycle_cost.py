@@ -13,7 +13,7 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from portal.db.bulk import AnyOf
+from kernel.db.bulk import AnyOf
 from scheduler import persist, snapshot
 from scheduler.core import types as core
 from scheduler.models import CapacityHold, InferenceReservation, Job, JobKind, JobState

@@ -3,7 +3,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from portal.api import DomainError
+from kernel.api import DomainError
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, InferenceReservation, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle

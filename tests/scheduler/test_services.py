@@ -4,7 +4,7 @@ import pytest
 
 from audit.models import AuditRecord
 from audit.services import record_details
-from portal.api import ConflictError, NotFoundError, PermissionDeniedError
+from kernel.api import ConflictError, NotFoundError, PermissionDeniedError
 from scheduler.core import types as core
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan

@@ -123,7 +123,7 @@ def test_who_may_submit_is_decided_as_before(tenant, node, no_cycle_requests):
 def test_an_anonymous_or_deactivated_actor_sees_no_tenant(member, node, no_cycle_requests):
     from django.contrib.auth.models import AnonymousUser
 
-    from portal.api import NotFoundError
+    from kernel.api import NotFoundError
     from scheduler.services.jobs import job_submit
 
     with pytest.raises(NotFoundError):
@@ -168,7 +168,7 @@ def test_bad_env_is_refused_with_a_400_naming_the_variable(member, node, no_cycl
 
 @pytest.mark.parametrize("env", [{"A\x00B": "x"}, {"OK": "a\x00b"}])
 def test_a_nul_in_env_is_refused_before_the_spec_is_read(member, node, no_cycle_requests, env):
-    # A NUL anywhere in a request is bad input (portal/request_limits.py): PostgreSQL cannot store it.
+    # A NUL anywhere in a request is bad input (kernel/request_limits.py): PostgreSQL cannot store it.
     client = APIClient()
     client.force_authenticate(member)
     response = client.post("/api/v1/jobs/", {**SPEC, "env": env}, format="json")

@@ -1,6 +1,6 @@
 """Bad input is refused with a 4xx (or an ``error`` frame), never a 500 or a closed socket, and changes nothing.
 
-Before portal/request_limits.py: a name with a NUL byte was an HTML 500 (PostgreSQL cannot store NUL, a
+Before kernel/request_limits.py: a name with a NUL byte was an HTML 500 (PostgreSQL cannot store NUL, a
 ``DataError``) and a body nested 5,000 levels a ``RecursionError`` 500; an agent frame nested 3,000 levels (6 KB)
 closed the agent's socket with 1011. Each case below is one of those, in every place a request carries input.
 """
@@ -14,8 +14,8 @@ from channels.db import database_sync_to_async
 from django.test import override_settings
 from rest_framework.test import APIClient
 
+from kernel import request_limits
 from nodeagent import protocol
-from portal import request_limits
 from scheduler.fleet.telemetry import latest_store
 from scheduler.models import Job
 from tenants.models import Tenant

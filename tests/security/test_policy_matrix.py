@@ -3,7 +3,7 @@
 Every operation of the OpenAPI schema and every console page (GET, and POST where it takes one) is called as
 every principal: system admin, security admin, auditor, tenant admin of the tenant / of its parent / of a
 sibling, member, viewer, and API tokens of each scope. The answer must be the one the policy predicts
-(``expected_api`` and ``expected_console`` read ``portal.policy`` through ``tenants.policy``, they state no
+(``expected_api`` and ``expected_console`` read ``kernel.policy`` through ``tenants.policy``, they state no
 rule of their own):
 
 - API: a token whose scope does not cover the action → 403; a tenant-scoped object the caller may not read →
@@ -37,7 +37,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditRecord
 from audit.services import audit_record
 from frontend.access import policy_action_of
-from portal.policy import NO_ACCOUNT_ACTIONS, RULES, TOKEN_SCOPE, Action, Principal
+from kernel.policy import NO_ACCOUNT_ACTIONS, RULES, TOKEN_SCOPE, Action, Principal
 from scheduler.models import Job, JobOutput, Node
 from scheduler.services.jobs import job_submit
 from tenants.models import (

@@ -8,7 +8,7 @@ import pytest
 from django.test import override_settings
 from django.urls import reverse
 
-from portal.api import DomainError, PermissionDeniedError
+from kernel.api import DomainError, PermissionDeniedError
 from tenants.models import ApprovalStatus, MembershipRole, Quota
 from tenants.selectors import approvals_awaiting, approvals_overridable
 from tenants.services.admissions import job_admission_request_create

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from portal.api import ConflictError, DomainError, PermissionDeniedError
+from kernel.api import ConflictError, DomainError, PermissionDeniedError
 from scheduler.models import JobState
 from tenants import notifiers
 from tenants.models import ApprovalStatus, DeliveryStatus, MembershipRole, NotificationDelivery, Quota

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from portal.policy import Action
+from kernel.policy import Action
 from tenants.management.commands import permissions_doc
 
 

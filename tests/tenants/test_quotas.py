@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from portal.api import DomainError, PermissionDeniedError
+from kernel.api import DomainError, PermissionDeniedError
 from scheduler.models import Allocation
 from scheduler.quota_usage import quota_usage
 from tenants.models import Quota

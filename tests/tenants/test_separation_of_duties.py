@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from portal.api import DomainError, PermissionDeniedError
+from kernel.api import DomainError, PermissionDeniedError
 from tenants.models import ApiToken, Membership, PlatformRole, Tenant
 from tenants.services.identity import user_set_platform_role
 from tenants.services.memberships import membership_create

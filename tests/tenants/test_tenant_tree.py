@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from portal.api import ConflictError, DomainError, PermissionDeniedError
+from kernel.api import ConflictError, DomainError, PermissionDeniedError
 from tenants.models import MAX_TENANT_DEPTH, Tenant
 from tenants.services.tenancy import tenant_create, tenant_delete, tenant_update
 from tests.factories import TenantFactory

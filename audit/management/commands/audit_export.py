@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils.dateparse import parse_date, parse_datetime
 
 from audit.exports import build_bundle
-from portal.api import DomainError
+from kernel.api import DomainError
 
 
 def parse_moment(raw: str, *, end: bool = False) -> dt.datetime:

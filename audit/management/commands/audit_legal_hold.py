@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.services import legal_hold_place, legal_hold_release
-from portal.api import DomainError
+from kernel.api import DomainError
 
 
 class Command(BaseCommand):

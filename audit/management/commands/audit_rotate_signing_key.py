@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from audit import witness
 from audit.services import signing_key_rotate
 from audit.signing import Ed25519Signer
-from portal.api import DomainError
+from kernel.api import DomainError
 
 
 class Command(BaseCommand):

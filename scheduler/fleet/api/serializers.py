@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from portal.serializers import JsonTypedSerializer
+from kernel.serializers import JsonTypedSerializer
 from scheduler.models import Node
 
 

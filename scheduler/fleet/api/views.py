@@ -13,8 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.api import PermissionDeniedError
-from portal.policy import Action
+from kernel.api import PermissionDeniedError
+from kernel.policy import Action
 from scheduler.fleet import selectors
 from scheduler.fleet.api.serializers import (
     BootstrapTokenCreateInput,

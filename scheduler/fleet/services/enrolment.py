@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
-from portal.api import DomainError
+from kernel.api import DomainError
 from scheduler.fleet.models import BootstrapToken, NodeAgent, NodeCredential
 from scheduler.fleet.services.notify import agent_group, group_send_after_commit
 from scheduler.models import Node, NodeStatus

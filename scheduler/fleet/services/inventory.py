@@ -20,9 +20,9 @@ from django.utils.text import slugify
 
 from audit.services import audit_record
 from catalog.models import ResourceFlavor, Vendor
+from kernel.api import ConflictError, DomainError, PermissionDeniedError
+from kernel.policy import Action
 from nodeagent import protocol
-from portal.api import ConflictError, DomainError, PermissionDeniedError
-from portal.policy import Action
 from scheduler.fleet.models import NodeAgent
 from scheduler.fleet.services.notify import cycle_request_after_commit
 from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Node, NodeStatus

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from portal.channel_send import group_send
+from kernel.channel_send import group_send
 from scheduler.services.cycle import request_cycle
 
 

@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from portal.api import DomainError
+from kernel.api import DomainError
 from scheduler.sim.traceformat import FORMATS
 from scheduler.trace_export import trace_export, window_bounds
 

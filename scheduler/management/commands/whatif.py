@@ -8,7 +8,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.api import DomainError
+from kernel.api import DomainError
 from scheduler.management.commands.export_trace import moment
 from scheduler.sim import whatif as sim_whatif
 from scheduler.sim.policies import setting_names

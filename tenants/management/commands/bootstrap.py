@@ -16,7 +16,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from portal.api import DomainError
+from kernel.api import DomainError
 from tenants.models import PlatformRole, User
 from tenants.services.identity import user_create
 

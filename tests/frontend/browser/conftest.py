@@ -1,6 +1,6 @@
 """Browser tests: headless Debian chromium driven by Playwright against a live ``gpupool demo``.
 
-The demo (``frontend.livedemo``) runs as a subprocess on a free port with its own SQLite file in a temporary
+The demo (``portal.livedemo``) runs as a subprocess on a free port with its own SQLite file in a temporary
 folder (embedded mode: in-process Celery, in-memory Channels layer, simulated node agents), so WebSockets, the
 scheduler and the agents are the real ones — pytest-django's live_server has no WebSockets. One demo serves
 the whole browser session; each test gets a fresh browser context (its own cookies). Screenshots land in
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from frontend.livedemo import CHROMIUM, ROOT, DemoFailed, LiveDemo, launch_chromium
-from frontend.livedemo import login as login
 from nodeagent.demo import DEMO_NODES
+from portal.livedemo import CHROMIUM, ROOT, DemoFailed, LiveDemo, launch_chromium
+from portal.livedemo import login as login
 from tests.conftest import skip_or_fail
 
 ARTIFACTS = ROOT / "test-artifacts" / "browser"

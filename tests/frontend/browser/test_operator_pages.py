@@ -12,7 +12,7 @@ import sys
 import pytest
 from playwright.sync_api import expect
 
-from frontend.livedemo import ROOT
+from portal.livedemo import ROOT
 from tests.frontend.browser.conftest import login, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.api import DomainError
+from kernel.api import DomainError
 from scheduler.fleet.services.enrolment import bootstrap_token_create
 
 

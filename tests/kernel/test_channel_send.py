@@ -1,4 +1,4 @@
-"""``portal.channel_send``: group sends from synchronous code without an event loop (the Celery worker) go through
+"""``kernel.channel_send``: group sends from synchronous code without an event loop (the Celery worker) go through
 one event loop per process, so the Redis channel layer's connections are reused, and the messages arrive."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
-from portal import channel_send
+from kernel import channel_send
 
 pytestmark = pytest.mark.services
 

@@ -1,8 +1,8 @@
-"""Django's SQLite backend with the pre-commit hook of ``portal.db.precommit``."""
+"""Django's SQLite backend with the pre-commit hook of ``kernel.db.precommit``."""
 
 from django.db.backends.sqlite3.base import DatabaseWrapper as _SQLiteWrapper
 
-from portal.db.precommit import PreCommitMixin
+from kernel.db.precommit import PreCommitMixin
 
 
 class DatabaseWrapper(PreCommitMixin, _SQLiteWrapper):

@@ -88,7 +88,7 @@ class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
     field_class = UtcIsoDateTimeField
 
 
-# Query parameters every list takes besides its filters: pagination (portal.pagination) and DRF's format.
+# Query parameters every list takes besides its filters: pagination (kernel.pagination) and DRF's format.
 COMMON_LIST_PARAMETERS = frozenset({"limit", "offset", "format"})
 
 

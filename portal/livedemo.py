@@ -1,6 +1,6 @@
 """A throwaway ``gpupool demo`` on a free port with its own SQLite file, plus headless Debian chromium.
 
-Used by the browser tests and by ``python -m frontend.screenshots``: the demo is the real stack (ASGI server
+Used by the browser tests and by ``python -m portal.screenshots``: the demo is the real stack (ASGI server
 with WebSockets, in-process Celery, scheduler, simulated node agents), only with a fresh database.
 """
 
@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from portal.demo import DEMO_PASSWORD
+from portal.demo_login import DEMO_PASSWORD
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 from rest_framework import serializers
 
-from portal.serializers import FieldsBuiltOnce
+from kernel.serializers import FieldsBuiltOnce
 from tenants.models import Tenant
 from tests.factories import TenantFactory
 

@@ -1,7 +1,7 @@
 """The API's error answers, documented once for every operation of the OpenAPI schema.
 
-Every error has the shape ``{"code", "detail"}`` (portal/api.py), and some answers come from layers below the
-views: any request may be refused as bad input (a NUL byte, JSON nested too deep: portal/request_limits.py),
+Every error has the shape ``{"code", "detail"}`` (kernel/api.py), and some answers come from layers below the
+views: any request may be refused as bad input (a NUL byte, JSON nested too deep: kernel/request_limits.py),
 unauthenticated or not allowed; an operation with an ``{id}`` may not find it; a write may conflict with the
 current state; a body may be too large or of an unsupported media type. Declaring these on each view by hand
 left most operations documenting only their success, and clients (and schemathesis) saw undocumented statuses.

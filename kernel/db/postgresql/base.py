@@ -1,11 +1,11 @@
-"""Django's PostgreSQL backend with the pre-commit hook of ``portal.db.precommit``, and connection pools that a
+"""Django's PostgreSQL backend with the pre-commit hook of ``kernel.db.precommit``, and connection pools that a
 forked child does not inherit."""
 
 import os
 
 from django.db.backends.postgresql.base import DatabaseWrapper as _PostgresWrapper
 
-from portal.db.precommit import PreCommitMixin
+from kernel.db.precommit import PreCommitMixin
 
 
 class DatabaseWrapper(PreCommitMixin, _PostgresWrapper):

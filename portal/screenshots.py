@@ -1,6 +1,6 @@
-"""Screenshots of every console page for the README: ``python -m frontend.screenshots [OUTPUT_DIR]``.
+"""Screenshots of every console page for the README: ``python -m portal.screenshots [OUTPUT_DIR]``.
 
-Starts a throwaway demo (``frontend.livedemo``), submits a couple of jobs as the demo member ``bob``, lets the
+Starts a throwaway demo (``portal.livedemo``), submits a couple of jobs as the demo member ``bob``, lets the
 simulated node run them for a few seconds so the live charts have data, and photographs each page as the role
 that uses it. Writes ``docs/screenshots/*.png`` by default. Needs Debian's chromium and the playwright package.
 """
@@ -11,15 +11,15 @@ import re
 import sys
 from pathlib import Path
 
-from frontend.livedemo import ROOT, LiveDemo, launch_chromium, login
 from nodeagent.demo import DEMO_NODES
+from portal.livedemo import ROOT, LiveDemo, launch_chromium, login
 
 DEFAULT_OUTPUT = ROOT / "docs" / "screenshots"
 LOOP = "python3 -c \"import time; [print('epoch', i, flush=True) or time.sleep(1) for i in range(3600)]\""
 
 
 ADD_TEAM_ADMIN = """
-from portal.demo import DEMO_PASSWORD
+from portal.demo_login import DEMO_PASSWORD
 from tenants.models import Tenant
 from tenants.services.identity import user_create
 from tenants.services.memberships import membership_create
