@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 
 from audit.models import Alert
-from kernel.policy import Action, Principal, role_may
+from kernel.access_rules import Action, Principal, role_may
 
 logger = logging.getLogger("audit.alert")
 

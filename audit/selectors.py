@@ -12,7 +12,7 @@ from audit.alerts import may_take
 from audit.events import codes_described_by
 from audit.models import Alert, AuditRecord, ChainHead, IntegrityCheck
 from audit.services import details_for, record_view
-from kernel.policy import Action, Principal, role_may
+from kernel.access_rules import Action, Principal, role_may
 
 
 def may_read_trail(user: Any, action: Action = Action.AUDIT_VIEW) -> bool:

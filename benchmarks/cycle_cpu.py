@@ -78,8 +78,8 @@ def _worker(cpu: dict[str, list[float]]) -> None:
 
 
 def _report(job_id: int, state: str) -> None:
+    from scheduler.fleet.services.workload_reports import workload_status_report
     from scheduler.models import Allocation, Node
-    from scheduler.services.reports import workload_status_report
 
     node_id = Allocation.objects.filter(job_id=job_id).values_list("node_id", flat=True).first()
     answer = workload_status_report(

@@ -89,6 +89,7 @@ def _cycle(*, keep: bool) -> dict[str, float]:
     from django.db import transaction
 
     from scheduler import persist, snapshot
+    from scheduler.scheduling_policy import policy_from_settings
 
     timings: dict[str, float] = {}
     try:
@@ -98,7 +99,7 @@ def _cycle(*, keep: bool) -> dict[str, float]:
             snap = snapshot.build_snapshot(stored_explanations=stored)
             timings["snapshot_s"] = time.perf_counter() - start
             start = time.perf_counter()
-            plan = snapshot.plan_for(snap, snapshot.policy_from_settings().__class__(require_quota=False))
+            plan = snapshot.plan_for(snap, policy_from_settings().__class__(require_quota=False))
             timings["plan_s"] = time.perf_counter() - start
             start = time.perf_counter()
             outcome = persist.persist_plan(plan, stored_explanations=stored)
@@ -155,11 +156,11 @@ def _latency(count: int, database_url: str) -> None:
     from django.core.cache import cache
 
     from catalog.models import ResourceFlavor
+    from scheduler.fleet.services.workload_reports import workload_status_report
     from scheduler.models import Allocation, Node
     from scheduler.services import cycle
     from scheduler.services.cycle import CYCLE_CLAIM_KEY, CYCLE_DIRTY_KEY, CYCLE_STARTED_KEY, request_cycle
     from scheduler.services.jobs import job_submit
-    from scheduler.services.reports import workload_status_report
     from tenants.models import Quota, Tenant
 
     # The worker runs with the real settings, where a tenant needs a quota: give every one a generous one.

@@ -1,7 +1,7 @@
 """Who may see which part of the console.
 
 The console shows each person only what their role may use. It states no role rule of its own: each section
-opens for those the access policy (``kernel.policy``, evaluated by ``tenants.policy``) gives its action, so an
+opens for those the access policy (``kernel.access_rules``, evaluated by ``tenants.access``) gives its action, so an
 auditor reads what the API lets them read and changes nothing. Views check the same rules the navigation
 uses, so a hidden link is never the only protection: a forbidden page answers 404, like a missing one.
 """
@@ -17,9 +17,9 @@ from django.http import Http404
 from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext_lazy as _
 
-from kernel.policy import Action
+from kernel.access_rules import Action
+from tenants.access import may, principals_of, reaches_all, restrict
 from tenants.models import Tenant, User
-from tenants.policy import may, principals_of, reaches_all, restrict
 
 
 class Section:

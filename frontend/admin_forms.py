@@ -14,8 +14,8 @@ from django.utils.translation import gettext_lazy as _
 
 from frontend.forms import QuotaChangeForm
 from frontend.service_text import localize
+from kernel.access_rules import TOKEN_SCOPE, Action
 from kernel.api import DomainError
-from kernel.policy import TOKEN_SCOPE, Action
 from tenants.models import MembershipRole, PlatformRole, TenantKind, TokenScope, User
 from tenants.services.tokens import TOKEN_DEFAULT_LIFETIME_DAYS, TOKEN_MAX_LIFETIME_DAYS
 

@@ -1,7 +1,7 @@
 """How often the periodic work runs (seconds), read once from the environment.
 
 The Celery beat schedule (``portal.celery``) and whatever reasons about the real loop's clock (the what-if
-replay, ``scheduler.whatif``) read the same figures here, so neither has to import the other.
+replay, ``scheduler.whatif_history``) read the same figures here, so neither has to import the other.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from kernel.policy import Action
+from kernel.access_rules import Action
 
 # name shown in the root → URL name of the list endpoint. Apps add their entries here as they grow.
 API_ROOT_LINKS: dict[str, str] = {

@@ -49,6 +49,7 @@ from scheduler import snapshot as live
 from scheduler.core import eta as core_eta
 from scheduler.core import types as core
 from scheduler.models import Job, JobKind, JobState
+from scheduler.scheduling_policy import policy_from_settings
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +319,7 @@ def estimates_compute(*, now: datetime | None = None) -> EstimatesRefresh:
     history = RuntimeHistory.load(now=at)
     short, median, long = forecast_runtimes(snap, jobs, history)
     predicted = time.perf_counter()
-    policy = live.policy_from_settings()
+    policy = policy_from_settings()
     limits = limits_from_settings()
     # Half the wall-clock budget for the median forecast, a quarter for each edge of the band.
     budget_s = float(settings.GPUPOOL_ETA_MAX_SECONDS)

@@ -18,15 +18,15 @@ from django.utils import timezone
 from django.utils.translation import gettext, ngettext
 
 from catalog.models import ResourceFlavor
+from kernel.access_rules import Action
 from kernel.api import NotFoundError
-from kernel.policy import Action
 from scheduler.core.types import Ordering
 from scheduler.fleet import telemetry
 from scheduler.message_text import localize
 from scheduler.models import PENDING_JOB_STATES, Allocation, Device, Job, JobEvent, JobState, Node
-from scheduler.snapshot import policy_from_settings
+from scheduler.scheduling_policy import policy_from_settings
+from tenants.access import reaches_all, restrict
 from tenants.models import Tenant
-from tenants.policy import reaches_all, restrict
 
 
 def jobs_visible_to(user: Any) -> QuerySet[Job]:

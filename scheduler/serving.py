@@ -13,9 +13,9 @@ API: a subroute per endpoint ``/serve/jobs/<job>/<port name>/`` that
 
 A replica is in the route while its job is admitted or running and the replica holds its cards and is not being
 scaled down. A stop (preemption, scale-down, cancel) syncs the route *before* the stop is announced to the node
-(``scheduler.outbox``: the sync is the earlier on-commit callback), so a replica taken back stops receiving traffic
-first. Placements sync after commit; beat syncs every ``GPUPOOL_SERVING_SYNC_S`` (a restarted Caddy gets its route
-back). Without ``GPUPOOL_SERVING_CADDY_ADMIN`` (embedded mode, development) nothing is configured: the API lists
+(``scheduler.fleet.outbox``: the sync is the earlier on-commit callback), so a replica taken back stops receiving
+traffic first. Placements sync after commit; beat syncs every ``GPUPOOL_SERVING_SYNC_S`` (a restarted Caddy gets its
+route back). Without ``GPUPOOL_SERVING_CADDY_ADMIN`` (embedded mode, development) nothing is configured: the API lists
 each replica's direct ``address:port``, reachable from the pool's own network only, with no access check.
 
 The route goes into ``GPUPOOL_SERVING_CADDY_SERVER`` (default ``gpupool-serving``): an existing server of the

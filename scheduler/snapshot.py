@@ -13,7 +13,6 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Max, QuerySet
 from django.utils import timezone
@@ -34,6 +33,7 @@ from scheduler.models import (
     Node,
     NodeStatus,
 )
+from scheduler.scheduling_policy import policy_from_settings
 from tenants.models import Quota, Tenant
 
 logger = logging.getLogger(__name__)
@@ -659,12 +659,6 @@ def build_snapshot(
         reservations=_reservations(reservation_rows, names),
         holds=_holds(names),
     )
-
-
-def policy_from_settings() -> core.Policy:
-    """The Policy; ``GPUPOOL_SCHEDULER_POLICY`` (a dict of Policy fields) overrides the defaults."""
-    overrides = dict(getattr(settings, "GPUPOOL_SCHEDULER_POLICY", {}) or {})
-    return core.Policy(**overrides)
 
 
 def plan_for(snapshot: core.Snapshot, policy: core.Policy | None = None) -> core.Plan:

@@ -6,7 +6,8 @@ from celery import shared_task
 from django.db import OperationalError
 
 from scheduler import eta, logs, serving, storage_paths
-from scheduler.services import cycle, reports
+from scheduler.fleet.services import workload_reports
+from scheduler.services import cycle
 
 
 @shared_task(
@@ -25,7 +26,7 @@ def run_cycle(hold_lock: bool = True) -> dict:
 
     ``hold_lock=False`` skips the cycle lock; only tests use it, to race the persist step on purpose.
     """
-    reports.jobs_awaiting_stop_sweep()
+    workload_reports.jobs_awaiting_stop_sweep()
     return cycle.run_cycle(hold_lock=hold_lock).as_dict()
 
 

@@ -29,14 +29,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
-from kernel.policy import Action
 from scheduler.core import types as core
 from scheduler.models import Allocation, Job
 from scheduler.sim.traceformat import FORMATS, TenantSpec, flavor_capacity, trace_texts
 from scheduler.sim.workload import SimJob, Workload
 from scheduler.snapshot import build_snapshot
-from tenants.policy import allows
+from tenants.access import allows
 
 TRACE_FORMAT = "gpupool-trace/1"
 MAX_WINDOW_DAYS = 366

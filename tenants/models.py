@@ -87,7 +87,7 @@ class Membership(models.Model):
 
 class TokenScope(models.TextChoices):
     """What an API token may do: ``read`` = safe methods only, ``write`` = changes too, ``admin`` = also the
-    platform operations the access policy marks ``admin`` (``kernel.policy.TOKEN_SCOPE``: accounts, roles, quotas,
+    platform operations the access policy marks ``admin`` (``kernel.access_rules.TOKEN_SCOPE``: accounts, roles, quotas,
     nodes)."""
 
     READ = "read", _("read")

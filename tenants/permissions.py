@@ -1,6 +1,6 @@
 """Who may do what, as predicates and DRF permission classes over the one access policy.
 
-The rules are the table in ``kernel.policy``; ``tenants.policy`` evaluates it (``allows``, ``restrict``). The
+The rules are the table in ``kernel.access_rules``; ``tenants.access`` evaluates it (``allows``, ``restrict``). The
 predicates here keep the names services, selectors and views call (``can_admin_tenant(user, tenant)``, ...) and
 each asks the table for one action; none restates a rule. Tenant roles are inherited down the tree.
 """
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from kernel.policy import PLATFORM_ROLES, RULES, TOKEN_SCOPE, Action, Principal
+from kernel.access_rules import PLATFORM_ROLES, RULES, TOKEN_SCOPE, Action, Principal
+from tenants.access import allows, is_active_account, may, platform_role_of, principals_of, tenant_role, token_allows
 from tenants.models import ApiToken, ApprovalStepRole, MembershipRole, PlatformRole, TokenScope
-from tenants.policy import allows, is_active_account, may, platform_role_of, principals_of, tenant_role, token_allows
 from tenants.tree import ancestors_and_self
 
 if TYPE_CHECKING:

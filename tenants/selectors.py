@@ -10,8 +10,9 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from kernel.access_rules import Action
 from kernel.api import NotFoundError
-from kernel.policy import Action
+from tenants.access import restrict
 from tenants.models import (
     ApiToken,
     ApprovalRequest,
@@ -23,7 +24,6 @@ from tenants.models import (
     User,
 )
 from tenants.permissions import can_decide_approval, is_approval_override
-from tenants.policy import restrict
 from tenants.tree import parse_id, subtree_q
 
 __all__ = ["parse_id", "subtree_q"]  # re-exported: callers import the tree helpers from here too

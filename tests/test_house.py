@@ -131,7 +131,8 @@ _CODE_SPAN = re.compile(r"`([^`\s]+)`")
 
 
 def _named_paths(text: str) -> set[str]:
-    """Paths (``scheduler/persist/``, ``kernel/policy.py``) and dotted modules (``tenants.policy``) in code spans."""
+    """Paths (``scheduler/persist/``, ``kernel/access_rules.py``) and dotted modules (``tenants.access``) in code
+    spans."""
     names = set()
     for span in _CODE_SPAN.findall(text):
         span = span.rstrip(",.;:")
@@ -172,9 +173,9 @@ def _exists(name: str) -> bool:
 
 def test_the_walker_of_the_architecture_page_tells_a_missing_module():
     assert _exists("scheduler/core/")
-    assert _exists("tenants.policy.allows")
+    assert _exists("tenants.access.allows")
     assert not _exists("scheduler/nowhere.py")
-    assert not _exists("tenants.policy.nothing_of_that_name")
+    assert not _exists("tenants.access.nothing_of_that_name")
 
 
 def test_every_module_the_architecture_page_names_exists():

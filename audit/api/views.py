@@ -17,7 +17,7 @@ from audit.permissions import AuditTrailPermission
 from audit.selectors import readable, records_for
 from audit.services import audit_record
 from audit.trail_verifier import verify_trail
-from kernel.policy import Action
+from kernel.access_rules import Action
 
 # Signed in first (an anonymous probe is a 401, not an audited refusal), then the audited policy check.
 AUDITOR_ONLY = [APIView.permission_classes[0], AuditTrailPermission, *APIView.permission_classes[1:]]

@@ -10,8 +10,8 @@ from django.utils import timezone
 from audit.alerts import may_take
 from audit.models import Alert
 from audit.services.append import audit_record
+from kernel.access_rules import Action
 from kernel.api import PermissionDeniedError
-from kernel.policy import Action
 
 
 def alert_acknowledge(*, alert: Alert, actor: Any, request: Any | None = None) -> Alert:

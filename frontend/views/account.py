@@ -19,8 +19,8 @@ from django.views.decorators.http import require_POST
 from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import TokenCreateForm, attach_domain_error
 from frontend.service_text import localize
+from kernel.access_rules import Action
 from kernel.api import DomainError, NotFoundError
-from kernel.policy import Action
 from tenants import selectors as tenant_selectors
 from tenants.models import TOKEN_PREFIX
 from tenants.permissions import token_scopes_allowed

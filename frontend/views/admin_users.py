@@ -28,8 +28,8 @@ from frontend.admin_forms import (
 )
 from frontend.service_text import localize
 from frontend.tables import UserTable
+from kernel.access_rules import Action
 from kernel.api import DomainError, NotFoundError
-from kernel.policy import Action
 from tenants import selectors as tenant_selectors
 from tenants.models import TOKEN_PREFIX
 from tenants.services import identity

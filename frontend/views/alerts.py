@@ -13,9 +13,9 @@ from audit.selectors import alerts_for
 from audit.services import alert_acknowledge
 from frontend.access import Section, action_required, section_required
 from frontend.service_text import localize
+from kernel.access_rules import Action
 from kernel.api import DomainError
-from kernel.policy import Action
-from tenants.policy import may
+from tenants.access import may
 
 PAGE_SIZE = 50
 

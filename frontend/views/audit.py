@@ -28,8 +28,8 @@ from frontend.filtersets import AuditFilterSet
 from frontend.forms import AuditExportForm
 from frontend.service_text import localize
 from frontend.tables import AuditTable
+from kernel.access_rules import Action
 from kernel.api import DomainError
-from kernel.policy import Action
 from tenants import selectors as tenant_selectors
 from tenants.models import Tenant
 

@@ -23,19 +23,19 @@ from frontend.forms import CancelForm, JobJsonForm, JobSubmitForm
 from frontend.service_text import localize
 from frontend.summaries import job_chart_devices
 from frontend.tables import JobTable
+from kernel.access_rules import Action
 from kernel.api import DomainError, NotFoundError
-from kernel.policy import Action
 from scheduler import launch, serving
 from scheduler import logs as scheduler_logs
 from scheduler import selectors as scheduler_selectors
 from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.models import FINAL_JOB_STATES, JobState
+from scheduler.scheduling_policy import policy_from_settings
 from scheduler.services import jobs as job_services
-from scheduler.snapshot import policy_from_settings
 from tenants import selectors as tenant_selectors
+from tenants.access import may, reaches_all, restrict
 from tenants.models import Tenant
 from tenants.permissions import can_manage_job, is_auditor, is_system_admin
-from tenants.policy import may, reaches_all, restrict
 
 
 def submittable_tenants(user) -> list[Tenant]:

@@ -22,12 +22,12 @@ from frontend.admin_forms import TOP_LEVEL, QuotaSetForm, TenantForm, attach_dom
 from frontend.service_text import localize
 from frontend.summaries import guarantee_overcommit
 from frontend.tenant_pages import current_quota_values, flavor_names, quota_form_flavor, quota_rows, tenant_ancestors
+from kernel.access_rules import Action
 from kernel.api import DomainError, NotFoundError
-from kernel.policy import Action
 from tenants import selectors as tenant_selectors
+from tenants.access import allows, reaches_all
 from tenants.models import Tenant
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
-from tenants.policy import allows, reaches_all
 from tenants.services import quotas, tenancy
 
 

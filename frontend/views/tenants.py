@@ -20,13 +20,13 @@ from frontend.forms import DecisionForm, QuotaChangeForm
 from frontend.service_text import localize
 from frontend.summaries import guarantee_overcommit
 from frontend.tenant_pages import current_quota_values, flavor_names, quota_form_flavor, quota_rows, tenant_ancestors
+from kernel.access_rules import Action
 from kernel.api import DomainError, NotFoundError
-from kernel.policy import Action
 from tenants import selectors as tenant_selectors
+from tenants.access import allows
 from tenants.approval_chain import chain_plan, decided_by_sentence
 from tenants.models import OPEN_APPROVAL_STATUSES, ApprovalKind, ApprovalStepRole, Quota, Tenant
 from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override
-from tenants.policy import allows
 from tenants.services.approvals import (
     approval_approve,
     approval_reject,

@@ -1,6 +1,6 @@
 """What-if (system admins): the last days of this pool replayed under the policy in force and a proposed change,
 side by side with a chart; and the download of that history in gpupool's trace format. The work is
-``scheduler.whatif`` / ``scheduler.trace_export``, the same as the API's and the ``gpupool`` commands'."""
+``scheduler.whatif_history`` / ``scheduler.trace_export``, the same as the API's and the ``gpupool`` commands'."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from django.utils.translation import gettext_lazy as _
 from frontend.access import Section, action_required, section_required
 from frontend.forms import WhatIfForm
 from frontend.service_text import localize
+from kernel.access_rules import Action
 from kernel.api import DomainError
-from kernel.policy import Action
+from scheduler.scheduling_policy import policy_from_settings
 from scheduler.sim.traceformat import FORMATS
 from scheduler.sim.whatif import WhatIf, allocation_chart, format_setting, format_value
-from scheduler.snapshot import policy_from_settings
 from scheduler.trace_export import trace_export, window_bounds
-from scheduler.whatif import WEB_MAX_JOBS, whatif_run
+from scheduler.whatif_history import WEB_MAX_JOBS, whatif_run
 
 # The figures' names as people read them (scheduler.sim.whatif.METRICS has the English ones for the terminal).
 METRIC_LABELS = {

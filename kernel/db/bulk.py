@@ -1,4 +1,4 @@
-"""Writing and finding thousands of rows fast: the scheduling cycle (``scheduler.persist``, ``scheduler.outbox``)
+"""Writing and finding thousands of rows fast: the scheduling cycle (``scheduler.persist``, ``scheduler.fleet.outbox``)
 and the audit trail's records at commit (``audit.services``). A leaf module (Django only), so any app may use it.
 
 ``bulk_create`` composes one statement with a parameter per value; with psycopg's client-side binding (what

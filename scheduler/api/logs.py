@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from kernel.policy import Action
+from kernel.access_rules import Action
 from scheduler import logs
 
 

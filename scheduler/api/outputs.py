@@ -10,8 +10,8 @@ from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
+from kernel.access_rules import Action
 from kernel.api import NotFoundError
-from kernel.policy import Action
 from scheduler.models import JobOutput
 from scheduler.selectors import jobs_visible_to
 

@@ -10,7 +10,7 @@ from catalog.models import ResourceFlavor, Vendor
 from kernel.serializers import FieldsBuiltOnce, JsonTypedSerializer
 from scheduler import launch, serving
 from scheduler.jobspec import PRIORITY_NAMES
-from scheduler.models import Allocation, Device, Job, JobEvent, Node, PriorityClass
+from scheduler.models import Allocation, Device, Job, JobEvent, PriorityClass
 from scheduler.selectors import job_pending_sentence
 from scheduler.services.arrays import JobArray, JobArrayCancelled
 
@@ -95,57 +95,6 @@ class DeviceSerializer(serializers.ModelSerializer):
     def get_uuid(self, device: Device) -> str | None:
         # ``uuid_visible`` comes from ``selectors.devices_visible_to``; without it, nothing is shown.
         return device.uuid if getattr(device, "uuid_visible", False) else None
-
-
-class NodeSerializer(serializers.ModelSerializer):
-    device_count = serializers.SerializerMethodField()
-    sandbox = serializers.CharField(
-        source="agent.sandbox",
-        default="",
-        allow_null=True,  # a node that never registered an agent has none: null
-        read_only=True,
-        help_text="how the node's agent confines workloads: namespaces, none (unconfined: development), '' (old agent)",
-    )
-
-    network_isolation = serializers.CharField(
-        source="agent.network_isolation",
-        default="",
-        allow_null=True,
-        read_only=True,
-        help_text="how the node keeps other tenants' jobs from a job's ports: nftables, none, '' (old agent)",
-    )
-    job_ports = serializers.SerializerMethodField(help_text="the ports this node hands to jobs, first-last")
-
-    class Meta:
-        model = Node
-        fields = [
-            "id",
-            "name",
-            "address",
-            "job_ports",
-            "network_isolation",
-            "status",
-            "labels",
-            "cpu_cores",
-            "memory_mib",
-            "last_heartbeat_at",
-            "agent_version",
-            "sandbox",
-            "topology",
-            "device_count",
-            "created_at",
-        ]
-
-    def get_device_count(self, node: Node) -> int:
-        return len(node.devices.all())
-
-    def get_job_ports(self, node: Node) -> str:
-        ports = launch.port_range(node)
-        return f"{ports.start}-{ports.stop - 1}"
-
-
-class NodeDrainSerializer(JsonTypedSerializer):
-    grace_s = serializers.FloatField(min_value=0, max_value=3600, required=False, default=30.0)
 
 
 class AllocationSerializer(FieldsBuiltOnce, serializers.ModelSerializer):

@@ -12,11 +12,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kernel.access_rules import Action
 from kernel.api import NotFoundError
-from kernel.policy import Action
 from scheduler.launch import named_ports_of
 from scheduler.models import Job
-from tenants.policy import restrict
+from tenants.access import restrict
 
 
 class ServingAuthView(APIView):

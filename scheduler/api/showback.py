@@ -14,8 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kernel.access_rules import Action
 from kernel.filters import MAX_ID
-from kernel.policy import Action
 from scheduler.quota_usage import quota_usage
 from scheduler.showback import PERIODS, report_csv, report_xlsx, usage_report
 from tenants import selectors as tenant_selectors

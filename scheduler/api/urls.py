@@ -4,10 +4,11 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from scheduler.api import logs, outputs, serving_auth, showback, views, whatif
+from scheduler.fleet.api import views as fleet_views
 
 router = SimpleRouter()
 router.register("jobs", views.JobViewSet, basename="job")
-router.register("nodes", views.NodeViewSet, basename="node")
+router.register("nodes", fleet_views.NodeViewSet, basename="node")
 router.register("devices", views.DeviceViewSet, basename="device")
 router.register("flavors", views.FlavorViewSet, basename="flavor")
 

@@ -1,5 +1,5 @@
-"""The scheduler's REST API: jobs (submit, list, detail, cancel), nodes (read; cordon/drain/uncordon),
-devices (read) and flavors (read; create). Views validate the shape and call one service."""
+"""The scheduler's REST API: jobs (submit, list, detail, cancel), devices (read) and flavors (read; create);
+nodes are the fleet's (``scheduler.fleet.api.views.NodeViewSet``). Views validate the shape and call one service."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from kernel.policy import Action
+from kernel.access_rules import Action
 from scheduler import idempotency, selectors
 from scheduler.api import serializers as s
 from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec
-from scheduler.filtersets import DeviceFilterSet, JobFilterSet, NodeFilterSet
+from scheduler.filtersets import DeviceFilterSet, JobFilterSet
+from scheduler.fleet.services.nodes import flavor_create
 from scheduler.models import Job
 from scheduler.services.arrays import job_array_cancel
 from scheduler.services.jobs import job_cancel
-from scheduler.services.nodes import flavor_create, node_cordon, node_drain, node_uncordon
 from scheduler.services.scaling import inference_load_report, job_scale
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
@@ -207,44 +207,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 def _job_detail(request: Request, job: Job) -> Response:
     """The job as its caller now sees it, after an action changed it."""
     return Response(s.JobDetailSerializer(selectors.job_get_visible(user=request.user, pk=job.pk)).data)
-
-
-class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Nodes and their state. System admins cordon, drain and uncordon them."""
-
-    serializer_class = s.NodeSerializer
-    filterset_class = NodeFilterSet
-    policy_actions = {
-        "list": Action.NODE_VIEW,
-        "retrieve": Action.NODE_VIEW,
-        "cordon": Action.NODE_OPERATE,
-        "drain": Action.NODE_OPERATE,
-        "uncordon": Action.NODE_OPERATE,
-    }
-
-    def get_queryset(self):
-        return selectors.nodes_visible_to(self.request.user)
-
-    def _respond(self, node) -> Response:
-        return Response(s.NodeSerializer(self.get_queryset().get(pk=node.pk)).data)
-
-    @extend_schema(request=None, responses={200: s.NodeSerializer})
-    @action(detail=True, methods=["post"])
-    def cordon(self, request: Request, pk: str) -> Response:
-        return self._respond(node_cordon(node=self.get_object(), actor=request.user))
-
-    @extend_schema(request=s.NodeDrainSerializer, responses={200: s.NodeSerializer})
-    @action(detail=True, methods=["post"])
-    def drain(self, request: Request, pk: str) -> Response:
-        data = s.NodeDrainSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        node = node_drain(node=self.get_object(), actor=request.user, grace_s=data.validated_data["grace_s"])
-        return self._respond(node)
-
-    @extend_schema(request=None, responses={200: s.NodeSerializer})
-    @action(detail=True, methods=["post"])
-    def uncordon(self, request: Request, pk: str) -> Response:
-        return self._respond(node_uncordon(node=self.get_object(), actor=request.user))
 
 
 class DeviceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -1,6 +1,6 @@
 """System admins: ``POST /api/v1/whatif/`` (replay the last days under the current and a proposed policy) and
 ``GET /api/v1/trace-export/`` (the job history as a zip in gpupool's trace format). Both are synchronous; a
-what-if of more than ``scheduler.whatif.WEB_MAX_JOBS`` jobs is refused (use ``gpupool whatif``)."""
+what-if of more than ``scheduler.whatif_history.WEB_MAX_JOBS`` jobs is refused (use ``gpupool whatif``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from kernel.policy import Action
+from kernel.access_rules import Action
 from scheduler.sim.traceformat import FORMATS
 from scheduler.trace_export import MAX_WINDOW_DAYS, trace_export, window_bounds
-from scheduler.whatif import WEB_MAX_JOBS, whatif_run
+from scheduler.whatif_history import WEB_MAX_JOBS, whatif_run
 
 
 class WhatIfRequestSerializer(serializers.Serializer):

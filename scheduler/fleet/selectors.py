@@ -14,7 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from audit import selectors as audit_selectors
-from kernel.policy import Action
+from kernel.access_rules import Action
 from scheduler.fleet.models import BootstrapToken, NodeCredential, TelemetryMinute
 from scheduler.fleet.telemetry import latest_store, minute_of
 from scheduler.models import (
@@ -28,8 +28,8 @@ from scheduler.models import (
     Node,
     NodeStatus,
 )
+from tenants.access import reaches_all, restrict
 from tenants.models import Quota, Tenant
-from tenants.policy import reaches_all, restrict
 
 #: /metrics' queue wait: the jobs admitted in this many seconds before the scrape, ...
 QUEUE_WAIT_WINDOW_S = 15 * 60
@@ -239,11 +239,6 @@ def node_names(*, node_ids: list[int]) -> dict[int, str]:
 def bootstrap_tokens_recent(*, limit: int = 20) -> list[BootstrapToken]:
     """The newest bootstrap tokens (prefix, expiry, use — never a secret), for the console's enrolment page."""
     return list(BootstrapToken.objects.select_related("created_by", "used_by_node").order_by("-created_at")[:limit])
-
-
-def nodes_for_fleet() -> QuerySet[Node]:
-    """Nodes with their agent state and credential counts, for the admin's node list."""
-    return Node.objects.select_related("agent").annotate(device_count=Count("devices", distinct=True)).order_by("name")
 
 
 def active_credential_count(*, node: Node) -> int:

@@ -13,7 +13,7 @@ Each place is checked in memory against that state; a place that no longer fits 
 queued for the next cycle) and no device is ever double-booked. What the accepted places write is then
 written in bulk — a few statements for the whole plan, not a few per place: the allocations and reservations
 in one INSERT each, the jobs' ``queued → admitted`` transitions through the bulk form of the one transition
-writer (``scheduler.services.transitions.jobs_transition``: one UPDATE, one INSERT of their ``JobEvent`` rows,
+writer (``scheduler.transitions.jobs_transition``: one UPDATE, one INSERT of their ``JobEvent`` rows,
 audit records buffered by ``audit_record`` and inserted at commit), the ``workload.start`` commands in
 bulk. On PostgreSQL the allocation trigger (migration 0003) is the last line of defence: if it
 refuses the bulk insert, the places are written again one by one, each in a savepoint, and only the refused
@@ -41,8 +41,9 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler import outbox, serving
+from scheduler import serving
 from scheduler.core import types as core
+from scheduler.fleet import outbox
 from scheduler.logs import job_log_ends
 from scheduler.persist.batch import PlanBatch
 from scheduler.persist.explanations import (

@@ -1,5 +1,5 @@
 """What a plan's accepted places and preemptions write, in bulk: allocations, reservations, the jobs'
-transitions (``scheduler.services.transitions.jobs_transition``, the one writer of a job's state), ports, and
+transitions (``scheduler.transitions.jobs_transition``, the one writer of a job's state), ports, and
 the fallback one place at a time when the database refuses the bulk insert. See ``scheduler.persist``."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 
 from kernel.db.bulk import AnyOf, insert_rows
-from scheduler import launch, outbox
+from scheduler import launch
 from scheduler.core import types as core
+from scheduler.fleet import outbox
 from scheduler.models import Allocation, InferenceReservation, Job, JobState
 from scheduler.persist.batch import PlanBatch, plan_job_id
 from scheduler.persist.places import PlaceWrite
-from scheduler.services.transitions import JobMove, job_transition, jobs_transition
+from scheduler.transitions import JobMove, job_transition, jobs_transition
 
 logger = logging.getLogger("scheduler.persist")
 

@@ -3,7 +3,7 @@ through a function here. Import from the module that owns the domain; this packa
 
 Job states move only through ``transitions.job_transition``, which checks the transition is allowed, writes a
 ``JobEvent`` and an audit record in the caller's transaction. Commands to agents go through
-``scheduler.outbox`` (rows now, announcements after commit).
+``scheduler.fleet.outbox`` (rows now, announcements after commit).
 
 Rooms:
 

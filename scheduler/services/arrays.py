@@ -15,7 +15,7 @@ from scheduler.jobspec import JobSpecError, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services.cycle import request_cycle
 from scheduler.services.jobs import admission_for, job_cancel, new_job_from_spec, submit_resolve
-from scheduler.services.transitions import JobMove, S, job_array_create, jobs_transition
+from scheduler.transitions import JobMove, S, job_array_create, jobs_transition
 from tenants.permissions import can_manage_job
 
 

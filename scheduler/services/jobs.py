@@ -16,11 +16,11 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from catalog.models import ResourceFlavor
+from kernel.access_rules import Action, principals_for
 from kernel.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
-from kernel.policy import Action, principals_for
-from scheduler import outbox
 from scheduler.core.feasibility import FlavorFleet, QuotaLevel, never_fits
 from scheduler.core.types import MILLIS_PER_DEVICE, ReplicaRequest
+from scheduler.fleet import outbox
 from scheduler.jobspec import (
     JobNeverFitsError,
     JobSpec,
@@ -31,10 +31,10 @@ from scheduler.jobspec import (
 )
 from scheduler.models import FINAL_JOB_STATES, AgentCommand, Allocation, Device, Job, Node, PriorityClass
 from scheduler.services.cycle import request_cycle
-from scheduler.services.transitions import S, allocations_end, job_create, job_lock_for_update, job_transition
+from scheduler.transitions import S, allocations_end, job_create, job_lock_for_update, job_transition
+from tenants.access import reaches_all
 from tenants.models import Membership, MembershipRole, Quota, Tenant
 from tenants.permissions import can_manage_job
-from tenants.policy import reaches_all
 from tenants.services import admissions
 
 # --- submit, cancel, approval -------------------------------------------------------------------------
@@ -395,7 +395,7 @@ def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | 
     ``workload.stop``; each replica keeps its cards and ports until its agent reports the process ended (exited,
     or killed after the stop's grace), so no other job is placed on a card a process still uses. A replica whose
     start no agent has acknowledged never ran: its allocations end now. A node that never confirms the stop is
-    swept (:func:`scheduler.services.reports.jobs_awaiting_stop_sweep`) or declared lost."""
+    swept (:func:`scheduler.fleet.services.workload_reports.jobs_awaiting_stop_sweep`) or declared lost."""
     job = job_lock_for_update(job)
     if actor is not None and not can_manage_job(actor, job):
         raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this job.")

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
-from scheduler import outbox
+from scheduler.fleet import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     PENDING_JOB_STATES,
@@ -25,7 +25,7 @@ from scheduler.models import (
     Node,
 )
 from scheduler.services.cycle import request_cycle
-from scheduler.services.transitions import S, allocations_end, job_lock_for_update
+from scheduler.transitions import S, allocations_end, job_lock_for_update
 from tenants.permissions import can_manage_job
 
 # --- inference services: scaling and reservations ----------------------------------------------------

@@ -9,9 +9,10 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from catalog.models import FlavorPrice
+from kernel.access_rules import TOKEN_SCOPE, Action
 from kernel.filters import MAX_ID
-from kernel.policy import TOKEN_SCOPE, Action
 from kernel.serializers import JsonTypedSerializer
+from tenants.access import token_allows
 from tenants.approval_chain import chain_plan
 from tenants.models import (
     QUOTA_FIELDS,
@@ -29,7 +30,6 @@ from tenants.models import (
     TokenScope,
     User,
 )
-from tenants.policy import token_allows
 
 
 class StrictInputSerializer(JsonTypedSerializer):

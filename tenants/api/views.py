@@ -16,8 +16,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from catalog.models import FlavorPrice, ResourceFlavor
+from kernel.access_rules import Action
 from kernel.api import NotFoundError, PermissionDeniedError
-from kernel.policy import Action
 from tenants import selectors
 from tenants.api import serializers as s
 from tenants.filtersets import (

@@ -10,11 +10,11 @@ from django.conf import settings
 from django.db import transaction
 
 from audit.services import audit_record
+from kernel.access_rules import Action
 from kernel.api import DomainError
-from kernel.policy import Action
+from tenants.access import allows
 from tenants.models import ApprovalKind, ApprovalRequest, Tenant, User
 from tenants.permissions import ancestors_and_self
-from tenants.policy import allows
 from tenants.services.approvals import approval_audit, approval_chain_for, approval_expires_at
 from tenants.services.guards import ensure_may_write, require_permission
 from tenants.services.notifications import notify_approvers

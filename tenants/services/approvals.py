@@ -13,8 +13,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from kernel.access_rules import Action
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
-from kernel.policy import Action
+from tenants.access import allows
 from tenants.approval_chain import eligible_approvers, resolve_chain
 from tenants.approval_handlers import approval_handler
 from tenants.models import (
@@ -30,7 +31,6 @@ from tenants.models import (
     User,
 )
 from tenants.permissions import can_admin_tenant, can_decide_approval, is_approval_override, is_system_admin
-from tenants.policy import allows
 from tenants.services.guards import ensure_may_write, require_permission
 from tenants.services.notifications import notify_approvers, notify_requester
 from tenants.services.quotas import quota_apply, quota_path_lock, quota_tree_check, quota_values_clean

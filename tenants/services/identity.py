@@ -10,10 +10,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from audit.services import audit_record
+from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
-from kernel.policy import Action
+from tenants.access import allows
 from tenants.models import Membership, PlatformRole, User
-from tenants.policy import allows
 from tenants.services.guards import UNSET, ensure_may_write, require_permission
 
 # --- users and platform roles -----------------------------------------------------------------------------

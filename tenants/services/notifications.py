@@ -12,12 +12,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from kernel.access_rules import Action
 from kernel.api import ConflictError
-from kernel.policy import Action
 from kernel.task_queue import task_queue
+from tenants.access import allows
 from tenants.approval_chain import eligible_approvers
 from tenants.models import ApprovalKind, DeliveryStatus, NotificationDelivery, User
-from tenants.policy import allows
 from tenants.services.guards import ensure_may_write, require_permission
 
 logger = logging.getLogger(__name__)

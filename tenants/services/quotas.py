@@ -8,11 +8,11 @@ from django.db import transaction
 
 from audit.services import audit_record
 from catalog.models import FlavorPrice
+from kernel.access_rules import Action
 from kernel.api import DomainError
-from kernel.policy import Action
+from tenants.access import allows
 from tenants.models import QUOTA_FIELDS, QUOTA_STEP_MILLIS, Quota, Tenant, TenantStorageUsage, User
 from tenants.permissions import ancestors_and_self
-from tenants.policy import allows
 from tenants.selectors import subtree_q
 from tenants.services.guards import ensure_may_write, require_permission
 

@@ -10,11 +10,11 @@ from django.db import connection, transaction
 from django.db.models import F, ProtectedError
 
 from audit.services import audit_record
+from kernel.access_rules import Action
 from kernel.api import ConflictError, DomainError
-from kernel.policy import Action
+from tenants.access import reaches_all
 from tenants.models import MAX_TENANT_DEPTH, Tenant, TenantKind, User
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
-from tenants.policy import reaches_all
 from tenants.selectors import tenant_subtree_height, tenant_subtree_ids
 from tenants.services.guards import UNSET, ensure_may_write, require_permission
 

@@ -12,11 +12,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
-from kernel.policy import Action
+from tenants.access import allows
 from tenants.models import TOKEN_PREFIX, ApiToken, TokenScope, User
 from tenants.permissions import is_auditor, token_scopes_allowed
-from tenants.policy import allows
 from tenants.services.guards import require_permission
 
 TOKEN_DEFAULT_LIFETIME_DAYS = 90

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from gpupool_client.cli import cli
 from scheduler.core import types as core
+from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.models import Job, Node
 from scheduler.persist import persist_plan
-from scheduler.services.reports import workload_status_report
 from tests.factories import ApiTokenFactory, MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory
 from tests.patching import patch_request_cycle
 from tests.scheduler.factories import node_with_devices

@@ -165,3 +165,28 @@ def test_admin_lists_nodes_with_agent_state():
     assert response.status_code == 200
     [row] = response.json()["results"]
     assert row["name"] == "gpu-01" and row["status"] == "not_ready" and row["hostname"] == "gpu-01.lab"
+
+
+def test_one_node_api_shows_agent_fields_to_fleet_readers_only_and_revokes():
+    """``/api/v1/nodes/`` is the one Node API: a member reads the node without its agent's host and connection
+    times; a system admin reads them too, and the older ``/agents/nodes/`` path answers the same rows."""
+    body = register(make_token()).json()
+    client = APIClient()
+    client.force_authenticate(UserFactory())
+    [member_row] = client.get("/api/v1/nodes/").json()["results"]
+    assert member_row["name"] == "gpu-01"
+    assert not {"hostname", "connected_at", "lost_at"} & set(member_row)
+    assert client.get("/api/v1/agents/nodes/").status_code == 403
+    assert client.post(f"/api/v1/nodes/{body['node_id']}/revoke/").status_code == 403
+
+    admin = SystemAdminFactory()
+    client.force_authenticate(admin)
+    [admin_row] = client.get("/api/v1/nodes/").json()["results"]
+    assert admin_row["hostname"] == "gpu-01.lab" and "connected_at" in admin_row
+    assert client.get("/api/v1/agents/nodes/").json()["results"] == [admin_row]
+    assert client.get(f"/api/v1/nodes/{body['node_id']}/").json() == admin_row
+
+    response = client.post(f"/api/v1/nodes/{body['node_id']}/revoke/")
+    assert response.status_code == 200 and response.json() == {"node_id": body["node_id"], "revoked": 1}
+    assert credential_authenticate(credential=body["credential"]) is None
+    assert client.post("/api/v1/nodes/999999/revoke/").status_code == 404

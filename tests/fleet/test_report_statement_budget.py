@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from audit.models import AuditRecord
 from scheduler.fleet.models import AgentReport
+from scheduler.fleet.outbox import START_WITHDRAWN
 from scheduler.fleet.services.agent_commands import command_ack, commands_pending, workload_report_apply
 from scheduler.fleet.services.inventory import node_hello
 from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, JobState
-from scheduler.outbox import START_WITHDRAWN
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import hello, register_node

@@ -1,7 +1,7 @@
 """Every console page against every role: 200 where the role may use it, 404 (not 403: nothing to discover)
 everywhere else, and the navigation offers exactly the pages that answer 200. One page answers 403 on purpose:
 the submit page tells a platform account that reads jobs (system admin, auditor) why they cannot submit (the
-API's 403), instead of pretending not to exist. The sections follow the access policy (kernel/policy.py): the
+API's 403), instead of pretending not to exist. The sections follow the access policy (kernel/access_rules.py): the
 auditor reads what the API lets them read (tenants, jobs, usage) and changes nothing; every tenant role reads
 its tenants' usage."""
 

@@ -17,10 +17,10 @@ from audit.models import Alert, AuditRecord
 from audit.services import raise_alert
 from catalog.models import FlavorPrice
 from scheduler.fleet.models import BootstrapToken
+from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.models import Allocation, Node, NodeStatus
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
-from scheduler.services.reports import workload_status_report
 from tenants.models import MembershipRole, PlatformRole
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 from tests.patching import patch_request_cycle

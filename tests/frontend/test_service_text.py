@@ -108,7 +108,7 @@ SCOPE = (
     "scheduler/services/*.py",
     "scheduler/fleet/services/*.py",
     "scheduler/jobspec.py",
-    "scheduler/whatif.py",  # the what-if page
+    "scheduler/whatif_history.py",  # the what-if page
     "scheduler/trace_export.py",  # the what-if page's trace download
     "audit/exports.py",  # the audit page's signed export
     "tenants/selectors.py",  # "No tenant with id 7 is visible to you." (adding a member to a tenant deleted meanwhile)
@@ -422,8 +422,8 @@ def test_a_refused_cancel_reads_in_chinese(client, bob_in_chinese):
 
 
 def _setting_refusals() -> list[str]:
-    """What the what-if page answers for bad settings (scheduler.sim.policies, raised again by scheduler.whatif),
-    one of each kind, from the parser itself."""
+    """What the what-if page answers for bad settings (scheduler.sim.policies, raised again by
+    scheduler.whatif_history), one of each kind, from the parser itself."""
     from enum import Enum
 
     from scheduler.core.types import Policy

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
+from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.models import Allocation, Job
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_cancel, job_submit
-from scheduler.services.reports import workload_status_report
 
 FLAVOR = "sim-80g"
 

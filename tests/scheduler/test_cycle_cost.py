@@ -16,11 +16,11 @@ from django.utils import timezone
 from kernel.db.bulk import AnyOf
 from scheduler import persist, snapshot
 from scheduler.core import types as core
+from scheduler.fleet.services.workload_reports import node_jobs_requeue
 from scheduler.models import CapacityHold, InferenceReservation, Job, JobKind, JobState
 from scheduler.services import cycle as cycle_services
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
-from scheduler.services.reports import node_jobs_requeue
 from scheduler.snapshot import CompiledQuery
 from tenants.models import Quota
 from tests.scheduler.factories import FlavorFactory, JobFactory, TenantFactory, node_with_devices

@@ -14,9 +14,9 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from audit.models import AuditRecord
+from scheduler.scheduling_policy import policy_from_settings
 from scheduler.sim import SimPolicy, simulate
 from scheduler.sim.traceformat import load_trace
-from scheduler.snapshot import policy_from_settings
 from tenants.models import TenantKind
 from tenants.services.quotas import quota_set
 from tenants.services.tenancy import tenant_create, tenant_update

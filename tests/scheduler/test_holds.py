@@ -3,10 +3,10 @@
 import pytest
 
 from scheduler.core import types as core
+from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.models import Allocation, CapacityHold, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_cancel, job_submit
-from scheduler.services.reports import workload_status_report
 from scheduler.snapshot import build_snapshot
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 

@@ -5,10 +5,10 @@ from rest_framework.test import APIClient
 
 from kernel.api import DomainError
 from scheduler.core import types as core
+from scheduler.fleet.services.workload_reports import jobs_awaiting_stop_sweep, workload_status_report
 from scheduler.models import AgentCommand, Allocation, InferenceReservation, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_cancel, job_submit
-from scheduler.services.reports import jobs_awaiting_stop_sweep, workload_status_report
 from scheduler.services.scaling import desired_replicas, inference_load_report, job_scale
 from scheduler.snapshot import build_snapshot
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory

@@ -21,10 +21,10 @@ from rest_framework.test import APIClient
 from catalog.models import ResourceFlavor
 from nodeagent import protocol
 from scheduler import logs
+from scheduler.fleet.services.workload_reports import node_jobs_requeue, workload_status_report
 from scheduler.models import AgentCommand, Job, JobLogChunk, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
-from scheduler.services.reports import node_jobs_requeue, workload_status_report
 from scheduler.tasks import job_logs_purge
 from tests.fleet.conftest import connect_agent, register_node, settle
 from tests.fleet.test_agent_reports import Link, drive, job_state, real_agent, stop_agent, submit_and_place

@@ -18,9 +18,9 @@ from django.test import Client
 
 from audit.services import checkpoint_all
 from audit.trail_verifier import verify_trail
+from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.models import Allocation, Job, JobEvent, JobState, Node
 from scheduler.services.cycle import run_cycle
-from scheduler.services.reports import workload_status_report
 from tests.factories import ApiTokenFactory, bearer
 from tests.patching import patch_request_cycle
 from tests.scheduler.factories import FlavorFactory, MembershipFactory, TenantFactory, UserFactory, node_with_devices

@@ -1,5 +1,5 @@
 """One writer of a job's state (issue 34): every statement in the apps that can change ``Job.state`` is in
-``scheduler/services/transitions.py``, so every move is checked against ``ALLOWED_TRANSITIONS`` and leaves its
+``scheduler/transitions.py``, so every move is checked against ``ALLOWED_TRANSITIONS`` and leaves its
 ``JobEvent`` (and, unless the caller records the batch as one act, its audit record).
 
 The walk reads the source (``ast``), not the running code, so it needs no database.
@@ -31,7 +31,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ("portal", "tenants", "scheduler", "audit", "frontend", "catalog")
-WRITER = "scheduler/services/transitions.py"
+WRITER = "scheduler/transitions.py"
 #: Models other than Job with a ``state`` field.
 NOT_JOBS = ("AgentReport",)
 
@@ -225,7 +225,7 @@ def test_every_write_of_a_job_state_is_in_the_transitions_module():
             continue
         elsewhere += [f"{relative}:{line}: {what}" for line, what in state_writes(path.read_text(encoding="utf-8"))]
     assert not elsewhere, (
-        "A job's state changes only through scheduler/services/transitions.py (job_transition, jobs_transition, "
+        "A job's state changes only through scheduler/transitions.py (job_transition, jobs_transition, "
         "job_create, job_array_create); move these writes there:\n" + "\n".join(elsewhere)
     )
 

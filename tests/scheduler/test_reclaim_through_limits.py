@@ -10,9 +10,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.models import Allocation, Job, JobState
 from scheduler.services.cycle import run_cycle
-from scheduler.services.reports import workload_status_report
 from tests.factories import client_for
 from tests.scheduler.factories import FlavorFactory, MembershipFactory, UserFactory, node_with_devices
 

@@ -6,12 +6,16 @@ from audit.models import AuditRecord
 from audit.services import record_details
 from kernel.api import ConflictError, NotFoundError, PermissionDeniedError
 from scheduler.core import types as core
+from scheduler.fleet.services.nodes import node_cordon, node_drain
+from scheduler.fleet.services.workload_reports import (
+    jobs_awaiting_stop_sweep,
+    node_jobs_requeue,
+    workload_status_report,
+)
 from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan
 from scheduler.services.jobs import job_cancel, job_release_from_approval, job_submit
-from scheduler.services.nodes import node_cordon, node_drain
-from scheduler.services.reports import jobs_awaiting_stop_sweep, node_jobs_requeue, workload_status_report
-from scheduler.services.transitions import job_transition
+from scheduler.transitions import job_transition
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory
 
 SPEC = {"name": "train", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["python"]}
@@ -219,7 +223,7 @@ def test_drain_asks_jobs_to_stop_and_cordons_the_node(submitted, node):
 def test_commands_are_announced_only_after_commit(submitted, node, monkeypatch, django_capture_on_commit_callbacks):
     from django.db import transaction
 
-    from scheduler import outbox
+    from scheduler.fleet import outbox
 
     announced = []
     monkeypatch.setattr(outbox, "_announce", lambda items: announced.extend(items))

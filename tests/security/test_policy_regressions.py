@@ -102,7 +102,7 @@ ROLE_RULE = re.compile(
 
 def test_role_predicates_are_defined_once_and_nobody_compares_platform_roles():
     """``is_system_admin`` was defined three times and the copies disagreed: now tenants.permissions says who
-    an account is, tenants.policy evaluates the table, and no other module compares platform roles."""
+    an account is, tenants.access evaluates the table, and no other module compares platform roles."""
     found = []
     for app in ("portal", "tenants", "scheduler", "audit", "frontend"):
         for path in (ROOT / app).rglob("*.py"):

@@ -109,7 +109,7 @@ def test_an_image_job_is_only_for_nodes_with_a_container_runtime(member) -> None
     assert response.status_code == 201, response.content
     job = Job.objects.get(pk=response.json()["id"])
     assert job.node_selector == {"gpupool.io/oci": "true"} and job.spec["image"].startswith("docker.io/pytorch")
-    from scheduler.outbox import workload_start_frame
+    from scheduler.fleet.outbox import workload_start_frame
 
     frame = workload_start_frame(job=job, replica=0, devices=[])
     assert frame.image == "docker.io/pytorch/pytorch:2.3.0-cuda12.1" and frame.tenant_id == job.tenant_id

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
-from kernel.policy import Action
+from kernel.access_rules import Action
 from tenants.management.commands import permissions_doc
 
 

@@ -6,6 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from kernel.serializers import JsonTypedSerializer
+from scheduler import launch
 from scheduler.models import Node
 
 
@@ -38,34 +39,75 @@ class RegisterOutput(serializers.Serializer):
     ws_url = serializers.CharField()
 
 
-class FleetNodeOutput(serializers.ModelSerializer):
-    hostname = serializers.CharField(source="agent.hostname", default="", allow_null=True)
-    connected_at = serializers.DateTimeField(source="agent.connected_at", default=None, allow_null=True)
-    disconnected_at = serializers.DateTimeField(source="agent.disconnected_at", default=None, allow_null=True)
-    lost_at = serializers.DateTimeField(source="agent.lost_at", default=None, allow_null=True)
+class NodeSerializer(serializers.ModelSerializer):
+    device_count = serializers.SerializerMethodField()
     sandbox = serializers.CharField(
         source="agent.sandbox",
         default="",
         allow_null=True,  # a node that never registered an agent has none: null
-        help_text="namespaces | none (unconfined, development) | '' (old agent)",
+        read_only=True,
+        help_text="how the node's agent confines workloads: namespaces, none (unconfined: development), '' (old agent)",
     )
-    device_count = serializers.IntegerField()
+
+    network_isolation = serializers.CharField(
+        source="agent.network_isolation",
+        default="",
+        allow_null=True,
+        read_only=True,
+        help_text="how the node keeps other tenants' jobs from a job's ports: nftables, none, '' (old agent)",
+    )
+    job_ports = serializers.SerializerMethodField(help_text="the ports this node hands to jobs, first-last")
 
     class Meta:
         model = Node
         fields = [
             "id",
             "name",
+            "address",
+            "job_ports",
+            "network_isolation",
             "status",
+            "labels",
+            "cpu_cores",
+            "memory_mib",
             "last_heartbeat_at",
             "agent_version",
-            "hostname",
-            "connected_at",
-            "disconnected_at",
-            "lost_at",
             "sandbox",
+            "topology",
             "device_count",
+            "created_at",
         ]
+
+    def get_device_count(self, node: Node) -> int:
+        return len(node.devices.all())
+
+    def get_job_ports(self, node: Node) -> str:
+        ports = launch.port_range(node)
+        return f"{ports.start}-{ports.stop - 1}"
+
+
+class NodeDrainSerializer(JsonTypedSerializer):
+    grace_s = serializers.FloatField(min_value=0, max_value=3600, required=False, default=30.0)
+
+
+class NodeWithAgentSerializer(NodeSerializer):
+    """A node as those who may read node agents (``fleet.view``) see it: with its agent's host and the times its
+    connection came, went and its lease ran out."""
+
+    hostname = serializers.CharField(source="agent.hostname", default="", allow_null=True, read_only=True)
+    connected_at = serializers.DateTimeField(source="agent.connected_at", default=None, allow_null=True, read_only=True)
+    disconnected_at = serializers.DateTimeField(
+        source="agent.disconnected_at", default=None, allow_null=True, read_only=True
+    )
+    lost_at = serializers.DateTimeField(source="agent.lost_at", default=None, allow_null=True, read_only=True)
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "hostname", "connected_at", "disconnected_at", "lost_at"]
+
+
+class NodeRevokeOutput(serializers.Serializer):
+    node_id = serializers.IntegerField()
+    revoked = serializers.IntegerField(help_text="how many live credentials were revoked")
 
 
 class DeviceRehomeInput(serializers.Serializer):

@@ -1,4 +1,5 @@
-"""Fleet API: bootstrap tokens and node credentials (system admins), agent registration (agents), and the
+"""Fleet API: the one Node API (``/api/v1/nodes/``), bootstrap tokens and node credentials (system admins), agent
+registration (agents), and the
 stored telemetry of the cards a person may watch (the minute rollups the console's charts open with)."""
 
 from __future__ import annotations
@@ -6,22 +7,28 @@ from __future__ import annotations
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
-from rest_framework import generics, status
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from kernel.access_rules import Action
 from kernel.api import PermissionDeniedError
-from kernel.policy import Action
+from scheduler import selectors as scheduler_selectors
+from scheduler.filtersets import NodeFilterSet
 from scheduler.fleet import selectors
 from scheduler.fleet.api.serializers import (
     BootstrapTokenCreateInput,
     BootstrapTokenOutput,
     DeviceRehomeInput,
     DeviceRehomeOutput,
-    FleetNodeOutput,
+    NodeDrainSerializer,
+    NodeRevokeOutput,
+    NodeSerializer,
+    NodeWithAgentSerializer,
     RegisterInput,
     RegisterOutput,
     TelemetryHistoryOutput,
@@ -34,8 +41,11 @@ from scheduler.fleet.services.enrolment import (
     node_credentials_revoke,
 )
 from scheduler.fleet.services.inventory import device_rehome
+from scheduler.fleet.services.nodes import node_cordon, node_drain, node_uncordon
 from scheduler.models import Device, Node
 from scheduler.services.outputs import job_output_store
+from tenants.access import allows
+from tenants.models import ApiToken
 
 
 class BootstrapTokenCreateView(APIView):
@@ -71,17 +81,6 @@ class RegisterView(APIView):
         return Response(RegisterOutput(body).data, status=status.HTTP_201_CREATED)
 
 
-class NodeRevokeView(APIView):
-    policy_actions = {"post": Action.FLEET_MANAGE}
-
-    @extend_schema(request=None, responses={200: dict})
-    def post(self, request: Request, pk: int) -> Response:
-        node = get_object_or_404(Node, pk=pk)
-        self.check_object_permissions(request, node)
-        revoked = node_credentials_revoke(actor=request.user, node=node, request=request)
-        return Response({"node_id": node.pk, "revoked": revoked})
-
-
 class DeviceRehomeView(APIView):
     """A system admin gives a card that really moved to its new node (a hello claiming it is refused until then)."""
 
@@ -99,12 +98,62 @@ class DeviceRehomeView(APIView):
         return Response(DeviceRehomeOutput(body).data)
 
 
-class FleetNodeListView(generics.ListAPIView):
-    policy_actions = {"get": Action.FLEET_VIEW}
-    serializer_class = FleetNodeOutput
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The one Node API: nodes and their state for everyone (capacity is shared); their agents' hosts and
+    connections for those who may read node agents (``fleet.view``). System admins cordon, drain, uncordon and
+    revoke a node's credentials.
+
+    ``/api/v1/agents/nodes/`` and ``/api/v1/agents/nodes/<id>/revoke/`` are the same view under the older
+    paths, kept for clients written against them (the list there still asks ``fleet.view``)."""
+
+    serializer_class = NodeSerializer
+    filterset_class = NodeFilterSet
+    policy_actions = {
+        "list": Action.NODE_VIEW,
+        "retrieve": Action.NODE_VIEW,
+        "cordon": Action.NODE_OPERATE,
+        "drain": Action.NODE_OPERATE,
+        "uncordon": Action.NODE_OPERATE,
+        "revoke": Action.FLEET_MANAGE,
+    }
 
     def get_queryset(self):
-        return selectors.nodes_for_fleet()
+        return scheduler_selectors.nodes_visible_to(self.request.user)
+
+    def get_serializer_class(self):
+        token = self.request.auth if isinstance(self.request.auth, ApiToken) else None
+        if allows(self.request.user, Action.FLEET_VIEW, token=token):
+            return NodeWithAgentSerializer
+        return NodeSerializer
+
+    def _respond(self, node: Node) -> Response:
+        return Response(self.get_serializer(self.get_queryset().get(pk=node.pk)).data)
+
+    @extend_schema(request=None, responses={200: NodeWithAgentSerializer})
+    @action(detail=True, methods=["post"])
+    def cordon(self, request: Request, pk: str) -> Response:
+        return self._respond(node_cordon(node=self.get_object(), actor=request.user))
+
+    @extend_schema(request=NodeDrainSerializer, responses={200: NodeWithAgentSerializer})
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, pk: str) -> Response:
+        data = NodeDrainSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node = node_drain(node=self.get_object(), actor=request.user, grace_s=data.validated_data["grace_s"])
+        return self._respond(node)
+
+    @extend_schema(request=None, responses={200: NodeWithAgentSerializer})
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request: Request, pk: str) -> Response:
+        return self._respond(node_uncordon(node=self.get_object(), actor=request.user))
+
+    @extend_schema(request=None, responses={200: NodeRevokeOutput})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        """Revoke the node's credentials and close its agent's live socket (code 4401)."""
+        node = self.get_object()
+        revoked = node_credentials_revoke(actor=request.user, node=node, request=request)
+        return Response(NodeRevokeOutput({"node_id": node.pk, "revoked": revoked}).data)
 
 
 class TelemetryHistoryView(APIView):

@@ -12,9 +12,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from scheduler.fleet.models import AgentReport
+from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.fleet.telemetry import parse_time
 from scheduler.models import AgentCommand, Node
-from scheduler.services.reports import workload_status_report
 
 # --- workloads and the outbox ------------------------------------------------------------------------------
 

@@ -20,14 +20,14 @@ from django.utils.text import slugify
 
 from audit.services import audit_record
 from catalog.models import ResourceFlavor, Vendor
+from kernel.access_rules import Action
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
-from kernel.policy import Action
 from nodeagent import protocol
 from scheduler.fleet.models import NodeAgent
 from scheduler.fleet.services.notify import cycle_request_after_commit
+from scheduler.fleet.services.workload_reports import node_jobs_requeue, workload_status_report
 from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Node, NodeStatus
-from scheduler.services.reports import node_jobs_requeue, workload_status_report
-from tenants.policy import allows
+from tenants.access import allows
 
 logger = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from audit.services import audit_record
 from scheduler.fleet.fencing import lease_timing
 from scheduler.fleet.models import NodeAgent
 from scheduler.fleet.services.notify import cycle_request_after_commit
+from scheduler.fleet.services.workload_reports import node_jobs_requeue
 from scheduler.models import Node, NodeStatus
-from scheduler.services.reports import node_jobs_requeue
 
 
 def node_heartbeat(*, node_id: int, now: datetime | None = None) -> bool:

@@ -1,5 +1,5 @@
 """``gpupool whatif --days 30 --set preemption=false``: replay this pool's last N days under the policy in
-force and under the proposed settings, side by side (``scheduler.whatif``; docs/simulator.md#what-if)."""
+force and under the proposed settings, side by side (``scheduler.whatif_history``; docs/simulator.md#what-if)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from kernel.api import DomainError
 from scheduler.management.commands.export_trace import moment
 from scheduler.sim import whatif as sim_whatif
 from scheduler.sim.policies import setting_names
-from scheduler.whatif import whatif_run
+from scheduler.whatif_history import whatif_run
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@
 
 Each row of ``RULES`` says that a *principal* (a platform role, a tenant role, or any signed-in account) may
 take an *action* on objects within an *object scope*; ``TOKEN_SCOPE`` says which API token scope each action
-needs. Nothing else in the project states a role rule: ``tenants.policy`` evaluates this table for users,
+needs. Nothing else in the project states a role rule: ``tenants.access`` evaluates this table for users,
 objects and querysets (``allows``, ``restrict``), and the API's permission classes, the console's sections,
 the WebSocket consumers, the services, tasks and commands ask it. ``docs/permissions.md`` is generated from
 it (``manage.py permissions_doc``; CI fails when the page is stale).

@@ -1,6 +1,6 @@
 """The access policy applied: ``allows(user, action, obj)`` and ``restrict(queryset, user, action)``.
 
-The rules themselves are the table in ``kernel.policy`` (who, what, which objects, which token scope); this
+The rules themselves are the table in ``kernel.access_rules`` (who, what, which objects, which token scope); this
 module only evaluates it for accounts, objects and querysets, the way NetBox's ``RestrictedQuerySet`` does.
 Every entry point asks these two functions (or the predicates in ``tenants.permissions`` built on them): API
 permission classes and selectors, console sections, WebSocket consumers, services, tasks and commands.
@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db.models import Model, Q, QuerySet
 
-from kernel.policy import (
+from kernel.access_rules import (
     NO_ACCOUNT_ACTIONS,
     PLATFORM_ROLES,
     TENANT_ROLES,

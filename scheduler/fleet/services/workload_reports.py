@@ -15,12 +15,12 @@ from django.utils import timezone
 
 from kernel.db.bulk import AnyOf, update_instance
 from nodeagent import protocol
-from scheduler import outbox
+from scheduler.fleet import outbox
 from scheduler.models import ACTIVE_JOB_STATES, AgentCommand, Allocation, Job, JobKind, Node
 from scheduler.services.cycle import request_cycle
 from scheduler.services.scaling import scale_down_replica_stopped
-from scheduler.services.transitions import S, allocations_end, job_lock_for_update, job_requeue, job_transition
 from scheduler.snapshot import CompiledQuery
+from scheduler.transitions import S, allocations_end, job_lock_for_update, job_requeue, job_transition
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.api import ConflictError, NotFoundError
 from kernel.db.bulk import insert_instance_with_children, insert_instances, insert_rows, update_instance, update_rows
-from scheduler import outbox
+from scheduler.fleet import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     FINAL_JOB_STATES,

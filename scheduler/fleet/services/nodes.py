@@ -10,14 +10,14 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from catalog.models import ResourceFlavor
+from kernel.access_rules import Action
 from kernel.api import ConflictError, PermissionDeniedError
-from kernel.policy import Action
-from scheduler import outbox
+from scheduler.fleet import outbox
 from scheduler.fleet.fencing import lease_timing
 from scheduler.models import Allocation, Node, NodeStatus
 from scheduler.services.cycle import request_cycle
-from scheduler.services.transitions import S, job_lock_for_update, job_transition
-from tenants.policy import allows
+from scheduler.transitions import S, job_lock_for_update, job_transition
+from tenants.access import allows
 
 # --- nodes and flavors (system admin) -----------------------------------------------------------------
 

@@ -17,11 +17,11 @@ from catalog.models import ResourceFlavor
 from frontend.access import Section, action_required, section_required, visible_tenant_ids
 from frontend.admin_forms import FlavorPriceForm, attach_domain_error
 from frontend.forms import UsageReportForm
+from kernel.access_rules import Action
 from kernel.api import DomainError
-from kernel.policy import Action
 from scheduler import showback
 from tenants import selectors as tenant_selectors
-from tenants.policy import may
+from tenants.access import may
 from tenants.services.quotas import flavor_price_set
 
 CHART_COLORS = 6

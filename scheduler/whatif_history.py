@@ -12,15 +12,15 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
 from kernel.cadence import CYCLE_INTERVAL_S
-from kernel.policy import Action
+from scheduler.scheduling_policy import policy_from_settings
 from scheduler.sim.policies import parse_settings
 from scheduler.sim.simulator import SimConfig
 from scheduler.sim.whatif import WhatIf, compare
-from scheduler.snapshot import policy_from_settings
 from scheduler.trace_export import trace_window, window_bounds
-from tenants.policy import allows
+from tenants.access import allows
 
 WEB_MAX_JOBS = 5000
 
