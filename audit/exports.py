@@ -39,6 +39,7 @@ from typing import Any
 from django.db import transaction
 
 from audit import chain, witness
+from audit import messages as audit_messages
 from audit import transparency as tp
 from audit.csvsafe import formula_safe_row
 from audit.models import (
@@ -104,7 +105,7 @@ def _stream_segment(
     verifier recomputes the tree the witness cosigned and nothing in the range can be left out."""
     checkpoints = [c for c in _cosigned(stream) if c.seq <= latest_size]
     if not checkpoints or checkpoints[-1].seq != latest_size:
-        raise DomainError(f"{stream}: the witness's latest checkpoint is not in the database; run audit_verify.")
+        raise DomainError(audit_messages.WITNESS_LATEST_CHECKPOINT_DATABASE_RUN(stream=stream))
     heads = dict(
         AuditRecord.objects.filter(stream=stream, seq__in=[c.seq for c in checkpoints]).values_list("seq", "created_at")
     )
@@ -176,7 +177,7 @@ def build_bundle(
 ) -> tuple[bytes, dict[str, Any]]:
     """The bundle (zip bytes) and its manifest. The export is audited (``audit.export``)."""
     if end <= start:
-        raise DomainError("The export range is empty: 'to' must be after 'from'.", field="to")
+        raise DomainError(audit_messages.EXPORT_RANGE_EMPTY_MUST_AFTER(), field="to")
     with transaction.atomic():
         checkpoint_all()  # sign the tail first, so the newest records are covered too
     streams_in_db = sorted(ChainHead.objects.values_list("stream", flat=True))
@@ -187,7 +188,7 @@ def build_bundle(
         state = client.state(log)
         witness_manifest = client.manifest(log)
     except witness.WitnessError as exc:
-        raise DomainError(f"The witness cannot be read ({exc}); an export must carry its statement.") from exc
+        raise DomainError(audit_messages.WITNESS_CANNOT_READ_EXPORT_MUST(error=exc)) from exc
     signer = get_signer()
     witnessed = state["streams"]
     in_scope = [tenant_stream(tenant_id)] if tenant_id is not None else set(streams_in_db) | set(witnessed)

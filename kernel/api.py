@@ -1,4 +1,7 @@
-"""Shared API plumbing: the stable error shape ``{"code": ..., "detail": ...}`` and domain errors."""
+"""Shared API plumbing: the stable error shape ``{"code": ..., "detail": ...}`` and domain errors.
+
+A domain error raised with a catalogue message (``kernel.messages``) also answers ``message``: ``{"code", "params"}``,
+the sentence's stable code and data, and its ``detail`` is in the request's language."""
 
 from __future__ import annotations
 
@@ -9,9 +12,12 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
+from django.utils.translation import gettext
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from kernel.messages import Text
 
 
 class DomainError(Exception):
@@ -49,6 +55,12 @@ class PermissionDeniedError(DomainError):
     status_code = 403
 
 
+def shown_text(message: str) -> str:
+    """``message`` in the request's language (``Accept-Language``, the console's language cookie) where it is a
+    catalogue message (``kernel.messages.Text``); as it is otherwise."""
+    return message.render(gettext) if isinstance(message, Text) else message
+
+
 def _code_of(exc: exceptions.APIException) -> str:
     codes = exc.get_codes()
     if isinstance(codes, str):
@@ -62,9 +74,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     Field errors from serializers go in ``errors``.
     """
     if isinstance(exc, DomainError):
-        body: dict[str, Any] = {"code": exc.code, "detail": exc.message}
+        detail = shown_text(exc.message)
+        body: dict[str, Any] = {"code": exc.code, "detail": detail}
+        if isinstance(exc.message, Text):
+            # For programs: the sentence's stable code and its data, whatever language ``detail`` is in.
+            body["message"] = {"code": exc.message.code, "params": exc.message.params}
         if exc.field:
-            body["errors"] = {exc.field: [exc.message]}
+            body["errors"] = {exc.field: [detail]}
         # A subclass with its own ``__init__`` may not have set ``extra``.
         body.update({key: value for key, value in (getattr(exc, "extra", None) or {}).items() if key not in body})
         return Response(body, status=exc.status_code)

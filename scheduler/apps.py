@@ -7,12 +7,20 @@ class SchedulerConfig(AppConfig):
 
     def ready(self) -> None:
         from audit.events import register_app_events
-        from scheduler import audit_events
-        from scheduler.models import Job
+        from kernel.messages import labels_register
+        from scheduler import (
+            audit_events,
+            messages,  # noqa: F401  (registers the scheduler's messages)
+        )
+        from scheduler.models import Job, JobKind, JobState
         from scheduler.services.jobs import job_reject_from_approval, job_release_from_approval
         from tenants.approval_handlers import ApprovalHandler, register_approval_handler
 
         register_app_events(self.label, audit_events.EVENTS)
+        # A job's state and kind in a message read as their labels (kernel.messages renders them so).
+        labels_register("state", lambda: {state.value: state.label for state in JobState})
+        labels_register("to_state", lambda: {state.value: state.label for state in JobState})
+        labels_register("job_kind", lambda: {kind.value: kind.label for kind in JobKind})
         # Jobs waiting for admission are the scheduler's: it tells the tenants app's approval inbox what to do
         # with them when a request is decided (tenants never imports the scheduler).
         register_approval_handler(

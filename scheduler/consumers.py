@@ -17,6 +17,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from kernel.api import NotFoundError
 from scheduler import logs
+from scheduler import messages as scheduler_messages
 from tenants.services.tokens import TokenRejected, api_token_authenticate
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
             self.wake.clear()  # before reading: a store during the read wakes the next wait
             piece = await database_sync_to_async(self.read)()
             if piece is None:
-                await self.refuse(CLOSE_NOT_FOUND, "not_found", f"No job with id {self.job_id} is visible to you.")
+                await self.refuse(CLOSE_NOT_FOUND, "not_found", scheduler_messages.JOB_ID_VISIBLE_YOU(pk=self.job_id))
                 return
             if piece.text or piece.complete:
                 await self.send_json({"type": "log", **piece.as_dict()})

@@ -48,7 +48,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from catalog.models import ResourceFlavor
 from kernel.api import DomainError
+from kernel.messages import Message
 from nodeagent.protocol import DEFAULT_ENV_DENYLIST, env_denied
+from scheduler import messages as scheduler_messages
 from scheduler.core.feasibility import NeverFits
 from scheduler.core.types import FRACTION_STEP_MILLIS
 from scheduler.models import MILLIS_PER_DEVICE, MIN_FRACTION_MILLIS, JobKind, PriorityClass, TopologyConstraint
@@ -127,24 +129,22 @@ def _named_ports(value: Any) -> list[dict[str, str]]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _fail("ports", 'must be a list such as [{"name": "http", "ready_path": "/health"}].')
+        raise _fail("ports", scheduler_messages.PORTS_MUST_LIST_SUCH_NAME)
     if len(value) > MAX_NAMED_PORTS:
-        raise _fail("ports", f"at most {MAX_NAMED_PORTS} named ports.")
+        raise _fail("ports", scheduler_messages.PORTS_MOST_NAMED_PORTS, n=MAX_NAMED_PORTS)
     ports, seen = [], set()
     for index, item in enumerate(value):
         where = f"ports[{index}]"
         if not isinstance(item, dict):
-            raise _fail(where, 'must be an object such as {"name": "http"}.')
+            raise _fail(where, scheduler_messages.MUST_OBJECT_SUCH_NAME_HTTP)
         unknown = sorted(set(item) - PORT_FIELDS)
         if unknown:
-            raise _fail(f"{where}.{unknown[0]}", f"unknown field; a port has {', '.join(sorted(PORT_FIELDS))}.")
+            raise _fail(
+                f"{where}.{unknown[0]}", scheduler_messages.UNKNOWN_FIELD_PORT, fields=", ".join(sorted(PORT_FIELDS))
+            )
         name = item.get("name")
         if not isinstance(name, str) or not PORT_NAME_PATTERN.fullmatch(name) or name in RESERVED_PORT_NAMES:
-            raise _fail(
-                f"{where}.name",
-                "must be 1-15 lower-case letters, digits or '-', starting with a letter (not 'replica' or "
-                "'rendezvous'), e.g. http.",
-            )
+            raise _fail(f"{where}.name", scheduler_messages.MUST_LOWER_CASE_LETTERS_DIGITS)
         if name in seen:
             raise _fail(f"{where}.name", f"{name!r} is named twice; give each port its own name.")
         seen.add(name)
@@ -155,7 +155,7 @@ def _named_ports(value: Any) -> list[dict[str, str]]:
             or len(ready_path) > MAX_READY_PATH
             or any(ch.isspace() or ord(ch) < 32 or ch in '"{}' for ch in ready_path)
         ):
-            raise _fail(f"{where}.ready_path", "must be a URL path starting with '/', e.g. /health.")
+            raise _fail(f"{where}.ready_path", scheduler_messages.MUST_URL_PATH_STARTING_HEALTH)
         ports.append({"name": name, "ready_path": ready_path})
     return ports
 
@@ -221,7 +221,13 @@ class JobSpec:
         return self.replicas * self.millis_per_replica
 
 
-def _fail(field_name: str, message: str) -> JobSpecError:
+def _fail(field_name: str, message: str | Message, **params: Any) -> JobSpecError:
+    """The refusal of ``field_name``: a catalogue message with its parameters (``scheduler.messages``; the field
+    is one of them where the sentence names it), or a sentence the field's name is put in front of."""
+    if isinstance(message, Message):
+        if "field" in message.placeholders:
+            params.setdefault("field", field_name)
+        return JobSpecError(message(**params), field=field_name)
     return JobSpecError(f"{field_name}: {message}", field=field_name)
 
 
@@ -232,7 +238,7 @@ def _int(data: dict, key: str, where: str, *, low: int, high: int, default: int 
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(where, f"must be a whole number between {low} and {high}, got {value!r}.")
     if not low <= value <= high:
-        raise _fail(where, f"must be between {low} and {high}, got {value}.")
+        raise _fail(where, scheduler_messages.MUST_BETWEEN_GOT, low=low, high=high, value=value)
     return value
 
 
@@ -241,12 +247,12 @@ def _str(data: dict, key: str, where: str, *, max_length: int, default: str = ""
     if value is None and not required:
         return default
     if not isinstance(value, str):
-        raise _fail(where, f"must be a string, got {type(value).__name__}.")
+        raise _fail(where, scheduler_messages.MUST_STRING_GOT, type=type(value).__name__)
     value = value.strip()
     if required and not value:
-        raise _fail(where, "is required and must not be empty.")
+        raise _fail(where, scheduler_messages.REQUIRED_MUST_EMPTY)
     if len(value) > max_length:
-        raise _fail(where, f"must be at most {max_length} characters, got {len(value)}.")
+        raise _fail(where, scheduler_messages.MUST_MOST_CHARACTERS_GOT, max=max_length, n=len(value))
     return value
 
 
@@ -264,15 +270,15 @@ def _string_map(value: Any, where: str, *, max_items: int, max_key: int, max_val
     if not isinstance(value, dict):
         raise _fail(where, 'must be an object of strings, e.g. {"KEY": "value"}.')
     if len(value) > max_items:
-        raise _fail(where, f"may hold at most {max_items} entries, got {len(value)}.")
+        raise _fail(where, scheduler_messages.MAY_HOLD_MOST_ENTRIES_GOT, max=max_items, n=len(value))
     result = {}
     for key, item in value.items():
         if not isinstance(key, str) or not key or len(key) > max_key:
-            raise _fail(where, f"keys must be non-empty strings of at most {max_key} characters.")
+            raise _fail(where, scheduler_messages.KEYS_MUST_NON_EMPTY_STRINGS, max=max_key)
         if not isinstance(item, str):
-            raise _fail(f"{where}.{key}", f"must be a string, got {type(item).__name__} (quote numbers).")
+            raise _fail(f"{where}.{key}", scheduler_messages.MUST_STRING_GOT_QUOTE_NUMBERS, type=type(item).__name__)
         if len(item) > max_value or "\x00" in item:
-            raise _fail(f"{where}.{key}", f"must be at most {max_value} characters without NUL bytes.")
+            raise _fail(f"{where}.{key}", scheduler_messages.MUST_MOST_CHARACTERS_WITHOUT_NUL, max=max_value)
         result[key] = item
     return result
 
@@ -284,7 +290,7 @@ def _env(value: Any) -> dict[str, str]:
     if not isinstance(value, dict):
         raise _fail("env", 'must be an object of strings, e.g. {"EPOCHS": "10"}.')
     if len(value) > MAX_ENV_VARS:
-        raise _fail("env", f"may hold at most {MAX_ENV_VARS} variables, got {len(value)}.")
+        raise _fail("env", scheduler_messages.ENV_MAY_HOLD_MOST_VARIABLES, max=MAX_ENV_VARS, n=len(value))
     for key, item in value.items():
         if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
             if isinstance(key, str) and ("=" in key or "\x00" in key):
@@ -297,13 +303,15 @@ def _env(value: Any) -> dict[str, str]:
                 "(e.g. MY_VAR).",
             )
         if len(key) > MAX_ENV_KEY_LENGTH:
-            raise _fail(f"env.{key}", f"the name must be at most {MAX_ENV_KEY_LENGTH} characters.")
+            raise _fail(f"env.{key}", scheduler_messages.NAME_MUST_MOST_CHARACTERS, max=MAX_ENV_KEY_LENGTH)
         if not isinstance(item, str):
-            raise _fail(f"env.{key}", f"must be a string, got {type(item).__name__} (quote numbers).")
+            raise _fail(f"env.{key}", scheduler_messages.MUST_STRING_GOT_QUOTE_NUMBERS, type=type(item).__name__)
         if "\x00" in item:
-            raise _fail(f"env.{key}", "the value must not contain a NUL byte.")
+            raise _fail(f"env.{key}", scheduler_messages.VALUE_MUST_CONTAIN_NUL_BYTE)
         if len(item) > MAX_ENV_VALUE_LENGTH:
-            raise _fail(f"env.{key}", f"the value must be at most {MAX_ENV_VALUE_LENGTH} characters, got {len(item)}.")
+            raise _fail(
+                f"env.{key}", scheduler_messages.VALUE_MUST_MOST_CHARACTERS_GOT, max=MAX_ENV_VALUE_LENGTH, n=len(item)
+            )
     return dict(value)
 
 
@@ -316,7 +324,9 @@ def _array(value: Any) -> int | None:
         raise _fail("array", f"must be an object with a count, {example}.")
     unknown = sorted(set(value) - ARRAY_FIELDS)
     if unknown:
-        raise _fail(f"array.{unknown[0]}", f"is not a known field; allowed: {', '.join(sorted(ARRAY_FIELDS))}.")
+        raise _fail(
+            f"array.{unknown[0]}", scheduler_messages.KNOWN_FIELD_ALLOWED, allowed=", ".join(sorted(ARRAY_FIELDS))
+        )
     if "count" not in value:
         raise _fail("array.count", f"is required: how many jobs to create, {example}.")
     return _int(value, "count", "array.count", low=1, high=MAX_ARRAY_COUNT)
@@ -332,17 +342,17 @@ def _relative_path(value: str, where: str) -> str:
     """``value`` as a relative POSIX path inside the job's directory; a backslash is a separator too (an agent or
     a shell on another system may treat it as one), so ``..\\..\\x`` is refused like ``../../x``."""
     if "\x00" in value:
-        raise _fail(where, "must not contain a NUL byte.")
+        raise _fail(where, scheduler_messages.MUST_CONTAIN_NUL_BYTE)
     posix = value.replace("\\", "/")
     parts = PurePosixPath(posix).parts
     if posix.startswith("/") or ".." in parts or (parts and ":" in parts[0]):
-        raise _fail(where, "must be a relative path inside the job's directory, without '..', e.g. src/train.")
+        raise _fail(where, scheduler_messages.MUST_RELATIVE_PATH_INSIDE_JOB)
     return str(PurePosixPath(posix)) if parts else ""
 
 
 def _absolute_path(value: str, where: str) -> str:
     if "\x00" in value or "\\" in value or ".." in PurePosixPath(value).parts:
-        raise _fail(where, "an absolute path must be plain: no '..', no backslash, e.g. /ckpt/acme/resnet50.")
+        raise _fail(where, scheduler_messages.ABSOLUTE_PATH_MUST_PLAIN_BACKSLASH)
     return posixpath.normpath(value)
 
 
@@ -379,8 +389,10 @@ def check_checkpoint_dir(checkpoint_dir: str, *, tenant_slug: str) -> None:
     allowed = ", ".join(prefixes) if prefixes else "none are configured for it: use a relative path (in the job dir)"
     raise _fail(
         "checkpoint_dir",
-        f"{checkpoint_dir!r} is not under a checkpoint prefix of tenant {tenant_slug} ({allowed}); an administrator "
-        "sets them in GPUPOOL_CHECKPOINT_PREFIXES.",
+        scheduler_messages.CHECKPOINT_DIR_UNDER_CHECKPOINT_PREFIX_TENANT,
+        path=checkpoint_dir,
+        tenant=tenant_slug,
+        prefixes=allowed,
     )
 
 
@@ -389,7 +401,12 @@ def check_flavors(flavors: list[str] | tuple[str, ...], known_flavors: set[str])
     missing = [f for f in flavors if f not in known_flavors]
     if missing:
         hint = ", ".join(sorted(known_flavors)) or "none are defined yet"
-        raise _fail("resources.flavors", f"unknown flavor {missing[0]!r}; known flavors: {hint}.")
+        raise _fail(
+            "resources.flavors",
+            scheduler_messages.RESOURCES_FLAVORS_UNKNOWN_FLAVOR_KNOWN_FLAVORS,
+            flavor=missing[0],
+            known=hint,
+        )
 
 
 def _priority(value: Any) -> int:
@@ -402,32 +419,33 @@ def _priority(value: Any) -> int:
 
 def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise _fail("resources", 'is required: e.g. {"flavors": ["nvidia-h100-80g"], "gpus": 1}.')
+        raise _fail("resources", scheduler_messages.RESOURCES_REQUIRED_FLAVORS_NVIDIA_H)
     unknown = sorted(set(value) - RESOURCE_FIELDS)
     if unknown:
-        raise _fail(f"resources.{unknown[0]}", f"is not a known field; allowed: {', '.join(sorted(RESOURCE_FIELDS))}.")
+        raise _fail(
+            f"resources.{unknown[0]}",
+            scheduler_messages.KNOWN_FIELD_ALLOWED,
+            allowed=", ".join(sorted(RESOURCE_FIELDS)),
+        )
     if "flavor" in value and "flavors" in value:
-        raise _fail("resources.flavors", "give either flavor or flavors, not both.")
+        raise _fail("resources.flavors", scheduler_messages.RESOURCES_FLAVORS_GIVE_EITHER_FLAVOR)
     flavors = value.get("flavors", [value["flavor"]] if "flavor" in value else None)
     if isinstance(flavors, str):
         flavors = [flavors]
     if not isinstance(flavors, list) or not flavors or not all(isinstance(f, str) and f for f in flavors):
-        raise _fail("resources.flavors", "must be a non-empty list of flavor names (any of them will do).")
+        raise _fail("resources.flavors", scheduler_messages.RESOURCES_FLAVORS_MUST_NON_EMPTY)
     if len(flavors) > MAX_FLAVORS:
-        raise _fail("resources.flavors", f"may name at most {MAX_FLAVORS} flavors.")
+        raise _fail("resources.flavors", scheduler_messages.RESOURCES_FLAVORS_MAY_NAME_MOST, max=MAX_FLAVORS)
     flavors = list(dict.fromkeys(flavors))
     if known_flavors is not None:
         check_flavors(flavors, known_flavors)
     any_flavor = value.get("any_flavor", False)
     if not isinstance(any_flavor, bool):
-        raise _fail("resources.any_flavor", "must be true or false.")
+        raise _fail("resources.any_flavor", scheduler_messages.RESOURCES_ANY_FLAVOR_MUST_TRUE)
 
     has_gpus, has_millis = "gpus" in value, "millis" in value
     if has_gpus == has_millis:
-        raise _fail(
-            "resources",
-            'ask for whole cards with "gpus": N, or a fraction of one card with "millis" (100..990) and "memory_mib".',
-        )
+        raise _fail("resources", scheduler_messages.RESOURCES_ASK_WHOLE_CARDS_GPUS)
     if has_gpus:
         gpus = _int(value, "gpus", "resources.gpus", low=1, high=MAX_GPUS_PER_REPLICA)
         millis = gpus * MILLIS_PER_DEVICE
@@ -437,13 +455,18 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
             value, "millis", "resources.millis", low=MIN_FRACTION_MILLIS, high=MILLIS_PER_DEVICE - FRACTION_STEP_MILLIS
         )
         if millis % FRACTION_STEP_MILLIS:
-            raise _fail("resources.millis", f"must be a multiple of {FRACTION_STEP_MILLIS} (1/100 card), got {millis}.")
+            raise _fail(
+                "resources.millis",
+                scheduler_messages.RESOURCES_MILLIS_MUST_MULTIPLE_CARD,
+                step=FRACTION_STEP_MILLIS,
+                value=millis,
+            )
         if "memory_mib" not in value:
-            raise _fail("resources.memory_mib", "is required for a fractional card: say how much device memory.")
+            raise _fail("resources.memory_mib", scheduler_messages.RESOURCES_MEMORY_MIB_REQUIRED_FRACTIONAL)
         memory_mib = _int(value, "memory_mib", "resources.memory_mib", low=1, high=16 * 1024 * 1024)
     cpu_cores = value.get("cpu_cores", 0)
     if isinstance(cpu_cores, bool) or not isinstance(cpu_cores, int | float) or not 0 <= cpu_cores <= MAX_CPU_CORES:
-        raise _fail("resources.cpu_cores", f"must be a number between 0 and {MAX_CPU_CORES}.")
+        raise _fail("resources.cpu_cores", scheduler_messages.RESOURCES_CPU_CORES_MUST_NUMBER, max=MAX_CPU_CORES)
     host_memory_mib = _int(
         value, "host_memory_mib", "resources.host_memory_mib", low=0, high=MAX_HOST_MEMORY_MIB, default=0
     )
@@ -465,51 +488,51 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     submit service asks the database in the same query that resolves the tenant.
     """
     if not isinstance(data, dict):
-        raise JobSpecError("A job spec must be a JSON object.")
+        raise JobSpecError(scheduler_messages.JOB_SPEC_MUST_JSON_OBJECT())
     unknown = sorted(set(data) - TOP_LEVEL_FIELDS)
     if unknown:
-        raise _fail(unknown[0], f"is not a known field; allowed: {', '.join(sorted(TOP_LEVEL_FIELDS))}.")
+        raise _fail(unknown[0], scheduler_messages.KNOWN_FIELD_ALLOWED, allowed=", ".join(sorted(TOP_LEVEL_FIELDS)))
     if known_flavors is None and check_flavor_names:
         known_flavors = set(ResourceFlavor.objects.values_list("name", flat=True))
 
     name = _str(data, "name", "name", max_length=MAX_NAME_LENGTH, required=True)
     tenant = data.get("tenant")
     if tenant is not None and (not isinstance(tenant, str) or not tenant):
-        raise _fail("tenant", "must be a tenant slug.")
+        raise _fail("tenant", scheduler_messages.TENANT_MUST_TENANT_SLUG)
     kind = _choice(data, "kind", JobKind, JobKind.TRAINING)
     priority = _priority(data.get("priority_class", "normal"))
     preemptible = data.get("preemptible", True)
     if not isinstance(preemptible, bool):
-        raise _fail("preemptible", "must be true or false.")
+        raise _fail("preemptible", scheduler_messages.PREEMPTIBLE_MUST_TRUE_FALSE)
     replicas = _int(data, "replicas", "replicas", low=1, high=MAX_REPLICAS, default=1)
     min_replicas = _int(data, "min_replicas", "min_replicas", low=1, high=MAX_REPLICAS)
     max_replicas = _int(data, "max_replicas", "max_replicas", low=1, high=MAX_REPLICAS)
     if (min_replicas is not None or max_replicas is not None) and kind != JobKind.INFERENCE:
-        raise _fail("min_replicas", "min_replicas and max_replicas apply to inference jobs only.")
+        raise _fail("min_replicas", scheduler_messages.MIN_REPLICAS_MIN_REPLICAS_MAX)
     if min_replicas is not None and min_replicas > replicas:
-        raise _fail("min_replicas", f"must not exceed replicas ({replicas}).")
+        raise _fail("min_replicas", scheduler_messages.MIN_REPLICAS_MUST_EXCEED_REPLICAS, n=replicas)
     if max_replicas is not None and max_replicas < replicas:
-        raise _fail("max_replicas", f"must be at least replicas ({replicas}).")
+        raise _fail("max_replicas", scheduler_messages.MAX_REPLICAS_MUST_LEAST_REPLICAS, n=replicas)
     resources = _resources(data.get("resources"), known_flavors=known_flavors)
     topology = _choice(data, "topology", TopologyConstraint, TopologyConstraint.NONE)
 
     command = data.get("command")
     if not isinstance(command, list) or not command:
-        raise _fail("command", 'must be a non-empty list of strings, e.g. ["python", "train.py"].')
+        raise _fail("command", scheduler_messages.COMMAND_MUST_NON_EMPTY_LIST)
     if len(command) > MAX_COMMAND_ARGS:
-        raise _fail("command", f"may hold at most {MAX_COMMAND_ARGS} arguments.")
+        raise _fail("command", scheduler_messages.COMMAND_MAY_HOLD_MOST_ARGUMENTS, max=MAX_COMMAND_ARGS)
     for position, arg in enumerate(command):
         if not isinstance(arg, str):
-            raise _fail(f"command[{position}]", f"must be a string, got {type(arg).__name__}.")
+            raise _fail(f"command[{position}]", scheduler_messages.MUST_STRING_GOT, type=type(arg).__name__)
         if len(arg) > MAX_ARG_LENGTH or "\x00" in arg:
-            raise _fail(f"command[{position}]", f"must be at most {MAX_ARG_LENGTH} characters without NUL bytes.")
+            raise _fail(f"command[{position}]", scheduler_messages.MUST_MOST_CHARACTERS_WITHOUT_NUL, max=MAX_ARG_LENGTH)
     if not command[0].strip():
-        raise _fail("command[0]", "the program to run must not be empty.")
+        raise _fail("command[0]", scheduler_messages.COMMAND_PROGRAM_RUN_MUST_EMPTY)
 
     env = _env(data.get("env"))
     reserved = sorted(k for k in env if k.startswith("GPUPOOL_") or k.startswith("CUDA_"))
     if reserved:
-        raise _fail(f"env.{reserved[0]}", "GPUPOOL_* and CUDA_* are set by the platform; remove it.")
+        raise _fail(f"env.{reserved[0]}", scheduler_messages.GPUPOOL_CUDA_SET_PLATFORM_REMOVE)
     denied = env_denied(env, env_denylist())
     if denied is not None:
         raise _fail(
@@ -524,9 +547,9 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     image = _str(data, "image", "image", max_length=MAX_IMAGE_LENGTH)
     if image:
         if not IMAGE_PATTERN.fullmatch(image):
-            raise _fail("image", "must be an OCI image reference, e.g. docker.io/pytorch/pytorch:2.3.0-cuda12.1.")
+            raise _fail("image", scheduler_messages.IMAGE_MUST_OCI_IMAGE_REFERENCE)
         if node_selector.get(OCI_LABEL, "true") != "true":
-            raise _fail("node_selector", f"a job with an image needs {OCI_LABEL}=true; remove that selector.")
+            raise _fail("node_selector", scheduler_messages.NODE_SELECTOR_JOB_IMAGE_NEEDS, label=OCI_LABEL)
         # Only nodes whose agent found podman or docker say so in their labels; a job waits with the selector's
         # pending reason where none has one.
         node_selector = {**node_selector, OCI_LABEL: "true"}

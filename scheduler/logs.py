@@ -32,6 +32,7 @@ from django.utils import timezone
 from kernel.api import DomainError, NotFoundError
 from kernel.db.bulk import update_rows
 from nodeagent import protocol
+from scheduler import messages as scheduler_messages
 from scheduler import selectors
 from scheduler.models import FINAL_JOB_STATES, Allocation, Job, JobLogChunk
 
@@ -311,7 +312,7 @@ def job_get_readable(*, user: Any, pk: Any) -> Job:
     try:
         return selectors.jobs_visible_to(user).get(pk=int(pk))
     except (Job.DoesNotExist, TypeError, ValueError):
-        raise NotFoundError(f"No job with id {pk} is visible to you.") from None
+        raise NotFoundError(scheduler_messages.JOB_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def replica_count(job: Job) -> int:

@@ -20,6 +20,7 @@ from django.utils.translation import gettext, ngettext
 from catalog.models import ResourceFlavor
 from kernel.access_rules import Action
 from kernel.api import NotFoundError
+from scheduler import messages as scheduler_messages
 from scheduler.core.types import Ordering
 from scheduler.fleet import telemetry
 from scheduler.message_text import localize
@@ -46,7 +47,7 @@ def job_get_visible(*, user: Any, pk: Any) -> Job:
             .get(pk=int(pk))
         )
     except (Job.DoesNotExist, TypeError, ValueError):
-        raise NotFoundError(f"No job with id {pk} is visible to you.") from None
+        raise NotFoundError(scheduler_messages.JOB_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
@@ -56,7 +57,7 @@ def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
     except ValueError:
         value = None
     if value is None or not jobs_visible_to(user).filter(array_id=value).exists():
-        raise NotFoundError(f"No job array {array_id} is visible to you.")
+        raise NotFoundError(scheduler_messages.JOB_ARRAY_VISIBLE_YOU(pk=array_id))
     return value
 
 
@@ -130,7 +131,7 @@ def node_get(*, pk: Any) -> Node:
     try:
         return Node.objects.get(pk=int(pk))
     except (Node.DoesNotExist, TypeError, ValueError):
-        raise NotFoundError(f"No node with id {pk}.") from None
+        raise NotFoundError(scheduler_messages.NODE_ID(pk=pk)) from None
 
 
 def job_pending_sentence(job: Job) -> str:

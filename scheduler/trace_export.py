@@ -31,6 +31,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
+from scheduler import messages as scheduler_messages
 from scheduler.core import types as core
 from scheduler.models import Allocation, Job
 from scheduler.sim.traceformat import FORMATS, TenantSpec, flavor_capacity, trace_texts
@@ -74,7 +75,9 @@ class TraceWindow:
     def files(self, fmt: str = "csv") -> dict[str, str]:
         """File name → text: the three trace files and ``manifest.json``."""
         if fmt not in FORMATS:
-            raise DomainError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}", field="format")
+            raise DomainError(
+                scheduler_messages.UNKNOWN_FORMAT_USE(value=fmt, choices=", ".join(FORMATS)), field="format"
+            )
         texts = trace_texts(self.jobs, self.nodes, self.tenants, fmt)
         texts["manifest.json"] = json.dumps(self.manifest(fmt), indent=1) + "\n"
         return texts
@@ -117,15 +120,15 @@ def window_bounds(
     until = until or now or timezone.now()
     if since is None:
         if days is not None and not 0 < days <= MAX_WINDOW_DAYS:
-            raise DomainError(f"days must be more than 0 and at most {MAX_WINDOW_DAYS}", field="days")
+            raise DomainError(scheduler_messages.DAYS_MUST_MORE_MOST(max=MAX_WINDOW_DAYS), field="days")
         try:
             since = until - timedelta(days=30 if days is None else days)
         except OverflowError:
-            raise DomainError("the window starts before the year 1; choose a later until", field="until") from None
+            raise DomainError(scheduler_messages.WINDOW_STARTS_BEFORE_YEAR_CHOOSE(), field="until") from None
     if since >= until:
-        raise DomainError("since must be before until", field="since")
+        raise DomainError(scheduler_messages.SINCE_MUST_BEFORE_UNTIL(), field="since")
     if until - since > timedelta(days=MAX_WINDOW_DAYS):
-        raise DomainError(f"the window is longer than {MAX_WINDOW_DAYS} days; export it in parts", field="since")
+        raise DomainError(scheduler_messages.WINDOW_LONGER_DAYS_EXPORT_PARTS(max=MAX_WINDOW_DAYS), field="since")
     return since, until
 
 
@@ -250,7 +253,7 @@ def trace_export(*, actor: Any | None, since: datetime, until: datetime, request
     """``trace_window`` for a system admin (``actor`` None: the system, e.g. ``gpupool export_trace``),
     recorded in the audit trail as ``trace.export``."""
     if actor is not None and not allows(actor, Action.TRACE_EXPORT):
-        raise PermissionDeniedError("Only a system admin may export the job history.")
+        raise PermissionDeniedError(scheduler_messages.ONLY_SYSTEM_ADMIN_MAY_EXPORT())
     window = trace_window(since=since, until=until)
     with transaction.atomic():
         audit_record(

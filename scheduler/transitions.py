@@ -20,6 +20,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.api import ConflictError, NotFoundError
 from kernel.db.bulk import insert_instance_with_children, insert_instances, insert_rows, update_instance, update_rows
+from scheduler import messages as scheduler_messages
 from scheduler.fleet import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,
@@ -80,7 +81,8 @@ def _refuse_illegal(moves: Sequence[JobMove]) -> None:
     for move in moves:
         if move.to_state not in ALLOWED_TRANSITIONS.get(move.job.state, frozenset()):
             raise ConflictError(
-                f"Job {move.job.pk} is {move.job.state}; it cannot become {move.to_state}.", code="invalid_transition"
+                scheduler_messages.JOB_CANNOT_BECOME(pk=move.job.pk, state=move.job.state, to_state=move.to_state),
+                code="invalid_transition",
             )
 
 
@@ -247,7 +249,7 @@ ARRAY_INSERT_BATCH = 2000
 def _born(job: Job, *, to_state: str, message: str, now: datetime) -> None:
     """Set on the unsaved ``job`` its first state after ``submitted``, checked like any move."""
     if to_state not in ALLOWED_TRANSITIONS[S.SUBMITTED] or to_state in FINAL_JOB_STATES:
-        raise ConflictError(f"A new job cannot start {to_state}.", code="invalid_transition")
+        raise ConflictError(scheduler_messages.NEW_JOB_CANNOT_START(to_state=to_state), code="invalid_transition")
     job.state = to_state
     job.state_message = message
     job.queued_at = now if to_state == S.QUEUED else None
@@ -357,7 +359,7 @@ def job_lock_for_update(job: Job | int) -> Job:
         # wait on it, and FOR UPDATE would block the foreign-key checks (FOR KEY SHARE) of concurrent inserts.
         return Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").get(pk=pk)
     except Job.DoesNotExist:
-        raise NotFoundError(f"No job with id {pk}.") from None
+        raise NotFoundError(scheduler_messages.JOB_ID(pk=pk)) from None
 
 
 def allocations_end(queryset, *, now: datetime | None = None) -> int:

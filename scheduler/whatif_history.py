@@ -15,6 +15,7 @@ from typing import Any
 from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
 from kernel.cadence import CYCLE_INTERVAL_S
+from scheduler import messages as scheduler_messages
 from scheduler.scheduling_policy import policy_from_settings
 from scheduler.sim.policies import parse_settings
 from scheduler.sim.simulator import SimConfig
@@ -46,9 +47,9 @@ def whatif_run(
     passes ``WEB_MAX_JOBS``).
     """
     if actor is not None and not allows(actor, Action.WHATIF_RUN):
-        raise PermissionDeniedError("Only a system admin may run a what-if.")
+        raise PermissionDeniedError(scheduler_messages.ONLY_SYSTEM_ADMIN_MAY_RUN())
     if not changes:
-        raise DomainError("say what to change, e.g. preemption=false", code="no_change", field="set")
+        raise DomainError(scheduler_messages.SAY_WHAT_CHANGE_PREEMPTION_FALSE(), code="no_change", field="set")
     try:
         parse_settings(changes)
     except ValueError as exc:
@@ -57,14 +58,17 @@ def whatif_run(
     window = trace_window(since=since, until=until)
     if not window.jobs:
         raise DomainError(
-            f"no job ran between {since:%Y-%m-%d %H:%M} and {until:%Y-%m-%d %H:%M}; choose a longer window",
+            scheduler_messages.JOB_RAN_BETWEEN_CHOOSE_LONGER(
+                since=format(since, "%Y-%m-%d %H:%M"), until=format(until, "%Y-%m-%d %H:%M")
+            ),
             code="empty_window",
             field="days",
         )
     if max_jobs is not None and len(window.jobs) > max_jobs:
         raise DomainError(
-            f"the window holds {len(window.jobs):,} jobs, more than the {max_jobs:,} a web request replays; "
-            "choose fewer days, or run `gpupool whatif` on the server",
+            scheduler_messages.WINDOW_HOLDS_JOBS_MORE_WEB(
+                jobs=format(len(window.jobs), ","), cap=format(max_jobs, ",")
+            ),
             code="window_too_large",
             field="days",
         )

@@ -12,6 +12,7 @@ from django.db.models import Q, QuerySet
 
 from kernel.access_rules import Action
 from kernel.api import NotFoundError
+from tenants import messages as tenants_messages
 from tenants.access import restrict
 from tenants.models import (
     ApiToken,
@@ -68,7 +69,7 @@ def tenant_get_visible(*, user: Any, pk: Any) -> Tenant:
     try:
         return tenants_visible_to(user).get(pk=parse_id(pk))
     except Tenant.DoesNotExist:
-        raise NotFoundError(f"No tenant with id {pk} is visible to you.") from None
+        raise NotFoundError(tenants_messages.TENANT_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def memberships_visible_to(user: Any) -> QuerySet[Membership]:
@@ -84,7 +85,7 @@ def user_get_visible(*, user: Any, pk: Any) -> User:
     try:
         return users_visible_to(user).get(pk=parse_id(pk))
     except User.DoesNotExist:
-        raise NotFoundError(f"No user with id {pk} is visible to you.") from None
+        raise NotFoundError(tenants_messages.USER_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def tokens_visible_to(user: Any) -> QuerySet[ApiToken]:
@@ -96,7 +97,7 @@ def token_get_visible(*, user: Any, pk: Any) -> ApiToken:
     try:
         return tokens_visible_to(user).get(pk=parse_id(pk))
     except ApiToken.DoesNotExist:
-        raise NotFoundError(f"No API token with id {pk} is visible to you.") from None
+        raise NotFoundError(tenants_messages.API_TOKEN_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 # --- quotas (their use now is the scheduler's: scheduler/quota_usage.py) -----------------------------------
@@ -124,7 +125,7 @@ def approval_get_visible(*, user: Any, pk: Any) -> Any:
     try:
         return approvals_visible_to(user).get(pk=parse_id(pk))
     except ApprovalRequest.DoesNotExist:
-        raise NotFoundError(f"No approval request with id {pk} is visible to you.") from None
+        raise NotFoundError(tenants_messages.APPROVAL_REQUEST_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def approvals_awaiting(user: Any) -> list:
@@ -185,5 +186,5 @@ def auth_lockouts_visible_to(user: Any) -> QuerySet:
 def auth_lockout_get_visible(*, user: Any, pk: Any) -> Any:
     found = auth_lockouts_visible_to(user).filter(pk=parse_id(pk)).first()
     if found is None:
-        raise NotFoundError(f"No sign-in lockout with id {pk} is visible to you; it may have expired.")
+        raise NotFoundError(tenants_messages.SIGN_LOCKOUT_ID_VISIBLE_YOU(pk=pk))
     return found

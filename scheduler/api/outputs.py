@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from kernel.access_rules import Action
 from kernel.api import NotFoundError
+from scheduler import messages as scheduler_messages
 from scheduler.models import JobOutput
 from scheduler.selectors import jobs_visible_to
 
@@ -33,7 +34,7 @@ OUTPUT_LIST_SCHEMA = {
 def _visible_job(request: Request, pk: int):
     job = jobs_visible_to(request.user).filter(pk=pk).first()
     if job is None:
-        raise NotFoundError(f"No job with id {pk} is visible to you.")
+        raise NotFoundError(scheduler_messages.JOB_ID_VISIBLE_YOU(pk=pk))
     return job
 
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from kernel.api import DomainError, NotFoundError, PermissionDeniedError
+from scheduler import messages as scheduler_messages
 from scheduler.jobspec import JobSpecError, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services.cycle import request_cycle
@@ -50,7 +51,7 @@ def job_array_submit(
     """
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is None:
-        raise JobSpecError('array: say how many jobs to create, e.g. "array": {"count": 100}.', field="array")
+        raise JobSpecError(scheduler_messages.ARRAY_SAY_HOW_MANY_JOBS(), field="array")
     tenant, parsed = submit_resolve(actor=actor, parsed=parsed)
     state, reason, message = admission_for(tenant=tenant, parsed=parsed)
     if state == S.PENDING_APPROVAL:
@@ -112,10 +113,10 @@ def job_array_cancel(
         .order_by("pk")
     )
     if not jobs:
-        raise NotFoundError(f"No job array {array_id}.")
+        raise NotFoundError(scheduler_messages.JOB_ARRAY(pk=array_id))
     # One tenant and one submitter for the whole array: who may cancel one job may cancel them all.
     if actor is not None and not can_manage_job(actor, jobs[0]):
-        raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this array.")
+        raise PermissionDeniedError(scheduler_messages.ONLY_SUBMITTER_TENANT_ADMIN_SYSTEM_ADMIN())
     waiting_states = (S.SUBMITTED, S.PENDING_APPROVAL, S.QUEUED)
     waiting = [job for job in jobs if job.state in waiting_states]
     placed = [job for job in jobs if job.state not in FINAL_JOB_STATES and job.state not in waiting_states]

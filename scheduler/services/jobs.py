@@ -18,6 +18,7 @@ from audit.services import audit_record
 from catalog.models import ResourceFlavor
 from kernel.access_rules import Action, principals_for
 from kernel.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
+from scheduler import messages as scheduler_messages
 from scheduler.core.feasibility import FlavorFleet, QuotaLevel, never_fits
 from scheduler.core.types import MILLIS_PER_DEVICE, ReplicaRequest
 from scheduler.fleet import outbox
@@ -62,9 +63,9 @@ def _resolve_tenant(
     # user sees no tenant at all, as in ``tenants.selectors.tenants_visible_to``).
     user = actor
     if user is not None and not (getattr(user, "is_authenticated", False) and user.is_active and user.pk):
-        raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
+        raise NotFoundError(scheduler_messages.TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
     if slug is None and user is None:
-        raise DomainError("tenant: say which tenant the job belongs to.", code="invalid_job_spec", field="tenant")
+        raise DomainError(scheduler_messages.TENANT_SAY_WHICH_TENANT_JOB(), code="invalid_job_spec", field="tenant")
     # The tenant roles the access policy lets submit (job.submit), read from the table.
     submit_roles = [role for role in principals_for(Action.JOB_SUBMIT) if role in MembershipRole.values]
     chains, per_card, fleets = _tenant_chains(user=user, slug=slug, submit_roles=submit_roles, flavors=flavors)
@@ -76,7 +77,7 @@ def _resolve_tenant(
     if slug is None:
         if len(chains) != 1:
             raise DomainError(
-                'tenant: you belong to several tenants (or none that may submit); name one with "tenant": "<slug>".',
+                scheduler_messages.TENANT_YOU_BELONG_SEVERAL_TENANTS(),
                 code="invalid_job_spec",
                 field="tenant",
             )
@@ -84,14 +85,12 @@ def _resolve_tenant(
     tenant = chains[0] if chains else None
     if user is None:
         if tenant is None:
-            raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
+            raise NotFoundError(scheduler_messages.TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
         return tenant, defaults, fleets
     if tenant is None or not (tenant.holds_role or reaches_all(user, Action.TENANT_VIEW)):
-        raise NotFoundError(f"No tenant {slug!r} is visible to you.", code="not_found")
+        raise NotFoundError(scheduler_messages.TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
     if not tenant.may_submit:
-        raise PermissionDeniedError(
-            f"You may not submit jobs to {slug}: members and tenant admins may; ask a tenant admin for the member role."
-        )
+        raise PermissionDeniedError(scheduler_messages.YOU_MAY_SUBMIT_JOBS_MEMBERS(tenant=slug))
     return tenant, defaults, fleets
 
 
@@ -129,7 +128,9 @@ def _refuse_never_fits(parsed: JobSpec, *, tenant: Any, fleets: dict[str, Flavor
         replicas_field="min_replicas" if gang < parsed.replicas else "replicas",
     )
     if why is not None:
-        raise JobNeverFitsError(f"{why.field}: never fits: {why.sentences}; {why.fix}.", why=why)
+        raise JobNeverFitsError(
+            scheduler_messages.NEVER_FITS(field=why.field, sentences=why.sentences, fix=why.fix), why=why
+        )
 
 
 def _quota_paths(tenant: Any, flavors: Sequence[str]) -> dict[str, tuple[QuotaLevel, ...]]:
@@ -398,9 +399,11 @@ def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | 
     swept (:func:`scheduler.fleet.services.workload_reports.jobs_awaiting_stop_sweep`) or declared lost."""
     job = job_lock_for_update(job)
     if actor is not None and not can_manage_job(actor, job):
-        raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may cancel this job.")
+        raise PermissionDeniedError(scheduler_messages.ONLY_SUBMITTER_TENANT_ADMIN_SYSTEM())
     if job.state in FINAL_JOB_STATES:
-        raise ConflictError(f"Job {job.pk} is already {job.state}; there is nothing to cancel.", code="job_finished")
+        raise ConflictError(
+            scheduler_messages.JOB_ALREADY_THERE_NOTHING_CANCEL(pk=job.pk, state=job.state), code="job_finished"
+        )
     outbox.stop_active_replicas(job=job, reason="cancelled")
     freed = allocations_end(_never_started(job)) > 0
     job_transition(
@@ -437,7 +440,9 @@ def job_release_from_approval(*, job: Job, actor: Any | None) -> Job:
     """An approved job leaves ``pending_approval`` for the queue (called by the tenants approval flow)."""
     job = job_lock_for_update(job)
     if job.state != S.PENDING_APPROVAL:
-        raise ConflictError(f"Job {job.pk} is {job.state}, not waiting for approval.", code="invalid_transition")
+        raise ConflictError(
+            scheduler_messages.JOB_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
+        )
     job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="approved", message="Approved.")
     transaction.on_commit(request_cycle)
     return job
@@ -448,7 +453,9 @@ def job_reject_from_approval(*, job: Job, actor: Any | None, comment: str = "") 
     """A rejected job fails with the approver's comment (called by the tenants approval flow)."""
     job = job_lock_for_update(job)
     if job.state != S.PENDING_APPROVAL:
-        raise ConflictError(f"Job {job.pk} is {job.state}, not waiting for approval.", code="invalid_transition")
+        raise ConflictError(
+            scheduler_messages.JOB_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
+        )
     return job_transition(
         job=job, to_state=S.FAILED, actor=actor, reason="rejected", message=f"Rejected: {comment}"[:500]
     )

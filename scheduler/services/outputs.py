@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from kernel.api import DomainError, NotFoundError
+from scheduler import messages as scheduler_messages
 from scheduler.models import Allocation, Job, JobOutput, Node
 
 CHUNK = 1024 * 1024
@@ -34,18 +35,18 @@ def job_output_store(*, node: Node, job_id: int, replica: int, stream: BinaryIO,
     or when the content does not match ``sha256`` (a broken upload: the agent sends it again)."""
     job = Job.objects.filter(pk=job_id).only("pk", "tenant_id").first()
     if job is None or not Allocation.objects.filter(job_id=job_id, replica=replica, node=node).exists():
-        raise NotFoundError(f"Node {node.name} never ran replica {replica} of job {job_id}.")
+        raise NotFoundError(scheduler_messages.NODE_NEVER_RAN_REPLICA_JOB(node=node.name, replica=replica, job=job_id))
     limit = output_max_bytes()
     digest, size = hashlib.sha256(), 0
     with tempfile.SpooledTemporaryFile(max_size=8 * CHUNK) as spool:
         while chunk := stream.read(CHUNK):
             size += len(chunk)
             if size > limit:
-                raise OutputRefused(f"the output is over GPUPOOL_OUTPUT_MAX_BYTES ({limit} bytes).")
+                raise OutputRefused(scheduler_messages.OUTPUT_OVER_GPUPOOL_OUTPUT_MAX(n=limit))
             digest.update(chunk)
             spool.write(chunk)
         if digest.hexdigest() != sha256.lower():
-            raise OutputRefused("the upload does not match its sha256; send it again.")
+            raise OutputRefused(scheduler_messages.UPLOAD_DOES_MATCH_SHA_SEND())
         spool.seek(0)
         with transaction.atomic():
             old = JobOutput.objects.select_for_update().filter(job_id=job_id, replica=replica).first()

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
+from scheduler import messages as scheduler_messages
 from scheduler.fleet import outbox
 from scheduler.models import (
     ACTIVE_JOB_STATES,
@@ -69,16 +70,17 @@ def job_scale(*, job: Job, replicas: int, actor: Any | None, reason: str = "manu
     """
     job = job_lock_for_update(job)
     if actor is not None and not can_manage_job(actor, job):
-        raise PermissionDeniedError("Only the submitter, a tenant admin or a system admin may scale this job.")
+        raise PermissionDeniedError(scheduler_messages.ONLY_SUBMITTER_TENANT_ADMIN_SYSTEM_ADMIN_MAY())
     if job.kind != JobKind.INFERENCE:
-        raise DomainError(f"Job {job.pk} is a {job.kind} job; only inference services scale.", code="not_scalable")
+        raise DomainError(
+            scheduler_messages.JOB_JOB_ONLY_INFERENCE_SERVICES(pk=job.pk, job_kind=job.kind), code="not_scalable"
+        )
     if job.state not in ACTIVE_JOB_STATES and job.state not in PENDING_JOB_STATES:
-        raise ConflictError(f"Job {job.pk} is {job.state}; there is nothing to scale.", code="job_finished")
+        raise ConflictError(scheduler_messages.JOB_THERE_NOTHING_SCALE(pk=job.pk, state=job.state), code="job_finished")
     least, most = replica_bounds(job)
     if not least <= replicas <= most:
         raise DomainError(
-            f"replicas: must be between min_replicas ({least}) and max_replicas ({most}); "
-            "submit the service with a larger max_replicas to scale further.",
+            scheduler_messages.REPLICAS_MUST_BETWEEN_MIN_REPLICAS(least=least, most=most),
             code="invalid_replicas",
             field="replicas",
         )
@@ -130,7 +132,9 @@ def inference_load_report(*, job: Job, load: float, actor: Any | None, request: 
     if load < 0 or math.isnan(load) or math.isinf(load):
         raise DomainError("load: must be a number >= 0 (1.0 = every replica saturated).", code="invalid_load")
     if job.kind != JobKind.INFERENCE:
-        raise DomainError(f"Job {job.pk} is a {job.kind} job; only inference services scale.", code="not_scalable")
+        raise DomainError(
+            scheduler_messages.JOB_JOB_ONLY_INFERENCE_SERVICES(pk=job.pk, job_kind=job.kind), code="not_scalable"
+        )
     least, most = replica_bounds(job)
     running = len(_running_replicas(job)) or job.replicas
     wanted = desired_replicas(running=running, load=load, least=least, most=most)

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from catalog.models import FlavorPrice, ResourceFlavor
 from kernel.access_rules import Action
 from kernel.api import NotFoundError, PermissionDeniedError
+from tenants import messages as tenants_messages
 from tenants import selectors
 from tenants.api import serializers as s
 from tenants.filtersets import (
@@ -160,7 +161,7 @@ class MembershipViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Policy
         tenant = selectors.tenant_get_visible(user=request.user, pk=data["tenant"])
         if not can_manage_memberships(request.user, tenant):
             # Checked before the user lookup so that non-admins learn nothing about which usernames exist.
-            raise PermissionDeniedError(f"Only a tenant admin of {tenant.slug!r} may add members to it.")
+            raise PermissionDeniedError(tenants_messages.ONLY_TENANT_ADMIN_MAY_ADD(tenant=tenant.slug))
         lookup = {"pk": data["user"]} if "user" in data else {"username": data["username"]}
         user = User.objects.filter(is_active=True, **lookup).first()
         if user is None:

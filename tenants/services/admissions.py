@@ -12,6 +12,7 @@ from django.db import transaction
 from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import DomainError
+from tenants import messages as tenants_messages
 from tenants.access import allows
 from tenants.models import ApprovalKind, ApprovalRequest, Tenant, User
 from tenants.permissions import ancestors_and_self
@@ -78,10 +79,10 @@ def tenant_set_job_approval_threshold(
     ensure_may_write(actor)
     if actor is not None:
         require_permission(
-            allows(actor, Action.TENANT_THRESHOLD, tenant), "Only a system admin sets the job approval threshold."
+            allows(actor, Action.TENANT_THRESHOLD, tenant), tenants_messages.ONLY_SYSTEM_ADMIN_SETS_JOB()
         )
     if threshold_millis is not None and threshold_millis < 0:
-        raise DomainError("The threshold must be ≥ 0 millis.", field="job_approval_threshold_millis")
+        raise DomainError(tenants_messages.THRESHOLD_MUST_MILLIS(), field="job_approval_threshold_millis")
     before = tenant.job_approval_threshold_millis
     tenant.job_approval_threshold_millis = threshold_millis
     tenant.save(update_fields=["job_approval_threshold_millis"])

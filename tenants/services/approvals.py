@@ -15,6 +15,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
+from tenants import messages as tenants_messages
 from tenants.access import allows
 from tenants.approval_chain import eligible_approvers, resolve_chain
 from tenants.approval_handlers import approval_handler
@@ -68,7 +69,7 @@ def _require_decision_comment(actor: User, approval: Any, comment: str) -> bool:
     if override and not comment.strip():
         role = (approval.awaiting_role or "").replace("_", " ")
         raise DomainError(
-            f"This step waits for a {role}; a system admin deciding it instead must say why (comment).",
+            tenants_messages.STEP_WAITS_SYSTEM_ADMIN_DECIDING(role=role),
             field="comment",
         )
     return override
@@ -101,7 +102,7 @@ def quota_change_request_create(
     (so an impossible request is refused at once) and again, under locks, when it is finally approved."""
     ensure_may_write(actor)
     require_permission(
-        can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may request a quota change for it."
+        can_admin_tenant(actor, tenant), tenants_messages.ONLY_TENANT_ADMIN_MAY_REQUEST(tenant=tenant.slug)
     )
     current = Quota.objects.filter(tenant=tenant, flavor=flavor).first()
     merged = {**(current.values() if current else {}), **values}
@@ -112,8 +113,7 @@ def quota_change_request_create(
         # The platform's only system admin asking: nobody else exists to decide, and they need no one.
         # (A platform with no system admin at all keeps the request for the first one appointed.)
         raise DomainError(
-            "Nobody but you could approve this request: as a system admin, set the quota directly "
-            "(POST /api/v1/quotas/).",
+            tenants_messages.NOBODY_BUT_YOU_COULD_APPROVE(),
             code="no_approver",
         )
     approval = ApprovalRequest.objects.create(
@@ -155,7 +155,8 @@ def _require_open(approval: Any, *statuses: str) -> None:
     allowed = statuses or (ApprovalStatus.PENDING,)
     if approval.status not in allowed:
         raise ConflictError(
-            f"Request #{approval.pk} is {approval.status}; nothing more can be decided on it.", code="approval_closed"
+            tenants_messages.REQUEST_NOTHING_MORE_CAN_DECIDED(pk=approval.pk, status=approval.status),
+            code="approval_closed",
         )
 
 
@@ -260,7 +261,7 @@ def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = 
     """Refuse the request (any step's approver may). A job waiting for admission fails with the comment."""
     approval = _decision_begin(actor=actor, approval=approval)
     if not comment.strip():
-        raise DomainError("Say why you reject the request (comment).", field="comment")
+        raise DomainError(tenants_messages.SAY_WHY_YOU_REJECT_REQUEST(), field="comment")
     override = _require_decision_comment(actor, approval, comment)
     _step_record(approval, actor=actor, decision=ApprovalDecision.REJECT, comment=comment)
     approval.status = ApprovalStatus.REJECTED
@@ -279,9 +280,9 @@ def approval_request_changes(*, actor: User, approval: Any, comment: str, reques
     """Send a quota change back to its requester, who may resubmit changed values."""
     approval = _decision_begin(actor=actor, approval=approval)
     if approval.kind != ApprovalKind.QUOTA_CHANGE:
-        raise DomainError("A job admission can be approved or rejected, not sent back for changes.")
+        raise DomainError(tenants_messages.JOB_ADMISSION_CAN_APPROVED_REJECTED())
     if not comment.strip():
-        raise DomainError("Say which changes you need (comment).", field="comment")
+        raise DomainError(tenants_messages.SAY_WHICH_CHANGES_YOU_NEED(), field="comment")
     override = _require_decision_comment(actor, approval, comment)
     _step_record(approval, actor=actor, decision=ApprovalDecision.REQUEST_CHANGES, comment=comment)
     approval.status = ApprovalStatus.CHANGES_REQUESTED
@@ -301,7 +302,7 @@ def approval_resubmit(
     ensure_may_write(actor)
     approval = _lock_approval(approval)
     _require_open(approval, ApprovalStatus.CHANGES_REQUESTED)
-    require_permission(actor.pk == approval.requester_id, "Only the requester may resubmit a request.")
+    require_permission(actor.pk == approval.requester_id, tenants_messages.ONLY_REQUESTER_MAY_RESUBMIT_REQUEST())
     before = dict(approval.payload)
     if values:
         merged = {**approval.payload, **values}
@@ -337,7 +338,9 @@ def approval_cancel(*, actor: User, approval: Any, comment: str = "", request: A
     ensure_may_write(actor)
     approval = _lock_approval(approval)
     _require_open(approval, *OPEN_APPROVAL_STATUSES)
-    require_permission(allows(actor, Action.APPROVAL_WITHDRAW, approval), "Only the requester may cancel this request.")
+    require_permission(
+        allows(actor, Action.APPROVAL_WITHDRAW, approval), tenants_messages.ONLY_REQUESTER_MAY_CANCEL_REQUEST()
+    )
     _step_record(approval, actor=actor, decision=ApprovalDecision.CANCEL, comment=comment, role="requester")
     approval.status = ApprovalStatus.CANCELLED
     approval.decided_at = timezone.now()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kernel.api import PermissionDeniedError
+from tenants import messages as tenants_messages
 from tenants.models import User
 from tenants.permissions import is_auditor
 
@@ -20,9 +21,9 @@ def ensure_may_write(actor: User | None) -> None:
     if actor is None:
         return
     if not actor.is_active:
-        raise PermissionDeniedError("This account is deactivated.")
+        raise PermissionDeniedError(tenants_messages.ACCOUNT_DEACTIVATED())
     if is_auditor(actor):
-        raise PermissionDeniedError("Auditors have read-only access; ask a system or security admin.")
+        raise PermissionDeniedError(tenants_messages.AUDITORS_READ_ONLY_ACCESS_ASK())
 
 
 def require_permission(allowed: bool, message: str) -> None:

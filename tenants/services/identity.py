@@ -12,6 +12,7 @@ from django.db import transaction
 from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
+from tenants import messages as tenants_messages
 from tenants.access import allows
 from tenants.models import Membership, PlatformRole, User
 from tenants.services.guards import UNSET, ensure_may_write, require_permission
@@ -53,12 +54,14 @@ def user_create(
     that can sign in only through single sign-on."""
     ensure_may_write(actor)
     if actor is not None:
-        require_permission(allows(actor, Action.USER_MANAGE), "Only a security admin may create accounts.")
+        require_permission(allows(actor, Action.USER_MANAGE), tenants_messages.ONLY_SECURITY_ADMIN_MAY_CREATE())
     if platform_role not in PlatformRole.values:
-        raise DomainError(f"Unknown platform role {platform_role!r}.", code="invalid", field="platform_role")
+        raise DomainError(
+            tenants_messages.UNKNOWN_PLATFORM_ROLE(value=platform_role), code="invalid", field="platform_role"
+        )
     if User.objects.filter(username__iexact=username).exists():
         raise DomainError(
-            f"A user named {username!r} already exists; choose another username.", code="duplicate", field="username"
+            tenants_messages.USER_NAMED_ALREADY_EXISTS_CHOOSE(name=username), code="duplicate", field="username"
         )
     user = User(username=username, email=email, platform_role=platform_role, first_name=first_name, last_name=last_name)
     if password is None:
@@ -92,9 +95,9 @@ def user_update(
     an inactive account simply cannot sign in or use its tokens."""
     ensure_may_write(actor)
     if actor is not None:
-        require_permission(allows(actor, Action.USER_MANAGE, user), "Only a security admin may change accounts.")
+        require_permission(allows(actor, Action.USER_MANAGE, user), tenants_messages.ONLY_SECURITY_ADMIN_MAY_CHANGE())
         if is_active is False and actor.pk == user.pk:
-            raise DomainError("You cannot deactivate your own account; ask another security admin.")
+            raise DomainError(tenants_messages.YOU_CANNOT_DEACTIVATE_YOUR_OWN())
     user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
     before = _user_snapshot(user)
     for field, value in (("email", email), ("first_name", first_name), ("last_name", last_name)):
@@ -120,10 +123,10 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
     ensure_may_write(actor)
     if actor is not None:
         require_permission(
-            allows(actor, Action.USER_PLATFORM_ROLE, user), "Only a security admin may grant or remove platform roles."
+            allows(actor, Action.USER_PLATFORM_ROLE, user), tenants_messages.ONLY_SECURITY_ADMIN_MAY_GRANT()
         )
         if actor.pk == user.pk:
-            raise DomainError("You cannot change your own platform role; ask another security admin.")
+            raise DomainError(tenants_messages.YOU_CANNOT_CHANGE_YOUR_OWN())
     if platform_role not in PlatformRole.values:
         raise DomainError(
             f"Unknown platform role {platform_role!r}; use one of: " + ", ".join(repr(v) for v in PlatformRole.values),
@@ -137,15 +140,15 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
         # Separation of duties: a platform account (system, security admin, auditor) holds no tenant role, so
         # an auditor never runs jobs and an admin never approves their own tenant's requests.
         raise DomainError(
-            f"{user.username} is a member of tenants; a platform account holds no tenant membership. Remove the "
-            "memberships first (or use a separate account for the platform role).",
+            tenants_messages.MEMBER_TENANTS_PLATFORM_ACCOUNT_HOLDS(user=user.username),
             code="separation_of_duties",
             field="platform_role",
         )
     if before and platform_role:
         raise DomainError(
-            f"{user.username} already holds the platform role {before!r}; one account cannot hold two platform "
-            f"roles. Remove {before!r} first, then grant {platform_role!r}.",
+            tenants_messages.ALREADY_HOLDS_PLATFORM_ROLE_ACCOUNT(
+                user=user.username, before=before, after=platform_role
+            ),
             code="separation_of_duties",
             field="platform_role",
         )
@@ -166,7 +169,7 @@ def user_set_password(*, actor: User | None, user: User, password: str, request:
     ensure_may_write(actor)
     if actor is not None:
         require_permission(
-            allows(actor, Action.USER_SET_PASSWORD, user), "Only a security admin may set another's password."
+            allows(actor, Action.USER_SET_PASSWORD, user), tenants_messages.ONLY_SECURITY_ADMIN_MAY_SET()
         )
     _validate_new_password(password, user)
     user.set_password(password)
@@ -221,7 +224,7 @@ def mfa_totp_begin(*, actor: User | None, user: User, confirmed: bool = False, r
     from django_otp.plugins.otp_totp.models import TOTPDevice
 
     if actor is not None:
-        require_permission(actor.pk == user.pk, "You can only enrol a two-factor device for your own account.")
+        require_permission(actor.pk == user.pk, tenants_messages.YOU_CAN_ONLY_ENROL_TWO())
     TOTPDevice.objects.filter(user=user, confirmed=False).delete()
     if confirmed:
         TOTPDevice.objects.filter(user=user).delete()
@@ -240,12 +243,12 @@ def mfa_totp_begin(*, actor: User | None, user: User, confirmed: bool = False, r
 def mfa_totp_confirm(*, actor: User, device: Any, otp: str, request: Any = None) -> Any:
     """Confirm enrolment with a first code from the authenticator app."""
     if device.user_id != actor.pk:
-        raise PermissionDeniedError("This device belongs to another account.")
+        raise PermissionDeniedError(tenants_messages.DEVICE_BELONGS_ANOTHER_ACCOUNT())
     if not device.verify_token(otp.strip()):
         audit_record(
             action="auth.mfa.enrol.confirm", actor=actor, target=f"user:{actor.pk}", outcome="failure", request=request
         )
-        raise DomainError("That code is not valid; check the clock of your device and try again.", code="otp_invalid")
+        raise DomainError(tenants_messages.CODE_VALID_CHECK_CLOCK_YOUR(), code="otp_invalid")
     type(device).objects.filter(user=actor, confirmed=True).exclude(pk=device.pk).delete()
     device.confirmed = True
     device.save(update_fields=["confirmed"])
@@ -274,7 +277,7 @@ def mfa_reset(*, actor: User | None, user: User, request: Any = None) -> int:
     if actor is not None:
         require_permission(
             allows(actor, Action.USER_MANAGE, user),
-            "Only a security admin may reset another account's two-factor devices.",
+            tenants_messages.ONLY_SECURITY_ADMIN_MAY_RESET(),
         )
     removed = 0
     for device in list(devices_for_user(user, confirmed=None)):
@@ -298,7 +301,7 @@ def auth_lockout_reset(*, actor: User | None, attempt: Any, request: Any = None)
 
     ensure_may_write(actor)
     if actor is not None:
-        require_permission(allows(actor, Action.LOCKOUT_RESET), "Only a security admin may lift a sign-in lockout.")
+        require_permission(allows(actor, Action.LOCKOUT_RESET), tenants_messages.ONLY_SECURITY_ADMIN_MAY_LIFT())
     locked = AccessAttempt.objects.select_for_update().filter(pk=attempt.pk).first()
     if locked is None:
         return 0

@@ -8,6 +8,7 @@ from django.db import transaction
 
 from audit.services import audit_record
 from kernel.api import DomainError
+from tenants import messages as tenants_messages
 from tenants.models import Membership, MembershipRole, Tenant, User
 from tenants.permissions import can_manage_memberships
 from tenants.services.guards import ensure_may_write, require_permission
@@ -19,8 +20,7 @@ def cannot_add_member() -> DomainError:
     """The one answer for "no such user" and "this user cannot be a tenant member" (no enumeration): it names
     no account, so the answer is the same whichever was asked for."""
     return DomainError(
-        "That user cannot be added: the account does not exist, is deactivated, or is a platform account "
-        "(platform accounts hold no tenant membership).",
+        tenants_messages.USER_CANNOT_ADDED_ACCOUNT_DOES(),
         code="cannot_add_member",
         field="user",
     )
@@ -42,7 +42,7 @@ def membership_create(
     ensure_may_write(actor)
     if actor is not None:
         require_permission(
-            can_manage_memberships(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may add members to it."
+            can_manage_memberships(actor, tenant), tenants_messages.ONLY_TENANT_ADMIN_MAY_ADD(tenant=tenant.slug)
         )
     _check_membership_role(role)
     if user.platform_role or not user.is_active:
@@ -50,7 +50,7 @@ def membership_create(
         # does not exist, so that a tenant admin cannot learn which accounts exist or hold platform roles.
         raise cannot_add_member()
     if Membership.objects.filter(user=user, tenant=tenant).exists():
-        raise DomainError(f"{user.username} is already a member of {tenant.slug}.", code="duplicate")
+        raise DomainError(tenants_messages.ALREADY_MEMBER(user=user.username, tenant=tenant.slug), code="duplicate")
     membership = Membership.objects.create(user=user, tenant=tenant, role=role)
     audit_record(
         action="membership.create",
@@ -69,7 +69,7 @@ def membership_update(*, actor: User | None, membership: Membership, role: str, 
     if actor is not None:
         require_permission(
             can_manage_memberships(actor, membership.tenant),
-            f"Only a tenant admin of {membership.tenant.slug!r} may change its members' roles.",
+            tenants_messages.ONLY_TENANT_ADMIN_MAY_CHANGE(tenant=membership.tenant.slug),
         )
     _check_membership_role(role)
     membership = (
@@ -97,7 +97,7 @@ def membership_delete(*, actor: User | None, membership: Membership, request: An
     if actor is not None:
         require_permission(
             can_manage_memberships(actor, membership.tenant),
-            f"Only a tenant admin of {membership.tenant.slug!r} may remove its members.",
+            tenants_messages.ONLY_TENANT_ADMIN_MAY_REMOVE(tenant=membership.tenant.slug),
         )
     audit_record(
         action="membership.delete",

@@ -15,6 +15,7 @@ from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import ConflictError
 from kernel.task_queue import task_queue
+from tenants import messages as tenants_messages
 from tenants.access import allows
 from tenants.approval_chain import eligible_approvers
 from tenants.models import ApprovalKind, DeliveryStatus, NotificationDelivery, User
@@ -141,10 +142,12 @@ def notification_retry(*, actor: User | None, delivery: Any, request: Any = None
     """Send a failed delivery again (admins, from the API), with a fresh attempt budget."""
     ensure_may_write(actor)
     if actor is not None:
-        require_permission(allows(actor, Action.NOTIFICATION_RETRY), "Only platform admins retry notifications.")
+        require_permission(
+            allows(actor, Action.NOTIFICATION_RETRY), tenants_messages.ONLY_PLATFORM_ADMINS_RETRY_NOTIFICATIONS()
+        )
     delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
     if delivery.status == DeliveryStatus.SENT:
-        raise ConflictError(f"Notification {delivery.pk} was already sent.", code="already_sent")
+        raise ConflictError(tenants_messages.NOTIFICATION_WAS_ALREADY_SENT(pk=delivery.pk), code="already_sent")
     delivery.status = DeliveryStatus.PENDING
     delivery.attempts = 0
     delivery.save(update_fields=["status", "attempts", "updated_at"])

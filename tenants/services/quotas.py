@@ -10,6 +10,7 @@ from audit.services import audit_record
 from catalog.models import FlavorPrice
 from kernel.access_rules import Action
 from kernel.api import DomainError
+from tenants import messages as tenants_messages
 from tenants.access import allows
 from tenants.models import QUOTA_FIELDS, QUOTA_STEP_MILLIS, Quota, Tenant, TenantStorageUsage, User
 from tenants.permissions import ancestors_and_self
@@ -27,7 +28,7 @@ def quota_values_clean(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
     """Check one quota's own numbers: no negatives, steps of 100 millis, limit ≥ guaranteed."""
     unknown = set(values) - set(QUOTA_FIELDS)
     if unknown:
-        raise DomainError(f"Unknown quota field(s): {', '.join(sorted(unknown))}.")
+        raise DomainError(tenants_messages.UNKNOWN_QUOTA_FIELD(fields=", ".join(sorted(unknown))))
     cleaned = {}
     for field in QUOTA_FIELDS:
         value = values.get(field)
@@ -38,15 +39,18 @@ def quota_values_clean(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
                 raise DomainError(f"{field} must be a whole number ≥ 0 (got {value!r}).", field=field)
             if field.endswith("_millis") and value % QUOTA_STEP_MILLIS:
                 raise DomainError(
-                    f"{field} must be a multiple of {QUOTA_STEP_MILLIS} (1000 millis = one card); got {value}.",
+                    tenants_messages.MUST_MULTIPLE_MILLIS_CARD_GOT(
+                        quota_field=field, step=QUOTA_STEP_MILLIS, value=value
+                    ),
                     field=field,
                 )
         cleaned[field] = value
     where = f"{tenant.slug}/{_flavor_name(flavor)}"
     if cleaned["limit_millis"] is not None and cleaned["limit_millis"] < cleaned["guaranteed_millis"]:
         raise DomainError(
-            f"Quota {where}: limit_millis {cleaned['limit_millis']} is below guaranteed_millis "
-            f"{cleaned['guaranteed_millis']}; the limit must be at least the guarantee.",
+            tenants_messages.QUOTA_LIMIT_MILLIS_BELOW_GUARANTEED(
+                where=where, limit=cleaned["limit_millis"], guaranteed=cleaned["guaranteed_millis"]
+            ),
             code="quota_invalid",
             field="limit_millis",
         )
@@ -99,9 +103,9 @@ def quota_tree_check(*, tenant: Tenant, flavor: Any, new: dict) -> None:
         if total > guaranteed[parent]:
             parts = ", ".join(f"{slugs[kid]} {guaranteed[kid]}" for kid in sorted(kids, key=lambda k: slugs[k]))
             raise DomainError(
-                f"Quota for {flavor_name}: the guarantees under {slugs[parent]} add up to {total} millis "
-                f"({parts}) but {slugs[parent]} is guaranteed only {guaranteed[parent]}; raise "
-                f"{slugs[parent]}'s guarantee or lower the others.",
+                tenants_messages.QUOTA_GUARANTEES_UNDER_ADD_UP(
+                    flavor=flavor_name, parent=slugs[parent], total=total, parts=parts, guaranteed=guaranteed[parent]
+                ),
                 code="quota_exceeds_parent",
                 field="guaranteed_millis",
             )
@@ -139,7 +143,7 @@ def quota_set(*, actor: User | None, tenant: Tenant, flavor: Any, values: dict, 
     if actor is not None:
         require_permission(
             allows(actor, Action.QUOTA_SET, tenant),
-            "Only a system admin sets quotas directly; tenant admins request a change.",
+            tenants_messages.ONLY_SYSTEM_ADMIN_SETS_QUOTAS(),
         )
     return quota_apply(actor=actor, tenant=tenant, flavor=flavor, values=values, request=request)
 
@@ -153,13 +157,13 @@ def flavor_price_set(
 
     ensure_may_write(actor)
     if actor is not None:
-        require_permission(allows(actor, Action.PRICE_SET), "Only a system admin sets prices.")
+        require_permission(allows(actor, Action.PRICE_SET), tenants_messages.ONLY_SYSTEM_ADMIN_SETS_PRICES())
     try:
         price = Decimal(str(price_per_device_hour))
     except InvalidOperation:
-        raise DomainError("price_per_device_hour must be a number.", field="price_per_device_hour") from None
+        raise DomainError(tenants_messages.PRICE_PER_DEVICE_HOUR_MUST_NUMBER(), field="price_per_device_hour") from None
     if price < 0 or not price.is_finite():
-        raise DomainError("price_per_device_hour must be ≥ 0.", field="price_per_device_hour")
+        raise DomainError(tenants_messages.PRICE_PER_DEVICE_HOUR_MUST(), field="price_per_device_hour")
     existing = FlavorPrice.objects.filter(flavor=flavor).first()
     before = {"price": str(existing.price_per_device_hour), "currency": existing.currency} if existing else None
     row, _created = FlavorPrice.objects.update_or_create(

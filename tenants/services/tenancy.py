@@ -12,6 +12,7 @@ from django.db.models import F, ProtectedError
 from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import ConflictError, DomainError
+from tenants import messages as tenants_messages
 from tenants.access import reaches_all
 from tenants.models import MAX_TENANT_DEPTH, Tenant, TenantKind, User
 from tenants.permissions import can_admin_strict_ancestor, can_admin_tenant
@@ -69,24 +70,24 @@ def tenant_create(
     if actor is not None:
         if parent is None:
             require_permission(
-                reaches_all(actor, Action.TENANT_CREATE), "Only a system admin may create a top-level tenant."
+                reaches_all(actor, Action.TENANT_CREATE), tenants_messages.ONLY_SYSTEM_ADMIN_MAY_CREATE()
             )
         else:
             require_permission(
-                can_admin_tenant(actor, parent), f"Only a tenant admin of {parent.slug!r} may add tenants to it."
+                can_admin_tenant(actor, parent), tenants_messages.ONLY_TENANT_ADMIN_MAY_ADD_TENANTS(tenant=parent.slug)
             )
     if kind not in TenantKind.values:
-        raise DomainError(f"Unknown tenant kind {kind!r}.", field="kind")
+        raise DomainError(tenants_messages.UNKNOWN_TENANT_KIND(value=kind), field="kind")
     _lock_tenant_tree()
     depth = 1 if parent is None else parent.depth + 1
     if depth > MAX_TENANT_DEPTH:
         raise DomainError(
-            f"Tenant {slug!r} would be at depth {depth}; the tree allows at most {MAX_TENANT_DEPTH} levels.",
+            tenants_messages.TENANT_WOULD_DEPTH_TREE_ALLOWS(tenant=slug, depth=depth, max=MAX_TENANT_DEPTH),
             code="tenant_too_deep",
             field="parent",
         )
     if Tenant.objects.filter(slug=slug).exists():
-        raise DomainError(f"A tenant with slug {slug!r} already exists.", code="duplicate", field="slug")
+        raise DomainError(tenants_messages.TENANT_SLUG_ALREADY_EXISTS(tenant=slug), code="duplicate", field="slug")
     _check_sibling_name(name=name, parent=parent)
     tenant = Tenant.objects.create(name=name, slug=slug, kind=kind, parent=parent, depth=depth, description=description)
     audit_record(
@@ -116,7 +117,9 @@ def tenant_update(
     new parent."""
     ensure_may_write(actor)
     if actor is not None:
-        require_permission(can_admin_tenant(actor, tenant), f"Only a tenant admin of {tenant.slug!r} may change it.")
+        require_permission(
+            can_admin_tenant(actor, tenant), tenants_messages.ONLY_TENANT_ADMIN_MAY_CHANGE_2(tenant=tenant.slug)
+        )
     _lock_tenant_tree()
     tenant = Tenant.objects.select_for_update(of=("self",), no_key=True).select_related("parent").get(pk=tenant.pk)
     before = _tenant_snapshot(tenant)
@@ -125,18 +128,19 @@ def tenant_update(
         if actor is not None:
             require_permission(
                 can_admin_strict_ancestor(actor, tenant),
-                f"Moving {tenant.slug!r} needs tenant admin rights on its parent tenant.",
+                tenants_messages.MOVING_NEEDS_TENANT_ADMIN_RIGHTS(tenant=tenant.slug),
             )
             if parent is None:
                 require_permission(
-                    reaches_all(actor, Action.TENANT_MOVE), "Only a system admin may move a tenant to the top level."
+                    reaches_all(actor, Action.TENANT_MOVE), tenants_messages.ONLY_SYSTEM_ADMIN_MAY_MOVE()
                 )
             else:
-                require_permission(can_admin_tenant(actor, parent), f"You are not a tenant admin of {parent.slug!r}.")
+                require_permission(
+                    can_admin_tenant(actor, parent), tenants_messages.YOU_TENANT_ADMIN(tenant=parent.slug)
+                )
         if parent is not None and parent.pk in tenant_subtree_ids(tenant):
             raise DomainError(
-                f"Cannot move {tenant.slug!r} under {parent.slug!r}: {parent.slug!r} is inside the subtree of "
-                f"{tenant.slug!r}, which would make a cycle.",
+                tenants_messages.CANNOT_MOVE_UNDER_INSIDE_SUBTREE(tenant=tenant.slug, parent=parent.slug),
                 code="tenant_cycle",
                 field="parent",
             )
@@ -144,9 +148,13 @@ def tenant_update(
         height = tenant_subtree_height(tenant)
         if new_depth + height - 1 > MAX_TENANT_DEPTH:
             raise DomainError(
-                f"Cannot move {tenant.slug!r} under {parent.slug if parent else 'the top level'!r}: its subtree "
-                f"has {height} level(s) and would reach depth {new_depth + height - 1}; the tree allows at most "
-                f"{MAX_TENANT_DEPTH}.",
+                tenants_messages.CANNOT_MOVE_UNDER_SUBTREE_LEVEL(
+                    tenant=tenant.slug,
+                    parent=parent.slug if parent else "the top level",
+                    height=height,
+                    depth=new_depth + height - 1,
+                    max=MAX_TENANT_DEPTH,
+                ),
                 code="tenant_too_deep",
                 field="parent",
             )
@@ -156,7 +164,7 @@ def tenant_update(
         _check_sibling_name(name=new_name, parent=new_parent, exclude_pk=tenant.pk)
     if kind is not UNSET:
         if kind not in TenantKind.values:
-            raise DomainError(f"Unknown tenant kind {kind!r}.", field="kind")
+            raise DomainError(tenants_messages.UNKNOWN_TENANT_KIND(value=kind), field="kind")
         tenant.kind = kind
     if description is not UNSET:
         tenant.description = description
@@ -187,15 +195,15 @@ def tenant_delete(*, actor: User | None, tenant: Tenant, request: Any = None) ->
     if actor is not None:
         require_permission(
             can_admin_strict_ancestor(actor, tenant),
-            f"Deleting {tenant.slug!r} needs tenant admin rights on its parent (or a system admin).",
+            tenants_messages.DELETING_NEEDS_TENANT_ADMIN_RIGHTS(tenant=tenant.slug),
         )
     if tenant.children.exists():
         raise ConflictError(
-            f"Tenant {tenant.slug!r} has child tenants; move or delete them first.", code="tenant_not_empty"
+            tenants_messages.TENANT_CHILD_TENANTS_MOVE_DELETE(tenant=tenant.slug), code="tenant_not_empty"
         )
     if tenant.memberships.exists():
         raise ConflictError(
-            f"Tenant {tenant.slug!r} still has members; remove their memberships first.", code="tenant_not_empty"
+            tenants_messages.TENANT_STILL_MEMBERS_REMOVE_THEIR(tenant=tenant.slug), code="tenant_not_empty"
         )
     before = _tenant_snapshot(tenant)
     pk = tenant.pk
@@ -212,6 +220,6 @@ def tenant_delete(*, actor: User | None, tenant: Tenant, request: Any = None) ->
             tenant.delete()
     except ProtectedError:
         raise ConflictError(
-            f"Tenant {tenant.slug!r} still has jobs, quotas or other records; remove those first.",
+            tenants_messages.TENANT_STILL_JOBS_QUOTAS_OTHER(tenant=tenant.slug),
             code="tenant_not_empty",
         ) from None

@@ -14,6 +14,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import DomainError, PermissionDeniedError
+from tenants import messages as tenants_messages
 from tenants.access import allows
 from tenants.models import TOKEN_PREFIX, ApiToken, TokenScope, User
 from tenants.permissions import is_auditor, token_scopes_allowed
@@ -52,9 +53,9 @@ def api_token_create(
     token (``via_token``) mints only a token of the same or a lower scope that expires no later than it: a
     stolen write token must not become an admin token that skips the second factor of a console sign-in."""
     if not actor.is_active:
-        raise PermissionDeniedError("This account is deactivated.")
+        raise PermissionDeniedError(tenants_messages.ACCOUNT_DEACTIVATED())
     if scope not in TokenScope.values:
-        raise DomainError(f"Unknown scope {scope!r}; use read, write or admin.", field="scope")
+        raise DomainError(tenants_messages.UNKNOWN_SCOPE_USE_READ_WRITE(value=scope), field="scope")
     if via_token is not None:
         if TOKEN_SCOPE_RANK[scope] > TOKEN_SCOPE_RANK[via_token.scope]:
             raise PermissionDeniedError(
@@ -70,19 +71,17 @@ def api_token_create(
             )
     if scope not in token_scopes_allowed(actor):
         if is_auditor(actor):
-            raise DomainError("Auditors may only create read-scoped tokens.", field="scope")
-        raise DomainError("Only system and security admins may create admin-scoped tokens.", field="scope")
+            raise DomainError(tenants_messages.AUDITORS_MAY_ONLY_CREATE_READ(), field="scope")
+        raise DomainError(tenants_messages.ONLY_SYSTEM_SECURITY_ADMINS_MAY(), field="scope")
     now = timezone.now()
     if expires_at is None:
         expires_at = now + dt.timedelta(days=TOKEN_DEFAULT_LIFETIME_DAYS)
     if expires_at <= now:
-        raise DomainError("expires_at must be in the future.", field="expires_at")
+        raise DomainError(tenants_messages.EXPIRES_MUST_FUTURE(), field="expires_at")
     if expires_at > now + dt.timedelta(days=TOKEN_MAX_LIFETIME_DAYS):
-        raise DomainError(
-            f"Tokens live at most {TOKEN_MAX_LIFETIME_DAYS} days; pick an earlier expires_at.", field="expires_at"
-        )
+        raise DomainError(tenants_messages.TOKENS_LIVE_MOST_DAYS_PICK(days=TOKEN_MAX_LIFETIME_DAYS), field="expires_at")
     if ApiToken.objects.filter(user=actor, name=name).exists():
-        raise DomainError(f"You already have a token named {name!r}.", code="duplicate", field="name")
+        raise DomainError(tenants_messages.YOU_ALREADY_TOKEN_NAMED(name=name), code="duplicate", field="name")
     prefix, raw = _new_token_secret()
     token = ApiToken.objects.create(
         user=actor, name=name, key_prefix=prefix, key_sha256=token_hash(raw), scope=scope, expires_at=expires_at
@@ -101,9 +100,7 @@ def api_token_create(
 def api_token_revoke(*, actor: User | None, token: ApiToken, request: Any = None) -> ApiToken:
     """Revoke a token (its owner or a security admin). Revoking twice is harmless."""
     if actor is not None:
-        require_permission(
-            allows(actor, Action.TOKEN_REVOKE, token), "Only the owner or a security admin may revoke it."
-        )
+        require_permission(allows(actor, Action.TOKEN_REVOKE, token), tenants_messages.ONLY_OWNER_SECURITY_ADMIN_MAY())
     token = ApiToken.objects.select_for_update(no_key=True).get(pk=token.pk)
     if token.revoked_at is not None:
         return token

@@ -190,6 +190,10 @@ def _sample(node: ast.expr, env: dict, data: list[str]) -> str:
         return value
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         return _sample(node.left, env, data) + _sample(node.right, env, data)
+    if _catalogue_message(node) is not None:  # ``tenants_messages.NAME(field=..., ...)``: the catalogue's sentence
+        params = {k.arg: _sample_value(ast.unparse(k.value)) for k in node.keywords}
+        data.extend(params.values())
+        return _catalogue_message(node)(**params)
     if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(".join") and node.args:  # ", ".join(names)
         value = "acme-research, team-a"
         data.append(value)
@@ -200,6 +204,27 @@ def _sample(node: ast.expr, env: dict, data: list[str]) -> str:
             data.append(value)
         return value
     raise _Unsupported(ast.unparse(node))
+
+
+def _catalogue_message(node: ast.expr):
+    """The catalogue ``Message`` a call ``<app>_messages.NAME(...)`` renders, or None."""
+    if not (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id.endswith("_messages")
+    ):
+        return None
+    module = importlib.import_module(node.func.value.id.removesuffix("_messages") + ".messages")
+    return getattr(module, node.func.attr)
+
+
+def _catalogue_ref(node: ast.expr):
+    """The catalogue ``Message`` an expression ``<app>_messages.NAME`` names, or None."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id.endswith("_messages"):
+        module = importlib.import_module(node.value.id.removesuffix("_messages") + ".messages")
+        return getattr(module, node.attr)
+    return None
 
 
 def _local_phrases(func: ast.FunctionDef | None) -> dict[str, str]:
@@ -262,7 +287,10 @@ def _helpers() -> dict[object, tuple[list[str], ast.expr]]:
                     # A helper returns the error it builds (jobspec's _fail) or raises its argument as it is
                     # (_require); any other raise is an ordinary message whose data happen to be parameters.
                     builds = isinstance(node, ast.Return) or isinstance(message, ast.Name)
-                    if builds and names & set(params) and hasattr(module, func.name):
+                    # (A helper that also takes a catalogue message, ``message(**params)``, is walked where
+                    # it is called: the sentence is the catalogue's.)
+                    catalogue_call = isinstance(message, ast.Call) and ast.unparse(message.func) in params
+                    if builds and names & set(params) and hasattr(module, func.name) and not catalogue_call:
                         helpers[getattr(module, func.name)] = (params, message)
     return helpers
 
@@ -289,6 +317,23 @@ def service_messages() -> list[tuple[str, str, list[str]]]:
             if results:  # an approval's result, shown on its page: ``approval.result_message = f"..."[:500]``
                 message, env, data = node.value, {}, []
                 message = message.value if isinstance(message, ast.Subscript) else message
+            elif helper in helpers and any(_catalogue_ref(arg) is not None for arg in node.args):
+                # ``_fail(field, scheduler_messages.NAME, low=...)``: the catalogue's sentence, the field in it
+                catalogue = next(_catalogue_ref(arg) for arg in node.args if _catalogue_ref(arg) is not None)
+                data = []
+                values = {k.arg: _sample_value(ast.unparse(k.value)) for k in node.keywords}
+                if "field" in catalogue.placeholders and "field" not in values:
+                    values["field"] = (
+                        _sample(node.args[0], {"@locals": phrases}, data)
+                        if isinstance(node.args[0], ast.Constant | ast.JoinedStr)
+                        else _sample_value(ast.unparse(node.args[0]))
+                    )
+                data.extend(values.values())
+                text = catalogue(**values)
+                if text not in seen:
+                    seen.add(text)
+                    found.append((f"{path}:{node.lineno}", text, data))
+                continue
             elif helper in helpers:
                 params, message = helpers[helper]
                 env, data = {}, []
@@ -308,6 +353,9 @@ def service_messages() -> list[tuple[str, str, list[str]]]:
                 message = message.orelse
             if message is None:
                 continue
+            func = enclosing.get(node)
+            if isinstance(message, ast.Call) and func is not None and ast.unparse(message.func) in _params(func):
+                continue  # a helper rendering the catalogue message it is given: walked where it is called
             source = ast.unparse(message) if helper not in helpers else ast.unparse(node)
             if any(piece in source for piece in EXCLUDED):
                 continue
@@ -319,6 +367,10 @@ def service_messages() -> list[tuple[str, str, list[str]]]:
                 seen.add(text)
                 found.append((f"{path}:{node.lineno}", text, data))
     return found
+
+
+def _params(func: ast.FunctionDef) -> set[str]:
+    return {a.arg for a in func.args.args + func.args.kwonlyargs}
 
 
 def _in_helper(call: ast.Call, helpers) -> bool:

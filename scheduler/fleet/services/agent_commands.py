@@ -11,6 +11,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.db.models import F
 from django.utils import timezone
 
+from scheduler import messages as scheduler_messages
 from scheduler.fleet.models import AgentReport
 from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.fleet.telemetry import parse_time
@@ -69,7 +70,7 @@ def workload_report_apply(*, node_id: int, status: dict, now: datetime | None = 
         cursor.execute(_NODE_AND_REPORT_SEEN_SQL, [report_id, node_id])
         row = cursor.fetchone()
     if row is None:
-        raise Node.DoesNotExist(f"No node with id {node_id}.")
+        raise Node.DoesNotExist(scheduler_messages.NODE_ID(pk=node_id))
     if row[1]:
         return ReportOutcome(code="duplicate", detail=f"report {report_id} was applied before")
     node = Node.from_db(connection.alias, ["id", "name"], [node_id, row[0]])  # the other fields load if used

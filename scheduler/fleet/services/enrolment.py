@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from kernel.api import DomainError
+from scheduler import messages as scheduler_messages
 from scheduler.fleet.models import BootstrapToken, NodeAgent, NodeCredential
 from scheduler.fleet.services.notify import agent_group, group_send_after_commit
 from scheduler.models import Node, NodeStatus
@@ -50,7 +51,7 @@ def bootstrap_token_create(
     ttl_s = settings.GPUPOOL_BOOTSTRAP_TOKEN_TTL_S if ttl_s is None else ttl_s
     if not 60 <= ttl_s <= MAX_TOKEN_TTL_S:
         raise DomainError(
-            f"ttl must be between 60 seconds and {MAX_TOKEN_TTL_S // 86400} days; got {ttl_s} seconds.",
+            scheduler_messages.TTL_MUST_BETWEEN_SECONDS_DAYS(days=MAX_TOKEN_TTL_S // 86400, ttl=ttl_s),
             code="invalid_ttl",
             field="ttl_s",
         )

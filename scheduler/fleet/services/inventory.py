@@ -23,6 +23,7 @@ from catalog.models import ResourceFlavor, Vendor
 from kernel.access_rules import Action
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
 from nodeagent import protocol
+from scheduler import messages as scheduler_messages
 from scheduler.fleet.models import NodeAgent
 from scheduler.fleet.services.notify import cycle_request_after_commit
 from scheduler.fleet.services.workload_reports import node_jobs_requeue, workload_status_report
@@ -262,13 +263,12 @@ def device_rehome(*, actor: Any, device: Device, node: Node, request: Any | None
     its real index and health); its old node's next hello no longer lists it and changes nothing more.
     """
     if not allows(actor, Action.FLEET_MANAGE):
-        raise PermissionDeniedError("Only a system admin may re-home a device.")
+        raise PermissionDeniedError(scheduler_messages.ONLY_SYSTEM_ADMIN_MAY_RE())
     # Lock order: Device before Allocation and Node rows.
     device = Device.objects.select_for_update(of=("self",), no_key=True).get(pk=device.pk)
     if Allocation.objects.filter(device=device, ended_at__isnull=True).exists():
         raise ConflictError(
-            f"Device {device.uuid} still holds a running allocation; drain node {device.node.name} or cancel the job "
-            "first.",
+            scheduler_messages.DEVICE_STILL_HOLDS_RUNNING_ALLOCATION(device=device.uuid, node=device.node.name),
             code="device_busy",
         )
     before = {"node": device.node.name, "index": device.index}

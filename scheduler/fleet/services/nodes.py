@@ -12,6 +12,7 @@ from audit.services import audit_record
 from catalog.models import ResourceFlavor
 from kernel.access_rules import Action
 from kernel.api import ConflictError, PermissionDeniedError
+from scheduler import messages as scheduler_messages
 from scheduler.fleet import outbox
 from scheduler.fleet.fencing import lease_timing
 from scheduler.models import Allocation, Node, NodeStatus
@@ -24,7 +25,7 @@ from tenants.access import allows
 
 def _require_allowed(actor: Any | None, action: Action = Action.NODE_OPERATE) -> None:
     if actor is not None and not allows(actor, action):
-        raise PermissionDeniedError("Only a system admin may change nodes and flavors.")
+        raise PermissionDeniedError(scheduler_messages.ONLY_SYSTEM_ADMIN_MAY_CHANGE())
 
 
 def _node_set_status(*, node: Node, actor: Any | None, status: str, action: str) -> Node:
@@ -92,7 +93,7 @@ def flavor_create(
     that states none gets per card of this flavor (0: none)."""
     _require_allowed(actor, Action.FLAVOR_CREATE)
     if ResourceFlavor.objects.filter(name=name).exists():
-        raise ConflictError(f"A flavor named {name!r} already exists.", code="duplicate")
+        raise ConflictError(scheduler_messages.FLAVOR_NAMED_ALREADY_EXISTS(name=name), code="duplicate")
     flavor = ResourceFlavor.objects.create(
         name=name,
         vendor=vendor,
