@@ -105,7 +105,7 @@ def _stream_segment(
     verifier recomputes the tree the witness cosigned and nothing in the range can be left out."""
     checkpoints = [c for c in _cosigned(stream) if c.seq <= latest_size]
     if not checkpoints or checkpoints[-1].seq != latest_size:
-        raise DomainError(audit_messages.WITNESS_LATEST_CHECKPOINT_DATABASE_RUN(stream=stream))
+        raise DomainError(audit_messages.WITNESSS_LATEST_CHECKPOINT_NOT_DATABASE(stream=stream))
     heads = dict(
         AuditRecord.objects.filter(stream=stream, seq__in=[c.seq for c in checkpoints]).values_list("seq", "created_at")
     )

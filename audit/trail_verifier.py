@@ -28,6 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit import chain, conf, crypto, witness
+from audit import messages as audit_messages
 from audit import transparency as tp
 from audit import witness_service as ws
 from audit.chain import Finding
@@ -116,7 +117,7 @@ def load_trust(report: VerificationReport) -> Trust:
             Finding(
                 chain.FINDING_WITNESS,
                 "",
-                f"the witness cannot be read ({exc}): nothing outside the database vouches for the trail",
+                audit_messages.FINDING_WITNESS_CANNOT_READ_NOTHING_OUTSIDE(error=exc),
             )
         )
         return trust
@@ -130,7 +131,9 @@ def load_trust(report: VerificationReport) -> Trust:
         report.witness_key = str(trust.witness_key)
         trust.keys = dict(tp.key_chain(root_pem, state.get("rotations", [])))
     except tp.ProofError as exc:
-        report.findings.append(Finding(chain.FINDING_TRUST, "", f"the trust root does not hold: {exc}"))
+        report.findings.append(
+            Finding(chain.FINDING_TRUST, "", audit_messages.FINDING_TRUST_ROOT_DOES_NOT_HOLD(error=exc))
+        )
         return trust
     if pinned is None:
         report.warnings.append(
@@ -143,9 +146,9 @@ def load_trust(report: VerificationReport) -> Trust:
             Finding(
                 chain.FINDING_TRUST,
                 "",
-                f"the configured signing key {signer.key_id} is not certified by the trust root (keys "
-                f"{sorted(trust.keys)}): the witness refuses what it signs; rotate to it with "
-                "`gpupool audit_rotate_signing_key` from the current key",
+                audit_messages.FINDING_CONFIGURED_SIGNING_KEY_NOT_CERTIFIED(
+                    key_id=signer.key_id, value=sorted(trust.keys)
+                ),
             )
         )
     trust.streams = state.get("streams", {})
@@ -195,7 +198,7 @@ def _check_seals(
                 Finding(
                     chain.FINDING_FORGED,
                     stream,
-                    f"record seq {record.seq} names an unknown data key {row.key_id}",
+                    audit_messages.FINDING_RECORD_SEQ_NAMES_UNKNOWN_DATA(seq=record.seq, key_id=row.key_id),
                     [record.seq],
                 )
             )
@@ -209,8 +212,7 @@ def _check_seals(
                 Finding(
                     chain.FINDING_KEY,
                     stream,
-                    f"record seq {record.seq}: its data key {row.key_id} does not unwrap ({exc}), so its seal cannot "
-                    "be checked: the key was overwritten or planted",
+                    audit_messages.FINDING_RECORD_SEQ_DATA_KEY_DOES(seq=record.seq, key_id=row.key_id, error=exc),
                     [record.seq],
                 )
             )
@@ -224,7 +226,7 @@ def _check_seals(
                 Finding(
                     chain.FINDING_FORGED,
                     stream,
-                    f"record seq {record.seq} does not open under its data key: it was forged or rewritten",
+                    audit_messages.FINDING_RECORD_SEQ_DOES_NOT_OPEN(seq=record.seq),
                     [record.seq],
                 )
             )
@@ -260,8 +262,7 @@ def _check_notes(
                 Finding(
                     chain.FINDING_CHECKPOINT,
                     stream,
-                    f"checkpoint at seq {cp.seq}: its signed note does not verify under the trust root's keys "
-                    "or says something else than the row",
+                    audit_messages.FINDING_CHECKPOINT_SEQ_SIGNED_NOTE_DOES(seq=cp.seq),
                     [cp.seq],
                 )
             )
@@ -274,7 +275,7 @@ def _check_notes(
                 Finding(
                     chain.FINDING_WITNESS,
                     stream,
-                    f"checkpoint at seq {cp.seq}: its stored cosignature is not the pinned witness's",
+                    audit_messages.FINDING_CHECKPOINT_SEQ_STORED_COSIGNATURE_NOT(seq=cp.seq),
                     [cp.seq],
                 )
             )
@@ -307,7 +308,7 @@ def _check_tree(
                 Finding(
                     chain.FINDING_CHECKPOINT,
                     stream,
-                    f"checkpoint at seq {anchor.seq}: its compact range does not give its signed root",
+                    audit_messages.FINDING_CHECKPOINT_SEQ_COMPACT_RANGE_DOES(seq=anchor.seq),
                     [anchor.seq],
                 )
             ]
@@ -327,7 +328,7 @@ def _check_tree(
                 Finding(
                     chain.FINDING_CHECKPOINT,
                     stream,
-                    f"the stored records do not give the tree root checkpoint seq {cp.seq} signed (rewritten)",
+                    audit_messages.FINDING_STORED_RECORDS_DO_NOT_GIVE(seq=cp.seq),
                     [cp.seq],
                 )
             )
@@ -336,8 +337,7 @@ def _check_tree(
                 Finding(
                     chain.FINDING_WITNESS,
                     stream,
-                    f"the stored records do not give the root the witness cosigned at size {witnessed_size}: "
-                    "history the witness saw was rewritten",
+                    audit_messages.FINDING_STORED_RECORDS_DO_NOT_GIVE_ROOT(witnessed_size=witnessed_size),
                     [witnessed_size],
                 )
             )
@@ -349,9 +349,13 @@ def _check_tree(
             Finding(
                 chain.FINDING_TRUNCATED,
                 stream,
-                f"the witness cosigned {witnessed_size} records of this stream, the database holds records only "
-                f"up to seq {last}: records {_span(missing)} were removed"
-                + (" (the whole stream is gone)" if not records else ""),
+                audit_messages.FINDING_WITNESS_COSIGNED_RECORDS_DATABASE_HOLDS(
+                    size=witnessed_size, last=last, span=_span(missing)
+                )
+                if records
+                else audit_messages.FINDING_WITNESS_COSIGNED_RECORDS_WHOLE_STREAM_GONE(
+                    size=witnessed_size, last=last, span=_span(missing)
+                ),
                 missing,
             )
         )
@@ -365,10 +369,9 @@ def _check_tree(
                     Finding(
                         chain.FINDING_WITNESS,
                         stream,
-                        f"the witness is behind the database: records {_span(tail)} are covered by no cosigned "
-                        f"checkpoint, the oldest written {age:.0f} s ago (allowed: {rule.window_seconds} s = "
-                        "GPUPOOL_AUDIT_CHECKPOINT_SECONDS + GPUPOOL_AUDIT_WITNESS_SLACK_SECONDS); is beat running "
-                        "audit.checkpoint, and can it reach the witness?",
+                        audit_messages.FINDING_WITNESS_BEHIND_DATABASE(
+                            span=_span(tail), age=f"{age:.0f}", window_seconds=rule.window_seconds
+                        ),
                         stale,
                     )
                 )
@@ -402,8 +405,7 @@ def _verify_stream(
                 Finding(
                     chain.FINDING_TOMBSTONE,
                     stream,
-                    f"tombstone through seq {tombstone.through_seq} is not signed by a key of the trust root "
-                    "(forged purge)",
+                    audit_messages.FINDING_TOMBSTONE_THROUGH_SEQ_NOT_SIGNED(through_seq=tombstone.through_seq),
                     [tombstone.through_seq],
                 )
             )
@@ -413,8 +415,7 @@ def _verify_stream(
                 Finding(
                     chain.FINDING_TOMBSTONE,
                     stream,
-                    f"tombstone through seq {tombstone.through_seq} was never recorded by the witness (a purge "
-                    "the witness did not see)",
+                    audit_messages.FINDING_TOMBSTONE_THROUGH_SEQ_NEVER_RECORDED(through_seq=tombstone.through_seq),
                     [tombstone.through_seq],
                 )
             )
@@ -426,7 +427,7 @@ def _verify_stream(
                 Finding(
                     chain.FINDING_TOMBSTONE,
                     stream,
-                    f"the witness holds a tombstone through seq {entry['through_seq']} that the database lacks",
+                    audit_messages.FINDING_WITNESS_HOLDS_TOMBSTONE_THROUGH_SEQ(through_seq=entry["through_seq"]),
                     [entry["through_seq"]],
                 )
             )
@@ -438,7 +439,7 @@ def _verify_stream(
             Finding(
                 chain.FINDING_INSERTED,
                 stream,
-                f"records before seq {start_seq} exist although a tombstone says they were purged",
+                audit_messages.FINDING_RECORDS_BEFORE_SEQ_EXIST_ALTHOUGH(start_seq=start_seq),
                 [r.seq for r in records if r.seq < start_seq],
             )
         )
@@ -468,7 +469,7 @@ def _verify_stream(
             Finding(
                 chain.FINDING_TRUNCATED,
                 stream,
-                f"the chain was truncated: records seq {missing[0]}..{missing[-1]} are missing at the tail",
+                audit_messages.FINDING_CHAIN_TRUNCATED_RECORDS_SEQ_MISSING(value=missing[0], value_2=missing[-1]),
                 missing,
             )
         )
@@ -477,7 +478,7 @@ def _verify_stream(
             Finding(
                 chain.FINDING_EDITED,
                 stream,
-                f"the chain head names a different hash for seq {last} than the stored record",
+                audit_messages.FINDING_CHAIN_HEAD_NAMES_DIFFERENT_HASH(last=last),
                 [last],
             )
         )
@@ -504,8 +505,9 @@ def _check_size(stream: str, trust: Trust, report: VerificationReport) -> None:
             Finding(
                 chain.FINDING_TRUNCATED,
                 stream,
-                f"the witness cosigned {size} records of this stream; {size - purged_through - stored} of them "
-                "are gone from the database",
+                audit_messages.FINDING_WITNESS_COSIGNED_RECORDS_STREAM_THEM(
+                    size=size, value=size - purged_through - stored
+                ),
                 [],
             )
         )
@@ -514,7 +516,7 @@ def _check_size(stream: str, trust: Trust, report: VerificationReport) -> None:
             Finding(
                 chain.FINDING_WITNESS,
                 stream,
-                f"the checkpoint the witness cosigned at size {size} is missing or different in the database",
+                audit_messages.FINDING_CHECKPOINT_WITNESS_COSIGNED_SIZE_MISSING(size=size),
                 [size],
             )
         )
@@ -563,8 +565,9 @@ def _check_purges_under_hold(report: VerificationReport) -> None:
                 Finding(
                     chain.FINDING_TOMBSTONE,
                     tombstone.stream,
-                    f"the tombstone through seq {tombstone.through_seq} purged tenant {tenant_id}'s records while "
-                    f"the legal hold {', '.join(sorted(active))} was active",
+                    audit_messages.FINDING_TOMBSTONE_THROUGH_SEQ_PURGED_TENANT(
+                        through_seq=tombstone.through_seq, tenant_id=tenant_id, items=", ".join(sorted(active))
+                    ),
                     [tombstone.through_seq],
                 )
             )
@@ -605,8 +608,9 @@ def _check_key_destruction(keys: dict[str, DataKey], report: VerificationReport)
                 Finding(
                     chain.FINDING_KEY,
                     stream,
-                    f"data key {data_key.key_id} of {owner} was destroyed ({', '.join(how)}) without an "
-                    "audit.key.shred record naming it: it was shredded outside `gpupool audit_shred_tenant`",
+                    audit_messages.FINDING_DATA_KEY_DESTROYED_WITHOUT_AUDIT(
+                        key_id=data_key.key_id, owner=owner, items=", ".join(how)
+                    ),
                 )
             )
         elif found[0] != data_key.tenant_id:
@@ -614,8 +618,9 @@ def _check_key_destruction(keys: dict[str, DataKey], report: VerificationReport)
                 Finding(
                     chain.FINDING_KEY,
                     stream,
-                    f"data key {data_key.key_id} of {owner} is named by the shred record platform seq "
-                    f"{found[1].seq} for tenant {found[0]}, not its own tenant",
+                    audit_messages.FINDING_DATA_KEY_NAMED_SHRED_RECORD(
+                        key_id=data_key.key_id, owner=owner, seq=found[1].seq, value=found[0]
+                    ),
                     [found[1].seq],
                 )
             )
@@ -630,8 +635,9 @@ def _check_key_destruction(keys: dict[str, DataKey], report: VerificationReport)
                 Finding(
                     chain.FINDING_KEY,
                     PLATFORM_STREAM,
-                    f"the shred record platform seq {shred.seq} destroyed tenant {tenant_id}'s data keys while "
-                    f"the legal hold {holds} was active (no audit.legal_hold.release record before it)",
+                    audit_messages.FINDING_SHRED_RECORD_PLATFORM_SEQ_DESTROYED(
+                        seq=shred.seq, tenant_id=tenant_id, holds=holds
+                    ),
                     [shred.seq],
                 )
             )
@@ -711,11 +717,16 @@ def _no_witness_entries(heads: dict[str, ChainHead], rule: _WitnessRule, report:
         Finding(
             chain.FINDING_WITNESS,
             "",
-            f"{witness.describe()} has no trust root for this database ({witness.database_identity()}, log "
-            f"{witness.log_id()}), but the database has {old_records} records older than {rule.window_seconds} s, "
-            f"{checkpoints} checkpoints, {tombstones} tombstones and {checkpointed_heads} checkpointed chain heads: "
-            "the witness was lost or never reached, or the database was replaced. Point GPUPOOL_AUDIT_WITNESS_URL "
-            "at the witness (or run with --no-witness, which cannot detect a rewrite)",
+            audit_messages.FINDING_NO_TRUST_ROOT_DATABASE_LOG(
+                value=witness.describe(),
+                value_2=witness.database_identity(),
+                value_3=witness.log_id(),
+                old_records=old_records,
+                window_seconds=rule.window_seconds,
+                checkpoints=checkpoints,
+                tombstones=tombstones,
+                checkpointed_heads=checkpointed_heads,
+            ),
         )
     )
 

@@ -4,8 +4,8 @@ A service refuses with a :class:`Message` from its app's catalogue (``tenants/me
 ``scheduler/messages.py``, ``audit/messages.py``): ``raise DomainError(messages.QUOTA_LIMIT_BELOW_GUARANTEE(
 where=..., limit=..., guaranteed=...))``. The call gives a :class:`Text`, which *is* the English sentence (a
 ``str``: the audit trail, logs, tests and old callers read it as before) and also carries its message's code and
-parameters, so each edge renders it in the reader's language from the same template: the console
-(``frontend.service_text.localize``), the API (``kernel.api.exception_handler``: ``detail`` in the request's
+parameters, so each edge renders it in the reader's language from the same template (``localize``): the console
+(``frontend.service_text``), the API (``kernel.api.exception_handler``: ``detail`` in the request's
 language, ``message`` with the code and parameters for programs), e-mail and the CLI. The template is the
 gettext msgid; nothing types the sentence a second time.
 
@@ -20,12 +20,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from django.utils.translation import gettext
+
 #: Every message by its code, in the order the catalogues define them.
 CATALOGUE: dict[str, Message] = {}
 
 #: Values a placeholder holds as stored (``running``, ``parent_tenant_admin``) to their label in the active
 #: language, by placeholder name; the apps register theirs from ``AppConfig.ready()`` (``labels_register``).
 _LABELS: dict[str, Callable[[], Mapping[str, object]]] = {}
+#: Placeholders that hold a sentence of their own, rendered by a function of the app that writes it (the
+#: scheduler's ``sentences`` and ``fix``; ``reason`` is a catalogue message quoted in another).
+_RENDERERS: dict[str, Callable[[str], str]] = {}
 
 
 class DuplicateMessage(ValueError):
@@ -55,7 +60,8 @@ class Message:
         unknown = set(params) - set(self.placeholders)
         if missing or unknown:
             raise TypeError(f"{self.code}: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        return Text(self, {name: str(value) for name, value in params.items()})
+        # A parameter that is itself a catalogue message stays one (rendered in the reader's language too).
+        return Text(self, {name: value if isinstance(value, Text) else str(value) for name, value in params.items()})
 
 
 class Text(str):
@@ -88,13 +94,52 @@ def labels_register(name: str, labels: Callable[[], Mapping[str, object]]) -> No
     _LABELS[name] = labels
 
 
+def renderer_register(name: str, render: Callable[[str], str]) -> None:
+    """Show a placeholder called ``name`` (a sentence in itself) as ``render(value)`` in the active language."""
+    _RENDERERS[name] = render
+
+
 def labelled(params: Mapping[str, str]) -> dict[str, str]:
-    """``params`` with each stored value a registered placeholder knows shown as its label."""
+    """``params`` as the reader sees them: each stored value a registered placeholder knows as its label, each
+    quoted sentence in the active language."""
     shown = {}
     for name, value in params.items():
         labels = _LABELS.get(name)
-        shown[name] = str(labels().get(value, value)) if labels is not None else value
+        if isinstance(value, Text):
+            shown[name] = localize(value)
+        elif labels is not None:
+            shown[name] = str(labels().get(value, value))
+        elif name == "reason":  # a refusal quoted in a result ("Approved, but it no longer fits: ...")
+            shown[name] = localize(value)
+        elif name in _RENDERERS:
+            shown[name] = _RENDERERS[name](value)
+        else:
+            shown[name] = value
     return shown
+
+
+_patterns: tuple[int, list[tuple[re.Pattern[str], Message]]] = (0, [])
+
+
+def patterns() -> list[tuple[re.Pattern[str], Message]]:
+    """(pattern, message) of every catalogue message, the more specific first (``specificity``)."""
+    global _patterns
+    if _patterns[0] != len(CATALOGUE):
+        ordered = sorted(CATALOGUE.values(), key=specificity, reverse=True)
+        _patterns = (len(CATALOGUE), [(pattern(message.template), message) for message in ordered])
+    return _patterns[1]
+
+
+def localize(message: str) -> str:
+    """``message`` in the active language: from its code and parameters (a :class:`Text`), or, for a sentence
+    stored as text, from the catalogue message whose pattern it matches; else as it is."""
+    if isinstance(message, Text):
+        return gettext(message.message.template) % labelled(message.params)
+    for regex, known in patterns():
+        match = regex.fullmatch(message)
+        if match:
+            return gettext(known.template) % labelled(match.groupdict())
+    return message
 
 
 # What a placeholder's data look like in a stored sentence, by its name; any other name stands for any text (the

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from frontend.views import account
 from portal import health, views
 
 # Each app's REST endpoints live in <app>/api/urls.py and are mounted under /api/v1/.
@@ -37,6 +38,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
     path("accounts/", include("tenants.urls")),
+    # The language menu: Django's set_language, remembered for a signed-in person (their e-mails' language).
+    path("i18n/setlang/", account.language_set, name="set_language"),
     path("i18n/", include("django.conf.urls.i18n")),
     path("", include("scheduler.fleet.urls")),  # /metrics (Prometheus)
     path("", include("frontend.urls")),

@@ -7,9 +7,10 @@ class SchedulerConfig(AppConfig):
 
     def ready(self) -> None:
         from audit.events import register_app_events
-        from kernel.messages import labels_register
+        from kernel.messages import labels_register, renderer_register
         from scheduler import (
             audit_events,
+            message_text,
             messages,  # noqa: F401  (registers the scheduler's messages)
         )
         from scheduler.models import Job, JobKind, JobState
@@ -21,6 +22,9 @@ class SchedulerConfig(AppConfig):
         labels_register("state", lambda: {state.value: state.label for state in JobState})
         labels_register("to_state", lambda: {state.value: state.label for state in JobState})
         labels_register("job_kind", lambda: {kind.value: kind.label for kind in JobKind})
+        # The engine's own sentences quoted in a message (why a job never fits, and the fix).
+        renderer_register("sentences", message_text.localize)
+        renderer_register("fix", message_text.localize)
         # Jobs waiting for admission are the scheduler's: it tells the tenants app's approval inbox what to do
         # with them when a request is decided (tenants never imports the scheduler).
         register_approval_handler(

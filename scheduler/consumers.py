@@ -115,7 +115,9 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
             self.wake.clear()  # before reading: a store during the read wakes the next wait
             piece = await database_sync_to_async(self.read)()
             if piece is None:
-                await self.refuse(CLOSE_NOT_FOUND, "not_found", scheduler_messages.JOB_ID_VISIBLE_YOU(pk=self.job_id))
+                await self.refuse(
+                    CLOSE_NOT_FOUND, "not_found", scheduler_messages.NO_JOB_ID_VISIBLE_YOU(pk=self.job_id)
+                )
                 return
             if piece.text or piece.complete:
                 await self.send_json({"type": "log", **piece.as_dict()})

@@ -146,7 +146,7 @@ def _named_ports(value: Any) -> list[dict[str, str]]:
         if not isinstance(name, str) or not PORT_NAME_PATTERN.fullmatch(name) or name in RESERVED_PORT_NAMES:
             raise _fail(f"{where}.name", scheduler_messages.MUST_LOWER_CASE_LETTERS_DIGITS)
         if name in seen:
-            raise _fail(f"{where}.name", f"{name!r} is named twice; give each port its own name.")
+            raise _fail(f"{where}.name", scheduler_messages.NAMED_TWICE_GIVE_EACH_PORT, value=repr(name))
         seen.add(name)
         ready_path = item.get("ready_path", "/")
         if (
@@ -236,7 +236,7 @@ def _int(data: dict, key: str, where: str, *, low: int, high: int, default: int 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(where, f"must be a whole number between {low} and {high}, got {value!r}.")
+        raise _fail(where, scheduler_messages.MUST_WHOLE_NUMBER_BETWEEN_GOT, low=low, high=high, value=repr(value))
     if not low <= value <= high:
         raise _fail(where, scheduler_messages.MUST_BETWEEN_GOT, low=low, high=high, value=value)
     return value
@@ -250,7 +250,7 @@ def _str(data: dict, key: str, where: str, *, max_length: int, default: str = ""
         raise _fail(where, scheduler_messages.MUST_STRING_GOT, type=type(value).__name__)
     value = value.strip()
     if required and not value:
-        raise _fail(where, scheduler_messages.REQUIRED_MUST_EMPTY)
+        raise _fail(where, scheduler_messages.REQUIRED_MUST_NOT_EMPTY)
     if len(value) > max_length:
         raise _fail(where, scheduler_messages.MUST_MOST_CHARACTERS_GOT, max=max_length, n=len(value))
     return value
@@ -260,7 +260,7 @@ def _choice(data: dict, key: str, choices: type, default: str) -> str:
     value = data.get(key, default)
     allowed = [c.value for c in choices]
     if value not in allowed:
-        raise _fail(key, f"must be one of {', '.join(allowed)}; got {value!r}.")
+        raise _fail(key, scheduler_messages.MUST_ONE_GOT, choices=", ".join(allowed), value=repr(value))
     return value
 
 
@@ -268,7 +268,7 @@ def _string_map(value: Any, where: str, *, max_items: int, max_key: int, max_val
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise _fail(where, 'must be an object of strings, e.g. {"KEY": "value"}.')
+        raise _fail(where, scheduler_messages.MUST_OBJECT_STRINGS, example='{"KEY": "value"}')
     if len(value) > max_items:
         raise _fail(where, scheduler_messages.MAY_HOLD_MOST_ENTRIES_GOT, max=max_items, n=len(value))
     result = {}
@@ -288,26 +288,23 @@ def _env(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise _fail("env", 'must be an object of strings, e.g. {"EPOCHS": "10"}.')
+        raise _fail("env", scheduler_messages.MUST_OBJECT_STRINGS, example='{"EPOCHS": "10"}')
     if len(value) > MAX_ENV_VARS:
         raise _fail("env", scheduler_messages.ENV_MAY_HOLD_MOST_VARIABLES, max=MAX_ENV_VARS, n=len(value))
     for key, item in value.items():
         if not isinstance(key, str) or not ENV_NAME_PATTERN.fullmatch(key):
-            if isinstance(key, str) and ("=" in key or "\x00" in key):
-                problem = "contains '='" if "=" in key else "contains a NUL byte"
-            else:
-                problem = "is not a valid name"
-            raise _fail(
-                "env",
-                f"variable {key!r} {problem}; names are letters, digits and '_', not starting with a digit "
-                "(e.g. MY_VAR).",
-            )
+            shown = repr(key)[1:-1]  # a NUL shows as \x00
+            if isinstance(key, str) and "=" in key:
+                raise _fail("env", scheduler_messages.ENV_VARIABLE_CONTAINS_NAMES_LETTERS, key=shown)
+            if isinstance(key, str) and "\x00" in key:
+                raise _fail("env", scheduler_messages.ENV_VARIABLE_CONTAINS_NUL_BYTE, key=shown)
+            raise _fail("env", scheduler_messages.ENV_VARIABLE_NOT_VALID_NAME, key=shown)
         if len(key) > MAX_ENV_KEY_LENGTH:
             raise _fail(f"env.{key}", scheduler_messages.NAME_MUST_MOST_CHARACTERS, max=MAX_ENV_KEY_LENGTH)
         if not isinstance(item, str):
             raise _fail(f"env.{key}", scheduler_messages.MUST_STRING_GOT_QUOTE_NUMBERS, type=type(item).__name__)
         if "\x00" in item:
-            raise _fail(f"env.{key}", scheduler_messages.VALUE_MUST_CONTAIN_NUL_BYTE)
+            raise _fail(f"env.{key}", scheduler_messages.VALUE_MUST_NOT_CONTAIN_NUL)
         if len(item) > MAX_ENV_VALUE_LENGTH:
             raise _fail(
                 f"env.{key}", scheduler_messages.VALUE_MUST_MOST_CHARACTERS_GOT, max=MAX_ENV_VALUE_LENGTH, n=len(item)
@@ -319,16 +316,15 @@ def _array(value: Any) -> int | None:
     """``"array": {"count": N}`` → N (1..MAX_ARRAY_COUNT); absent → None."""
     if value is None:
         return None
-    example = 'e.g. "array": {"count": 100}'
     if not isinstance(value, dict):
-        raise _fail("array", f"must be an object with a count, {example}.")
+        raise _fail("array", scheduler_messages.ARRAY_MUST_OBJECT_COUNT_ARRAY)
     unknown = sorted(set(value) - ARRAY_FIELDS)
     if unknown:
         raise _fail(
-            f"array.{unknown[0]}", scheduler_messages.KNOWN_FIELD_ALLOWED, allowed=", ".join(sorted(ARRAY_FIELDS))
+            f"array.{unknown[0]}", scheduler_messages.NOT_KNOWN_FIELD_ALLOWED, allowed=", ".join(sorted(ARRAY_FIELDS))
         )
     if "count" not in value:
-        raise _fail("array.count", f"is required: how many jobs to create, {example}.")
+        raise _fail("array.count", scheduler_messages.ARRAY_COUNT_REQUIRED_HOW_MANY)
     return _int(value, "count", "array.count", low=1, high=MAX_ARRAY_COUNT)
 
 
@@ -342,17 +338,17 @@ def _relative_path(value: str, where: str) -> str:
     """``value`` as a relative POSIX path inside the job's directory; a backslash is a separator too (an agent or
     a shell on another system may treat it as one), so ``..\\..\\x`` is refused like ``../../x``."""
     if "\x00" in value:
-        raise _fail(where, scheduler_messages.MUST_CONTAIN_NUL_BYTE)
+        raise _fail(where, scheduler_messages.MUST_NOT_CONTAIN_NUL_BYTE)
     posix = value.replace("\\", "/")
     parts = PurePosixPath(posix).parts
     if posix.startswith("/") or ".." in parts or (parts and ":" in parts[0]):
-        raise _fail(where, scheduler_messages.MUST_RELATIVE_PATH_INSIDE_JOB)
+        raise _fail(where, scheduler_messages.MUST_RELATIVE_PATH_INSIDE_JOBS)
     return str(PurePosixPath(posix)) if parts else ""
 
 
 def _absolute_path(value: str, where: str) -> str:
     if "\x00" in value or "\\" in value or ".." in PurePosixPath(value).parts:
-        raise _fail(where, scheduler_messages.ABSOLUTE_PATH_MUST_PLAIN_BACKSLASH)
+        raise _fail(where, scheduler_messages.ABSOLUTE_PATH_MUST_PLAIN_NO)
     return posixpath.normpath(value)
 
 
@@ -380,16 +376,14 @@ def check_checkpoint_dir(checkpoint_dir: str, *, tenant_slug: str) -> None:
     shared = str(getattr(settings, "GPUPOOL_SHARED_STORAGE", "") or "").rstrip("/")
     if shared and checkpoint_dir.startswith(shared + "/"):
         raise _fail(
-            "checkpoint_dir",
-            f"{checkpoint_dir!r} is on the shared storage, where each job gets its own checkpoint dir: give a "
-            "relative checkpoint_dir (or none) and the job gets <shared>/tenants/<tenant>/jobs/<job>/<it>.",
+            "checkpoint_dir", scheduler_messages.CHECKPOINT_DIR_SHARED_STORAGE_WHERE, value=repr(checkpoint_dir)
         )
     if any(checkpoint_dir == prefix or checkpoint_dir.startswith(prefix.rstrip("/") + "/") for prefix in prefixes):
         return
     allowed = ", ".join(prefixes) if prefixes else "none are configured for it: use a relative path (in the job dir)"
     raise _fail(
         "checkpoint_dir",
-        scheduler_messages.CHECKPOINT_DIR_UNDER_CHECKPOINT_PREFIX_TENANT,
+        scheduler_messages.CHECKPOINT_DIR_NOT_UNDER_CHECKPOINT_PREFIX,
         path=checkpoint_dir,
         tenant=tenant_slug,
         prefixes=allowed,
@@ -414,7 +408,7 @@ def _priority(value: Any) -> int:
         return PRIORITY_NAMES[value.lower()]
     if isinstance(value, int) and not isinstance(value, bool) and value in PriorityClass.values:
         return value
-    raise _fail("priority_class", f"must be one of {', '.join(PRIORITY_NAMES)}; got {value!r}.")
+    raise _fail("priority_class", scheduler_messages.MUST_ONE_GOT, choices=", ".join(PRIORITY_NAMES), value=repr(value))
 
 
 def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
@@ -424,7 +418,7 @@ def _resources(value: Any, *, known_flavors: set[str] | None) -> dict[str, Any]:
     if unknown:
         raise _fail(
             f"resources.{unknown[0]}",
-            scheduler_messages.KNOWN_FIELD_ALLOWED,
+            scheduler_messages.NOT_KNOWN_FIELD_ALLOWED,
             allowed=", ".join(sorted(RESOURCE_FIELDS)),
         )
     if "flavor" in value and "flavors" in value:
@@ -491,7 +485,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         raise JobSpecError(scheduler_messages.JOB_SPEC_MUST_JSON_OBJECT())
     unknown = sorted(set(data) - TOP_LEVEL_FIELDS)
     if unknown:
-        raise _fail(unknown[0], scheduler_messages.KNOWN_FIELD_ALLOWED, allowed=", ".join(sorted(TOP_LEVEL_FIELDS)))
+        raise _fail(unknown[0], scheduler_messages.NOT_KNOWN_FIELD_ALLOWED, allowed=", ".join(sorted(TOP_LEVEL_FIELDS)))
     if known_flavors is None and check_flavor_names:
         known_flavors = set(ResourceFlavor.objects.values_list("name", flat=True))
 
@@ -510,7 +504,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     if (min_replicas is not None or max_replicas is not None) and kind != JobKind.INFERENCE:
         raise _fail("min_replicas", scheduler_messages.MIN_REPLICAS_MIN_REPLICAS_MAX)
     if min_replicas is not None and min_replicas > replicas:
-        raise _fail("min_replicas", scheduler_messages.MIN_REPLICAS_MUST_EXCEED_REPLICAS, n=replicas)
+        raise _fail("min_replicas", scheduler_messages.MIN_REPLICAS_MUST_NOT_EXCEED, n=replicas)
     if max_replicas is not None and max_replicas < replicas:
         raise _fail("max_replicas", scheduler_messages.MAX_REPLICAS_MUST_LEAST_REPLICAS, n=replicas)
     resources = _resources(data.get("resources"), known_flavors=known_flavors)
@@ -527,7 +521,7 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
         if len(arg) > MAX_ARG_LENGTH or "\x00" in arg:
             raise _fail(f"command[{position}]", scheduler_messages.MUST_MOST_CHARACTERS_WITHOUT_NUL, max=MAX_ARG_LENGTH)
     if not command[0].strip():
-        raise _fail("command[0]", scheduler_messages.COMMAND_PROGRAM_RUN_MUST_EMPTY)
+        raise _fail("command[0]", scheduler_messages.COMMAND_PROGRAM_RUN_MUST_NOT)
 
     env = _env(data.get("env"))
     reserved = sorted(k for k in env if k.startswith("GPUPOOL_") or k.startswith("CUDA_"))
@@ -537,9 +531,9 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     if denied is not None:
         raise _fail(
             f"env.{denied}",
-            f"{denied} may not be set by a job: it steers the loader or libc of every process the job starts, or "
-            "the platform's search path (denied: " + ", ".join(env_denylist()) + "). Use absolute paths in "
-            "command, or set it inside your own script.",
+            scheduler_messages.MAY_NOT_SET_JOB_STEERS,
+            name=denied,
+            denied=", ".join(env_denylist()),
         )
     node_selector = _string_map(
         data.get("node_selector"), "node_selector", max_items=MAX_NODE_SELECTOR, max_key=128, max_value=256
@@ -556,7 +550,12 @@ def validate_job_spec(data: Any, *, known_flavors: set[str] | None = None, check
     named_ports = _named_ports(data.get("ports"))
     launcher = _str(data, "launcher", "launcher", max_length=16) or LAUNCHER_NONE
     if launcher not in LAUNCHERS:
-        raise _fail("launcher", f"must be one of {', '.join(sorted(LAUNCHERS))}, not {launcher!r}.")
+        raise _fail(
+            "launcher",
+            scheduler_messages.LAUNCHER_MUST_ONE_NOT,
+            choices=", ".join(sorted(LAUNCHERS)),
+            value=repr(launcher),
+        )
     working_dir = _relative_path(_str(data, "working_dir", "working_dir", max_length=MAX_PATH_LENGTH), "working_dir")
     output_dir = _relative_path(_str(data, "output_dir", "output_dir", max_length=MAX_PATH_LENGTH), "output_dir")
     checkpoint_dir = _str(data, "checkpoint_dir", "checkpoint_dir", max_length=MAX_PATH_LENGTH)

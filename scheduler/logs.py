@@ -312,7 +312,7 @@ def job_get_readable(*, user: Any, pk: Any) -> Job:
     try:
         return selectors.jobs_visible_to(user).get(pk=int(pk))
     except (Job.DoesNotExist, TypeError, ValueError):
-        raise NotFoundError(scheduler_messages.JOB_ID_VISIBLE_YOU(pk=pk)) from None
+        raise NotFoundError(scheduler_messages.NO_JOB_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def replica_count(job: Job) -> int:

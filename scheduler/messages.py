@@ -12,20 +12,11 @@ from django.utils.translation import gettext_noop
 
 from kernel.messages import Message
 
-TENANT_NAMED_ALREADY_EXISTS_UNDER = Message(
-    "scheduler.tenant_named_already_exists_under",
-    gettext_noop("A tenant named '%(name)s' already exists under '%(parent)s'; choose another name."),
+NO_TENANT_VISIBLE_YOU = Message(
+    "scheduler.no_tenant_visible_you", gettext_noop("No tenant '%(tenant)s' is visible to you.")
 )
-CANNOT_MOVE_UNDER_TOP_LEVEL = Message(
-    "scheduler.cannot_move_under_top_level",
-    gettext_noop(
-        "Cannot move '%(tenant)s' under 'the top level': its subtree has %(height)s level(s) and would reach "
-        "depth %(depth)s; the tree allows at most %(max)s."
-    ),
-)
-TENANT_VISIBLE_YOU = Message("scheduler.tenant_visible_you", gettext_noop("No tenant '%(tenant)s' is visible to you."))
-YOU_MAY_SUBMIT_JOBS_MEMBERS = Message(
-    "scheduler.you_may_submit_jobs_members",
+YOU_MAY_NOT_SUBMIT_JOBS = Message(
+    "scheduler.you_may_not_submit_jobs",
     gettext_noop(
         "You may not submit jobs to %(tenant)s: members and tenant admins may; ask a tenant admin for the member role."
     ),
@@ -54,20 +45,22 @@ ARRAY_SAY_HOW_MANY_JOBS = Message(
     "scheduler.array_say_how_many_jobs",
     gettext_noop('array: say how many jobs to create, e.g. "array": {"count": 100}.'),
 )
-JOB_ARRAY = Message("scheduler.job_array", gettext_noop("No job array %(pk)s."))
-JOB_ID = Message("scheduler.job_id", gettext_noop("No job with id %(pk)s."))
-JOB_ID_VISIBLE_YOU = Message("scheduler.job_id_visible_you", gettext_noop("No job with id %(pk)s is visible to you."))
-JOB_ARRAY_VISIBLE_YOU = Message(
-    "scheduler.job_array_visible_you",
+NO_JOB_ARRAY = Message("scheduler.no_job_array", gettext_noop("No job array %(pk)s."))
+NO_JOB_ID = Message("scheduler.no_job_id", gettext_noop("No job with id %(pk)s."))
+NO_JOB_ID_VISIBLE_YOU = Message(
+    "scheduler.no_job_id_visible_you", gettext_noop("No job with id %(pk)s is visible to you.")
+)
+NO_JOB_ARRAY_VISIBLE_YOU = Message(
+    "scheduler.no_job_array_visible_you",
     gettext_noop("No job array %(pk)s is visible to you."),
 )
-NODE_ID = Message("scheduler.node_id", gettext_noop("No node with id %(pk)s."))
+NO_NODE_ID = Message("scheduler.no_node_id", gettext_noop("No node with id %(pk)s."))
 JOB_ALREADY_THERE_NOTHING_CANCEL = Message(
     "scheduler.job_already_there_nothing_cancel",
     gettext_noop("Job %(pk)s is already %(state)s; there is nothing to cancel."),
 )
-JOB_WAITING_APPROVAL = Message(
-    "scheduler.job_waiting_approval",
+JOB_NOT_WAITING_APPROVAL = Message(
+    "scheduler.job_not_waiting_approval",
     gettext_noop("Job %(pk)s is %(state)s, not waiting for approval."),
 )
 JOB_THERE_NOTHING_SCALE = Message(
@@ -114,16 +107,16 @@ JOB_SPEC_MUST_JSON_OBJECT = Message(
     "scheduler.job_spec_must_json_object",
     gettext_noop("A job spec must be a JSON object."),
 )
-CHECKPOINT_DIR_UNDER_CHECKPOINT_PREFIX = Message(
-    "scheduler.checkpoint_dir_under_checkpoint_prefix",
+CHECKPOINT_DIR_NOT_UNDER_CHECKPOINT = Message(
+    "scheduler.checkpoint_dir_not_under_checkpoint",
     gettext_noop(
         "checkpoint_dir: '%(path)s' is not under a checkpoint prefix of tenant %(tenant)s (none are configured "
         "for it: use a relative path (in the job dir)); an administrator sets them in "
         "GPUPOOL_CHECKPOINT_PREFIXES."
     ),
 )
-CHECKPOINT_DIR_UNDER_CHECKPOINT_PREFIX_TENANT = Message(
-    "scheduler.checkpoint_dir_under_checkpoint_prefix_tenant",
+CHECKPOINT_DIR_NOT_UNDER_CHECKPOINT_PREFIX = Message(
+    "scheduler.checkpoint_dir_not_under_checkpoint_prefix",
     gettext_noop(
         "checkpoint_dir: '%(path)s' is not under a checkpoint prefix of tenant %(tenant)s (%(prefixes)s); an "
         "administrator sets them in GPUPOOL_CHECKPOINT_PREFIXES."
@@ -150,8 +143,8 @@ MUST_STRING_GOT_QUOTE_NUMBERS = Message(
     gettext_noop("%(field)s: must be a string, got %(type)s (quote numbers)."),
 )
 MUST_STRING_GOT = Message("scheduler.must_string_got", gettext_noop("%(field)s: must be a string, got %(type)s."))
-REQUIRED_MUST_EMPTY = Message(
-    "scheduler.required_must_empty",
+REQUIRED_MUST_NOT_EMPTY = Message(
+    "scheduler.required_must_not_empty",
     gettext_noop("%(field)s: is required and must not be empty."),
 )
 MUST_MOST_CHARACTERS_GOT = Message(
@@ -162,7 +155,7 @@ MUST_MOST_CHARACTERS_WITHOUT_NUL = Message(
     "scheduler.must_most_characters_without_nul",
     gettext_noop("%(field)s: must be at most %(max)s characters without NUL bytes."),
 )
-MUST_GOT = Message("scheduler.must_got", gettext_noop("%(field)s: must be one of %(choices)s; got %(value)s."))
+MUST_ONE_GOT = Message("scheduler.must_one_got", gettext_noop("%(field)s: must be one of %(choices)s; got %(value)s."))
 MUST_OBJECT_STRINGS = Message(
     "scheduler.must_object_strings",
     gettext_noop("%(field)s: must be an object of strings, e.g. %(example)s."),
@@ -175,28 +168,28 @@ KEYS_MUST_NON_EMPTY_STRINGS = Message(
     "scheduler.keys_must_non_empty_strings",
     gettext_noop("%(field)s: keys must be non-empty strings of at most %(max)s characters."),
 )
-KNOWN_FIELD_ALLOWED = Message(
-    "scheduler.known_field_allowed",
+NOT_KNOWN_FIELD_ALLOWED = Message(
+    "scheduler.not_known_field_allowed",
     gettext_noop("%(field)s: is not a known field; allowed: %(allowed)s."),
 )
-MUST_CONTAIN_NUL_BYTE = Message(
-    "scheduler.must_contain_nul_byte",
+MUST_NOT_CONTAIN_NUL_BYTE = Message(
+    "scheduler.must_not_contain_nul_byte",
     gettext_noop("%(field)s: must not contain a NUL byte."),
 )
-MUST_RELATIVE_PATH_INSIDE_JOB = Message(
-    "scheduler.must_relative_path_inside_job",
+MUST_RELATIVE_PATH_INSIDE_JOBS = Message(
+    "scheduler.must_relative_path_inside_jobs",
     gettext_noop("%(field)s: must be a relative path inside the job's directory, without '..', e.g. src/train."),
 )
-ABSOLUTE_PATH_MUST_PLAIN_BACKSLASH = Message(
-    "scheduler.absolute_path_must_plain_backslash",
+ABSOLUTE_PATH_MUST_PLAIN_NO = Message(
+    "scheduler.absolute_path_must_plain_no",
     gettext_noop("%(field)s: an absolute path must be plain: no '..', no backslash, e.g. /ckpt/acme/resnet50."),
 )
 ENV_MAY_HOLD_MOST_VARIABLES = Message(
     "scheduler.env_may_hold_most_variables",
     gettext_noop("env: may hold at most %(max)s variables, got %(n)s."),
 )
-ENV_VARIABLE_VALID_NAME_NAMES = Message(
-    "scheduler.env_variable_valid_name_names",
+ENV_VARIABLE_NOT_VALID_NAME = Message(
+    "scheduler.env_variable_not_valid_name",
     gettext_noop(
         "env: variable '%(key)s' is not a valid name; names are letters, digits and '_', not starting with a "
         "digit (e.g. MY_VAR)."
@@ -220,8 +213,8 @@ NAME_MUST_MOST_CHARACTERS = Message(
     "scheduler.name_must_most_characters",
     gettext_noop("%(field)s: the name must be at most %(max)s characters."),
 )
-VALUE_MUST_CONTAIN_NUL_BYTE = Message(
-    "scheduler.value_must_contain_nul_byte",
+VALUE_MUST_NOT_CONTAIN_NUL = Message(
+    "scheduler.value_must_not_contain_nul",
     gettext_noop("%(field)s: the value must not contain a NUL byte."),
 )
 VALUE_MUST_MOST_CHARACTERS_GOT = Message(
@@ -232,8 +225,8 @@ GPUPOOL_CUDA_SET_PLATFORM_REMOVE = Message(
     "scheduler.gpupool_cuda_set_platform_remove",
     gettext_noop("%(field)s: GPUPOOL_* and CUDA_* are set by the platform; remove it."),
 )
-MAY_SET_JOB_STEERS_LOADER = Message(
-    "scheduler.may_set_job_steers_loader",
+MAY_NOT_SET_JOB_STEERS = Message(
+    "scheduler.may_not_set_job_steers",
     gettext_noop(
         "%(field)s: %(name)s may not be set by a job: it steers the loader or libc of every process the job "
         "starts, or the platform's search path (denied: %(denied)s). Use absolute paths in command, or set it "
@@ -296,8 +289,8 @@ MIN_REPLICAS_MIN_REPLICAS_MAX = Message(
     "scheduler.min_replicas_min_replicas_max",
     gettext_noop("min_replicas: min_replicas and max_replicas apply to inference jobs only."),
 )
-MIN_REPLICAS_MUST_EXCEED_REPLICAS = Message(
-    "scheduler.min_replicas_must_exceed_replicas",
+MIN_REPLICAS_MUST_NOT_EXCEED = Message(
+    "scheduler.min_replicas_must_not_exceed",
     gettext_noop("min_replicas: must not exceed replicas (%(n)s)."),
 )
 MAX_REPLICAS_MUST_LEAST_REPLICAS = Message(
@@ -312,8 +305,8 @@ COMMAND_MAY_HOLD_MOST_ARGUMENTS = Message(
     "scheduler.command_may_hold_most_arguments",
     gettext_noop("command: may hold at most %(max)s arguments."),
 )
-COMMAND_PROGRAM_RUN_MUST_EMPTY = Message(
-    "scheduler.command_program_run_must_empty",
+COMMAND_PROGRAM_RUN_MUST_NOT = Message(
+    "scheduler.command_program_run_must_not",
     gettext_noop("command[0]: the program to run must not be empty."),
 )
 IMAGE_MUST_OCI_IMAGE_REFERENCE = Message(
@@ -332,8 +325,8 @@ SAY_WHAT_CHANGE_PREEMPTION_FALSE = Message(
     "scheduler.say_what_change_preemption_false",
     gettext_noop("say what to change, e.g. preemption=false"),
 )
-JOB_RAN_BETWEEN_CHOOSE_LONGER = Message(
-    "scheduler.job_ran_between_choose_longer",
+NO_JOB_RAN_BETWEEN_CHOOSE = Message(
+    "scheduler.no_job_ran_between_choose",
     gettext_noop("no job ran between %(since)s and %(until)s; choose a longer window"),
 )
 WINDOW_HOLDS_JOBS_MORE_WEB = Message(
@@ -347,8 +340,8 @@ ONLY_SYSTEM_ADMIN_MAY_EXPORT = Message(
     "scheduler.only_system_admin_may_export",
     gettext_noop("Only a system admin may export the job history."),
 )
-UNKNOWN_FORMAT_USE = Message(
-    "scheduler.unknown_format_use",
+UNKNOWN_FORMAT_USE_ONE = Message(
+    "scheduler.unknown_format_use_one",
     gettext_noop("unknown format '%(value)s'; use one of %(choices)s"),
 )
 DAYS_MUST_MORE_MOST = Message(
@@ -364,8 +357,8 @@ WINDOW_LONGER_DAYS_EXPORT_PARTS = Message(
     "scheduler.window_longer_days_export_parts",
     gettext_noop("the window is longer than %(max)s days; export it in parts"),
 )
-RECORDS_COVERED_CHECKPOINT_YET_TRY = Message(
-    "scheduler.records_covered_checkpoint_yet_try",
+RECORDS_NOT_COVERED_CHECKPOINT_YET = Message(
+    "scheduler.records_not_covered_checkpoint_yet",
     gettext_noop("The records are not covered by a checkpoint yet; try again in a moment."),
 )
 JOB_SPEC_CONTAINS_NUL_CHARACTER = Message(
@@ -392,8 +385,8 @@ JOB_SPEC_NESTS_OBJECTS_ARRAYS = Message(
     "scheduler.job_spec_nests_objects_arrays",
     gettext_noop("the job spec nests objects and arrays more than %(max)s levels deep; send a flatter document."),
 )
-EXPECTED_NAME_VALUE_NAME = Message(
-    "scheduler.expected_name_value_name",
+EXPECTED_NAME_VALUE_NAME_ONE = Message(
+    "scheduler.expected_name_value_name_one",
     gettext_noop("%(pair)s: expected NAME=VALUE with NAME one of %(names)s"),
 )
 UNKNOWN_SETTING_SETTINGS = Message(
@@ -420,8 +413,8 @@ EXPECTED_WHOLE_NUMBER_GOT = Message(
     "scheduler.expected_whole_number_got",
     gettext_noop("%(setting)s: expected a whole number, got %(value)s"),
 )
-EXPECTED_GOT = Message(
-    "scheduler.expected_got",
+EXPECTED_ONE_GOT = Message(
+    "scheduler.expected_one_got",
     gettext_noop("%(setting)s: expected one of %(choices)s, got %(value)s"),
 )
 NAMED_TWICE_GIVE_EACH_PORT = Message(
@@ -452,7 +445,9 @@ PORTS_MUST_LIST_SUCH_NAME = Message(
     "scheduler.ports_must_list_such_name",
     gettext_noop('ports: must be a list such as [{"name": "http", "ready_path": "/health"}].'),
 )
-LAUNCHER_MUST = Message("scheduler.launcher_must", gettext_noop("launcher: must be one of %(choices)s, not %(value)s."))
+LAUNCHER_MUST_ONE_NOT = Message(
+    "scheduler.launcher_must_one_not", gettext_noop("launcher: must be one of %(choices)s, not %(value)s.")
+)
 CHECKPOINT_DIR_SHARED_STORAGE_WHERE = Message(
     "scheduler.checkpoint_dir_shared_storage_where",
     gettext_noop(
@@ -468,8 +463,22 @@ OUTPUT_OVER_GPUPOOL_OUTPUT_MAX = Message(
     "scheduler.output_over_gpupool_output_max",
     gettext_noop("the output is over GPUPOOL_OUTPUT_MAX_BYTES (%(n)s bytes)."),
 )
-UPLOAD_DOES_MATCH_SHA_SEND = Message(
-    "scheduler.upload_does_match_sha_send",
+UPLOAD_NOT_MATCH_SHA_SEND = Message(
+    "scheduler.upload_not_match_sha_send",
     gettext_noop("the upload does not match its sha256; send it again."),
 )
 NEVER_FITS = Message("scheduler.never_fits", gettext_noop("%(field)s: never fits: %(sentences)s; %(fix)s."))
+
+# --- notifications, rendered in the recipient's language
+GPUPOOL_JOB_CAN_NEVER_START = Message(
+    "scheduler.gpupool_job_can_never_start",
+    gettext_noop("[gpupool] Job %(pk)s (%(name)s) can never start as the pool is now"),
+)
+JOB_QUEUED_BUT_CAN_NO = Message(
+    "scheduler.job_queued_but_can_no",
+    gettext_noop(
+        "Job %(pk)s (%(name)s) of %(tenant)s is queued, but it can no longer ever start: %(sentences)s.\nCancel it "
+        "and submit a smaller one, or ask an administrator to add nodes or raise the quota; it stays queued "
+        "meanwhile and starts by itself once it fits."
+    ),
+)

@@ -47,7 +47,7 @@ def job_get_visible(*, user: Any, pk: Any) -> Job:
             .get(pk=int(pk))
         )
     except (Job.DoesNotExist, TypeError, ValueError):
-        raise NotFoundError(scheduler_messages.JOB_ID_VISIBLE_YOU(pk=pk)) from None
+        raise NotFoundError(scheduler_messages.NO_JOB_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
@@ -57,7 +57,7 @@ def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
     except ValueError:
         value = None
     if value is None or not jobs_visible_to(user).filter(array_id=value).exists():
-        raise NotFoundError(scheduler_messages.JOB_ARRAY_VISIBLE_YOU(pk=array_id))
+        raise NotFoundError(scheduler_messages.NO_JOB_ARRAY_VISIBLE_YOU(pk=array_id))
     return value
 
 
@@ -131,7 +131,7 @@ def node_get(*, pk: Any) -> Node:
     try:
         return Node.objects.get(pk=int(pk))
     except (Node.DoesNotExist, TypeError, ValueError):
-        raise NotFoundError(scheduler_messages.NODE_ID(pk=pk)) from None
+        raise NotFoundError(scheduler_messages.NO_NODE_ID(pk=pk)) from None
 
 
 def job_pending_sentence(job: Job) -> str:

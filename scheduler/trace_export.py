@@ -76,7 +76,7 @@ class TraceWindow:
         """File name → text: the three trace files and ``manifest.json``."""
         if fmt not in FORMATS:
             raise DomainError(
-                scheduler_messages.UNKNOWN_FORMAT_USE(value=fmt, choices=", ".join(FORMATS)), field="format"
+                scheduler_messages.UNKNOWN_FORMAT_USE_ONE(value=fmt, choices=", ".join(FORMATS)), field="format"
             )
         texts = trace_texts(self.jobs, self.nodes, self.tenants, fmt)
         texts["manifest.json"] = json.dumps(self.manifest(fmt), indent=1) + "\n"

@@ -359,7 +359,7 @@ def job_lock_for_update(job: Job | int) -> Job:
         # wait on it, and FOR UPDATE would block the foreign-key checks (FOR KEY SHARE) of concurrent inserts.
         return Job.objects.select_for_update(of=("self",), no_key=True).select_related("tenant").get(pk=pk)
     except Job.DoesNotExist:
-        raise NotFoundError(scheduler_messages.JOB_ID(pk=pk)) from None
+        raise NotFoundError(scheduler_messages.NO_JOB_ID(pk=pk)) from None
 
 
 def allocations_end(queryset, *, now: datetime | None = None) -> int:

@@ -58,7 +58,7 @@ def whatif_run(
     window = trace_window(since=since, until=until)
     if not window.jobs:
         raise DomainError(
-            scheduler_messages.JOB_RAN_BETWEEN_CHOOSE_LONGER(
+            scheduler_messages.NO_JOB_RAN_BETWEEN_CHOOSE(
                 since=format(since, "%Y-%m-%d %H:%M"), until=format(until, "%Y-%m-%d %H:%M")
             ),
             code="empty_window",

@@ -14,10 +14,11 @@ class TenantsConfig(AppConfig):
             schema,  # noqa: F401  (registers the OpenAPI auth scheme)
             signals,
         )
-        from tenants.models import ApprovalStatus, ApprovalStepRole
+        from tenants.models import ApprovalKind, ApprovalStatus, ApprovalStepRole
 
         signals.connect()
         # An approver role (written with spaces in a sentence) and an approval's status read as their labels.
         labels_register("role", lambda: {role.value.replace("_", " "): role.label for role in ApprovalStepRole})
         labels_register("status", lambda: {status.value: status.label for status in ApprovalStatus})
+        labels_register("kind", lambda: {kind.value: kind.label for kind in ApprovalKind})
         register_app_events(self.label, audit_events.EVENTS)

@@ -67,8 +67,8 @@ DEVICE_BELONGS_ANOTHER_ACCOUNT = Message(
     "tenants.device_belongs_another_account",
     gettext_noop("This device belongs to another account."),
 )
-CODE_VALID_CHECK_CLOCK_YOUR = Message(
-    "tenants.code_valid_check_clock_your",
+CODE_NOT_VALID_CHECK_CLOCK = Message(
+    "tenants.code_not_valid_check_clock",
     gettext_noop("That code is not valid; check the clock of your device and try again."),
 )
 YOU_CANNOT_DEACTIVATE_YOUR_OWN = Message(
@@ -79,8 +79,8 @@ YOU_CANNOT_CHANGE_YOUR_OWN = Message(
     "tenants.you_cannot_change_your_own",
     gettext_noop("You cannot change your own platform role; ask another security admin."),
 )
-UNKNOWN_PLATFORM_ROLE_USE = Message(
-    "tenants.unknown_platform_role_use",
+UNKNOWN_PLATFORM_ROLE_USE_ONE = Message(
+    "tenants.unknown_platform_role_use_one",
     gettext_noop("Unknown platform role '%(value)s'; use one of: %(choices)s"),
 )
 UNKNOWN_PLATFORM_ROLE = Message("tenants.unknown_platform_role", gettext_noop("Unknown platform role '%(value)s'."))
@@ -95,22 +95,22 @@ MEMBER_TENANTS_PLATFORM_ACCOUNT_HOLDS = Message(
         "first (or use a separate account for the platform role)."
     ),
 )
-ALREADY_HOLDS_PLATFORM_ROLE_ACCOUNT = Message(
-    "tenants.already_holds_platform_role_account",
+ALREADY_HOLDS_PLATFORM_ROLE_ONE = Message(
+    "tenants.already_holds_platform_role_one",
     gettext_noop(
         "%(user)s already holds the platform role '%(before)s'; one account cannot hold two platform roles. "
         "Remove '%(before)s' first, then grant '%(after)s'."
     ),
 )
-USER_CANNOT_ADDED_ACCOUNT_DOES = Message(
-    "tenants.user_cannot_added_account_does",
+USER_CANNOT_ADDED_ACCOUNT_NOT = Message(
+    "tenants.user_cannot_added_account_not",
     gettext_noop(
         "That user cannot be added: the account does not exist, is deactivated, or is a platform account "
         "(platform accounts hold no tenant membership)."
     ),
 )
-UNKNOWN_ROLE_USE = Message(
-    "tenants.unknown_role_use",
+UNKNOWN_ROLE_USE_ONE = Message(
+    "tenants.unknown_role_use_one",
     gettext_noop("Unknown role '%(value)s'; use one of: %(choices)s"),
 )
 ONLY_TENANT_ADMIN_MAY_ADD = Message(
@@ -130,8 +130,8 @@ ONLY_PLATFORM_ADMINS_RETRY_NOTIFICATIONS = Message(
     "tenants.only_platform_admins_retry_notifications",
     gettext_noop("Only platform admins retry notifications."),
 )
-NOTIFICATION_WAS_ALREADY_SENT = Message(
-    "tenants.notification_was_already_sent",
+NOTIFICATION_ALREADY_SENT = Message(
+    "tenants.notification_already_sent",
     gettext_noop("Notification %(pk)s was already sent."),
 )
 UNKNOWN_QUOTA_FIELD = Message("tenants.unknown_quota_field", gettext_noop("Unknown quota field(s): %(fields)s."))
@@ -155,8 +155,8 @@ MUST_WHOLE_NUMBER_GOT = Message(
     "tenants.must_whole_number_got",
     gettext_noop("%(quota_field)s must be a whole number ≥ 0 (got %(value)s)."),
 )
-MUST_MULTIPLE_MILLIS_CARD_GOT = Message(
-    "tenants.must_multiple_millis_card_got",
+MUST_MULTIPLE_MILLIS_ONE_CARD = Message(
+    "tenants.must_multiple_millis_one_card",
     gettext_noop("%(quota_field)s must be a multiple of %(step)s (1000 millis = one card); got %(value)s."),
 )
 ONLY_SYSTEM_ADMIN_SETS_JOB = Message(
@@ -194,8 +194,8 @@ REQUEST_NOTHING_MORE_CAN_DECIDED = Message(
     "tenants.request_nothing_more_can_decided",
     gettext_noop("Request #%(pk)s is %(status)s; nothing more can be decided on it."),
 )
-YOU_APPROVER_REQUEST_WAITING = Message(
-    "tenants.you_approver_request_waiting",
+YOU_NOT_APPROVER_REQUEST_WAITING = Message(
+    "tenants.you_not_approver_request_waiting",
     gettext_noop("You are not the approver this request is waiting for."),
 )
 SAY_WHY_YOU_REJECT_REQUEST = Message(
@@ -259,7 +259,9 @@ ONLY_SYSTEM_ADMIN_MAY_MOVE = Message(
     "tenants.only_system_admin_may_move",
     gettext_noop("Only a system admin may move a tenant to the top level."),
 )
-YOU_TENANT_ADMIN = Message("tenants.you_tenant_admin", gettext_noop("You are not a tenant admin of '%(tenant)s'."))
+YOU_NOT_TENANT_ADMIN = Message(
+    "tenants.you_not_tenant_admin", gettext_noop("You are not a tenant admin of '%(tenant)s'.")
+)
 CANNOT_MOVE_UNDER_INSIDE_SUBTREE = Message(
     "tenants.cannot_move_under_inside_subtree",
     gettext_noop(
@@ -299,28 +301,59 @@ ONLY_OWNER_SECURITY_ADMIN_MAY = Message(
     "tenants.only_owner_security_admin_may",
     gettext_noop("Only the owner or a security admin may revoke it."),
 )
-TENANT_ID_VISIBLE_YOU = Message(
-    "tenants.tenant_id_visible_you",
+NO_TENANT_ID_VISIBLE_YOU = Message(
+    "tenants.no_tenant_id_visible_you",
     gettext_noop("No tenant with id %(pk)s is visible to you."),
 )
-USER_ID_VISIBLE_YOU = Message("tenants.user_id_visible_you", gettext_noop("No user with id %(pk)s is visible to you."))
-API_TOKEN_ID_VISIBLE_YOU = Message(
-    "tenants.api_token_id_visible_you",
+NO_USER_ID_VISIBLE_YOU = Message(
+    "tenants.no_user_id_visible_you", gettext_noop("No user with id %(pk)s is visible to you.")
+)
+NO_API_TOKEN_ID_VISIBLE = Message(
+    "tenants.no_api_token_id_visible",
     gettext_noop("No API token with id %(pk)s is visible to you."),
 )
-APPROVAL_REQUEST_ID_VISIBLE_YOU = Message(
-    "tenants.approval_request_id_visible_you",
+NO_APPROVAL_REQUEST_ID_VISIBLE = Message(
+    "tenants.no_approval_request_id_visible",
     gettext_noop("No approval request with id %(pk)s is visible to you."),
 )
-SIGN_LOCKOUT_ID_VISIBLE_YOU = Message(
-    "tenants.sign_lockout_id_visible_you",
+NO_SIGN_LOCKOUT_ID_VISIBLE = Message(
+    "tenants.no_sign_lockout_id_visible",
     gettext_noop("No sign-in lockout with id %(pk)s is visible to you; it may have expired."),
 )
 APPLIED = Message("tenants.applied", gettext_noop("Applied."))
 JOB_QUEUED = Message("tenants.job_queued", gettext_noop("The job is queued."))
 REJECTED = Message("tenants.rejected", gettext_noop("Rejected by %(user)s."))
 NOBODY_DECIDED_TIME = Message("tenants.nobody_decided_time", gettext_noop("Nobody decided in time."))
-APPROVED_BUT_LONGER_FITS = Message(
-    "tenants.approved_but_longer_fits",
+APPROVED_BUT_NO_LONGER_FITS = Message(
+    "tenants.approved_but_no_longer_fits",
     gettext_noop("Approved, but it no longer fits: %(reason)s"),
+)
+TENANT_NAMED_ALREADY_EXISTS_UNDER = Message(
+    "tenants.tenant_named_already_exists_under",
+    gettext_noop("A tenant named '%(name)s' already exists under '%(parent)s'; choose another name."),
+)
+CANNOT_MOVE_UNDER_TOP_LEVEL = Message(
+    "tenants.cannot_move_under_top_level",
+    gettext_noop(
+        "Cannot move '%(tenant)s' under 'the top level': its subtree has %(height)s level(s) and would reach "
+        "depth %(depth)s; the tree allows at most %(max)s."
+    ),
+)
+
+# --- notifications (e-mail, chat robots, webhooks), rendered in each recipient's language
+GPUPOOL_APPROVAL_NEEDED = Message(
+    "tenants.gpupool_approval_needed", gettext_noop("[gpupool] Approval needed: %(kind)s #%(pk)s")
+)
+REQUESTED_WAITING_REASON = Message(
+    "tenants.requested_waiting_reason",
+    gettext_noop("%(what)s\nRequested by %(requester)s; waiting for a %(role)s.\nReason: %(reason)s"),
+)
+GPUPOOL = Message("tenants.gpupool", gettext_noop("[gpupool] %(kind)s #%(pk)s: %(status)s"))
+STATUS_COMMENT = Message(
+    "tenants.status_comment", gettext_noop("%(what)s\nStatus: %(status)s. %(result)s\nComment: %(comment)s")
+)
+QUOTA_CHANGE = Message("tenants.quota_change", gettext_noop("quota change for %(where)s: %(values)s"))
+ADMISSION_JOB = Message("tenants.admission_job", gettext_noop("admission of job %(pk)s in %(tenant)s (%(summary)s)"))
+UNKNOWN_LANGUAGE_USE_ONE = Message(
+    "tenants.unknown_language_use_one", gettext_noop("Unknown language '%(value)s'; use one of: %(choices)s")
 )

@@ -23,6 +23,9 @@ class PlatformRole(models.TextChoices):
 
 class User(AbstractUser):
     platform_role = models.CharField(max_length=32, choices=PlatformRole.choices, default=PlatformRole.NONE, blank=True)
+    # The language the console last showed this person (its language menu) and their e-mails are written in;
+    # "" = the platform's (LANGUAGE_CODE).
+    language = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         constraints = [

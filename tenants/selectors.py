@@ -69,7 +69,7 @@ def tenant_get_visible(*, user: Any, pk: Any) -> Tenant:
     try:
         return tenants_visible_to(user).get(pk=parse_id(pk))
     except Tenant.DoesNotExist:
-        raise NotFoundError(tenants_messages.TENANT_ID_VISIBLE_YOU(pk=pk)) from None
+        raise NotFoundError(tenants_messages.NO_TENANT_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def memberships_visible_to(user: Any) -> QuerySet[Membership]:
@@ -85,7 +85,7 @@ def user_get_visible(*, user: Any, pk: Any) -> User:
     try:
         return users_visible_to(user).get(pk=parse_id(pk))
     except User.DoesNotExist:
-        raise NotFoundError(tenants_messages.USER_ID_VISIBLE_YOU(pk=pk)) from None
+        raise NotFoundError(tenants_messages.NO_USER_ID_VISIBLE_YOU(pk=pk)) from None
 
 
 def tokens_visible_to(user: Any) -> QuerySet[ApiToken]:
@@ -97,7 +97,7 @@ def token_get_visible(*, user: Any, pk: Any) -> ApiToken:
     try:
         return tokens_visible_to(user).get(pk=parse_id(pk))
     except ApiToken.DoesNotExist:
-        raise NotFoundError(tenants_messages.API_TOKEN_ID_VISIBLE_YOU(pk=pk)) from None
+        raise NotFoundError(tenants_messages.NO_API_TOKEN_ID_VISIBLE(pk=pk)) from None
 
 
 # --- quotas (their use now is the scheduler's: scheduler/quota_usage.py) -----------------------------------
@@ -125,7 +125,7 @@ def approval_get_visible(*, user: Any, pk: Any) -> Any:
     try:
         return approvals_visible_to(user).get(pk=parse_id(pk))
     except ApprovalRequest.DoesNotExist:
-        raise NotFoundError(tenants_messages.APPROVAL_REQUEST_ID_VISIBLE_YOU(pk=pk)) from None
+        raise NotFoundError(tenants_messages.NO_APPROVAL_REQUEST_ID_VISIBLE(pk=pk)) from None
 
 
 def approvals_awaiting(user: Any) -> list:
@@ -186,5 +186,5 @@ def auth_lockouts_visible_to(user: Any) -> QuerySet:
 def auth_lockout_get_visible(*, user: Any, pk: Any) -> Any:
     found = auth_lockouts_visible_to(user).filter(pk=parse_id(pk)).first()
     if found is None:
-        raise NotFoundError(tenants_messages.SIGN_LOCKOUT_ID_VISIBLE_YOU(pk=pk))
+        raise NotFoundError(tenants_messages.NO_SIGN_LOCKOUT_ID_VISIBLE(pk=pk))
     return found

@@ -12,9 +12,11 @@ from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.translation import check_for_language
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
+from django.views.i18n import set_language
 
 from frontend.access import Section, action_required, section_required
 from frontend.admin_forms import TokenCreateForm, attach_domain_error
@@ -24,6 +26,7 @@ from kernel.api import DomainError, NotFoundError
 from tenants import selectors as tenant_selectors
 from tenants.models import TOKEN_PREFIX
 from tenants.permissions import token_scopes_allowed
+from tenants.services.identity import user_language_set
 from tenants.services.tokens import api_token_create, api_token_revoke
 
 
@@ -80,3 +83,13 @@ def token_revoke(request, pk: int):
     else:
         messages.success(request, _("Token “%(name)s” revoked; it no longer works.") % {"name": token.name})
     return redirect("frontend:tokens")
+
+
+def language_set(request):
+    """The language menu (Django's ``set_language``, the same form and cookie) that also remembers the choice of a
+    signed-in person, so their notifications are written in the language their console shows."""
+    response = set_language(request)
+    language = request.POST.get("language", "")
+    if request.method == "POST" and request.user.is_authenticated and check_for_language(language):
+        user_language_set(user=request.user, language=language)
+    return response

@@ -113,7 +113,7 @@ def audit_verify(request):
         messages.error(
             request,
             _("Verification found %(n)s problem(s): %(first)s")
-            % {"n": len(report.findings), "first": "; ".join(f.message for f in report.findings[:3])},
+            % {"n": len(report.findings), "first": _("; ").join(localize(f.message) for f in report.findings[:3])},
         )
     return redirect("frontend:audit")
 

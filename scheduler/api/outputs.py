@@ -34,7 +34,7 @@ OUTPUT_LIST_SCHEMA = {
 def _visible_job(request: Request, pk: int):
     job = jobs_visible_to(request.user).filter(pk=pk).first()
     if job is None:
-        raise NotFoundError(scheduler_messages.JOB_ID_VISIBLE_YOU(pk=pk))
+        raise NotFoundError(scheduler_messages.NO_JOB_ID_VISIBLE_YOU(pk=pk))
     return job
 
 

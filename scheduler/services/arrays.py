@@ -113,7 +113,7 @@ def job_array_cancel(
         .order_by("pk")
     )
     if not jobs:
-        raise NotFoundError(scheduler_messages.JOB_ARRAY(pk=array_id))
+        raise NotFoundError(scheduler_messages.NO_JOB_ARRAY(pk=array_id))
     # One tenant and one submitter for the whole array: who may cancel one job may cancel them all.
     if actor is not None and not can_manage_job(actor, jobs[0]):
         raise PermissionDeniedError(scheduler_messages.ONLY_SUBMITTER_TENANT_ADMIN_SYSTEM_ADMIN())

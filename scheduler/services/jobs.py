@@ -63,7 +63,7 @@ def _resolve_tenant(
     # user sees no tenant at all, as in ``tenants.selectors.tenants_visible_to``).
     user = actor
     if user is not None and not (getattr(user, "is_authenticated", False) and user.is_active and user.pk):
-        raise NotFoundError(scheduler_messages.TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
+        raise NotFoundError(scheduler_messages.NO_TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
     if slug is None and user is None:
         raise DomainError(scheduler_messages.TENANT_SAY_WHICH_TENANT_JOB(), code="invalid_job_spec", field="tenant")
     # The tenant roles the access policy lets submit (job.submit), read from the table.
@@ -85,12 +85,12 @@ def _resolve_tenant(
     tenant = chains[0] if chains else None
     if user is None:
         if tenant is None:
-            raise NotFoundError(scheduler_messages.TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
+            raise NotFoundError(scheduler_messages.NO_TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
         return tenant, defaults, fleets
     if tenant is None or not (tenant.holds_role or reaches_all(user, Action.TENANT_VIEW)):
-        raise NotFoundError(scheduler_messages.TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
+        raise NotFoundError(scheduler_messages.NO_TENANT_VISIBLE_YOU(tenant=slug), code="not_found")
     if not tenant.may_submit:
-        raise PermissionDeniedError(scheduler_messages.YOU_MAY_SUBMIT_JOBS_MEMBERS(tenant=slug))
+        raise PermissionDeniedError(scheduler_messages.YOU_MAY_NOT_SUBMIT_JOBS(tenant=slug))
     return tenant, defaults, fleets
 
 
@@ -441,7 +441,7 @@ def job_release_from_approval(*, job: Job, actor: Any | None) -> Job:
     job = job_lock_for_update(job)
     if job.state != S.PENDING_APPROVAL:
         raise ConflictError(
-            scheduler_messages.JOB_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
+            scheduler_messages.JOB_NOT_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
         )
     job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="approved", message="Approved.")
     transaction.on_commit(request_cycle)
@@ -454,7 +454,7 @@ def job_reject_from_approval(*, job: Job, actor: Any | None, comment: str = "") 
     job = job_lock_for_update(job)
     if job.state != S.PENDING_APPROVAL:
         raise ConflictError(
-            scheduler_messages.JOB_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
+            scheduler_messages.JOB_NOT_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
         )
     return job_transition(
         job=job, to_state=S.FAILED, actor=actor, reason="rejected", message=f"Rejected: {comment}"[:500]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from scheduler import messages as scheduler_messages
 from scheduler.core.types import Explain, PendingReason
 from scheduler.models import Job, JobState
 from tenants.services.notifications import notification_queue
@@ -36,11 +37,9 @@ def never_fits_notify(*, explanations: Sequence[Explain], stored: Mapping[int, t
         notification_queue(
             event=NEVER_FITS_EVENT,
             recipients=[job.submitter],
-            subject=f"[gpupool] Job {job.pk} ({job.name[:60]}) can never start as the pool is now",
-            body=(
-                f"Job {job.pk} ({job.name}) of {job.tenant.slug} is queued, but it can no longer ever start: "
-                f"{newly[job.pk]}.\nCancel it and submit a smaller one, or ask an administrator to add nodes or "
-                "raise the quota; it stays queued meanwhile and starts by itself once it fits."
+            subject=scheduler_messages.GPUPOOL_JOB_CAN_NEVER_START(pk=job.pk, name=job.name[:60]),
+            body=scheduler_messages.JOB_QUEUED_BUT_CAN_NO(
+                pk=job.pk, name=job.name, tenant=job.tenant.slug, sentences=newly[job.pk]
             ),
         )
         told.append(job.pk)

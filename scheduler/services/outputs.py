@@ -46,7 +46,7 @@ def job_output_store(*, node: Node, job_id: int, replica: int, stream: BinaryIO,
             digest.update(chunk)
             spool.write(chunk)
         if digest.hexdigest() != sha256.lower():
-            raise OutputRefused(scheduler_messages.UPLOAD_DOES_MATCH_SHA_SEND())
+            raise OutputRefused(scheduler_messages.UPLOAD_NOT_MATCH_SHA_SEND())
         spool.seek(0)
         with transaction.atomic():
             old = JobOutput.objects.select_for_update().filter(job_id=job_id, replica=replica).first()

@@ -49,7 +49,9 @@ def _configured_chain(kind: str, tenant: Tenant) -> list[str]:
     chain = list(chains.get(kind, DEFAULT_APPROVAL_CHAINS[kind]))
     unknown = [role for role in chain if role not in ApprovalStepRole.values]
     if unknown:
-        raise DomainError(f"GPUPOOL_APPROVAL_CHAINS[{kind!r}] has unknown role(s) {unknown}.", code="misconfigured")
+        raise DomainError(
+            tenants_messages.GPUPOOL_APPROVAL_CHAINS_UNKNOWN_ROLE(kind=repr(kind), roles=unknown), code="misconfigured"
+        )
     if tenant.parent_id is None:
         # A top-level tenant has no parent tenant admin to ask.
         chain = [role for role in chain if role != ApprovalStepRole.PARENT_TENANT_ADMIN]
@@ -168,7 +170,7 @@ def _decision_begin(*, actor: User, approval: Any, refusal: Callable[[Any], str]
     _require_open(approval)
     if not can_decide_approval(actor, approval):
         raise PermissionDeniedError(
-            refusal(approval) if refusal else "You are not the approver this request is waiting for."
+            refusal(approval) if refusal else tenants_messages.YOU_NOT_APPROVER_REQUEST_WAITING()
         )
     return approval
 
@@ -192,9 +194,8 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
     approval = _decision_begin(
         actor=actor,
         approval=approval,
-        refusal=lambda locked: (
-            "You cannot approve this step: it waits for a "
-            f"{(locked.awaiting_role or '').replace('_', ' ')}, and nobody approves their own request."
+        refusal=lambda locked: tenants_messages.YOU_CANNOT_APPROVE_STEP_WAITS(
+            role=(locked.awaiting_role or "").replace("_", " ")
         ),
     )
     override = _require_decision_comment(actor, approval, comment)
@@ -234,14 +235,14 @@ def approval_approve(*, actor: User, approval: Any, comment: str = "", request: 
                 )
         except DomainError as exc:
             approval.status = ApprovalStatus.FAILED
-            approval.result_message = f"Approved, but it no longer fits: {exc.message}"[:500]
+            approval.result_message = tenants_messages.APPROVED_BUT_NO_LONGER_FITS(reason=exc.message)[:500]
         else:
             approval.status = ApprovalStatus.APPROVED
-            approval.result_message = "Applied."
+            approval.result_message = tenants_messages.APPLIED()
     else:
         approval_handler(approval.kind).approved(approval, actor)
         approval.status = ApprovalStatus.APPROVED
-        approval.result_message = "The job is queued."
+        approval.result_message = tenants_messages.JOB_QUEUED()
     approval.step = len(approval.chain)
     approval.save()
     verb = "approve" if approval.status == ApprovalStatus.APPROVED else "fail"
@@ -266,7 +267,7 @@ def approval_reject(*, actor: User, approval: Any, comment: str, request: Any = 
     _step_record(approval, actor=actor, decision=ApprovalDecision.REJECT, comment=comment)
     approval.status = ApprovalStatus.REJECTED
     approval.decided_at = timezone.now()
-    approval.result_message = f"Rejected by {actor.username}."
+    approval.result_message = tenants_messages.REJECTED(user=actor.username)
     approval.save()
     if approval.kind == ApprovalKind.JOB_ADMISSION:
         approval_handler(approval.kind).closed(approval, actor, comment)
@@ -368,7 +369,7 @@ def approvals_expire(*, now: dt.datetime | None = None) -> int:
             )
             approval.status = ApprovalStatus.EXPIRED
             approval.decided_at = now
-            approval.result_message = "Nobody decided in time."
+            approval.result_message = tenants_messages.NOBODY_DECIDED_TIME()
             approval.save()
             if approval.kind == ApprovalKind.JOB_ADMISSION:
                 approval_handler(approval.kind).closed(approval, None, "approval request expired")

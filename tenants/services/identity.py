@@ -129,7 +129,9 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
             raise DomainError(tenants_messages.YOU_CANNOT_CHANGE_YOUR_OWN())
     if platform_role not in PlatformRole.values:
         raise DomainError(
-            f"Unknown platform role {platform_role!r}; use one of: " + ", ".join(repr(v) for v in PlatformRole.values),
+            tenants_messages.UNKNOWN_PLATFORM_ROLE_USE_ONE(
+                value=platform_role, choices=", ".join(repr(v) for v in PlatformRole.values)
+            ),
             field="platform_role",
         )
     user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
@@ -146,9 +148,7 @@ def user_set_platform_role(*, actor: User | None, user: User, platform_role: str
         )
     if before and platform_role:
         raise DomainError(
-            tenants_messages.ALREADY_HOLDS_PLATFORM_ROLE_ACCOUNT(
-                user=user.username, before=before, after=platform_role
-            ),
+            tenants_messages.ALREADY_HOLDS_PLATFORM_ROLE_ONE(user=user.username, before=before, after=platform_role),
             code="separation_of_duties",
             field="platform_role",
         )
@@ -248,7 +248,7 @@ def mfa_totp_confirm(*, actor: User, device: Any, otp: str, request: Any = None)
         audit_record(
             action="auth.mfa.enrol.confirm", actor=actor, target=f"user:{actor.pk}", outcome="failure", request=request
         )
-        raise DomainError(tenants_messages.CODE_VALID_CHECK_CLOCK_YOUR(), code="otp_invalid")
+        raise DomainError(tenants_messages.CODE_NOT_VALID_CHECK_CLOCK(), code="otp_invalid")
     type(device).objects.filter(user=actor, confirmed=True).exclude(pk=device.pk).delete()
     device.confirmed = True
     device.save(update_fields=["confirmed"])
@@ -317,3 +317,15 @@ def auth_lockout_reset(*, actor: User | None, attempt: Any, request: Any = None)
         request=request,
     )
     return failures
+
+
+def user_language_set(*, user: User, language: str) -> None:
+    """Remember the language ``user`` reads (the console's language menu): their notifications are written in it.
+    A preference of their own, not a change to the pool: no audit record."""
+    if language not in dict(settings.LANGUAGES):
+        raise DomainError(
+            tenants_messages.UNKNOWN_LANGUAGE_USE_ONE(value=language, choices=", ".join(dict(settings.LANGUAGES))),
+            field="language",
+        )
+    User.objects.filter(pk=user.pk).update(language=language)
+    user.language = language

@@ -20,7 +20,7 @@ def cannot_add_member() -> DomainError:
     """The one answer for "no such user" and "this user cannot be a tenant member" (no enumeration): it names
     no account, so the answer is the same whichever was asked for."""
     return DomainError(
-        tenants_messages.USER_CANNOT_ADDED_ACCOUNT_DOES(),
+        tenants_messages.USER_CANNOT_ADDED_ACCOUNT_NOT(),
         code="cannot_add_member",
         field="user",
     )
@@ -29,7 +29,10 @@ def cannot_add_member() -> DomainError:
 def _check_membership_role(role: str) -> None:
     if role not in MembershipRole.values:
         raise DomainError(
-            f"Unknown role {role!r}; use one of: " + ", ".join(repr(v) for v in MembershipRole.values), field="role"
+            tenants_messages.UNKNOWN_ROLE_USE_ONE(
+                value=role, choices=", ".join(repr(v) for v in MembershipRole.values)
+            ),
+            field="role",
         )
 
 

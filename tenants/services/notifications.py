@@ -9,11 +9,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 
 from audit.services import audit_record
 from kernel.access_rules import Action
 from kernel.api import ConflictError
+from kernel.messages import localize
 from kernel.task_queue import task_queue
 from tenants import messages as tenants_messages
 from tenants.access import allows
@@ -33,23 +34,40 @@ def approvers_for(approval: Any) -> list[User]:
 
 
 def _notify(approval: Any | None, *, event: str, recipients: list[User], subject: str, body: str) -> None:
-    """Queue one delivery per configured notifier; sent by a Celery task after commit (retried on failure)."""
+    """Queue one delivery per configured notifier and language of the recipients (each person reads it in the
+    language their console shows, ``User.language``; a catalogue message is rendered in it); sent by a Celery
+    task after commit (retried on failure)."""
     paths = getattr(settings, "GPUPOOL_NOTIFIERS", None) or []
-    for path in paths:
-        delivery = NotificationDelivery.objects.create(
-            approval=approval,
-            event=event,
-            notifier=path,
-            recipients=[{"username": user.username, "email": user.email} for user in recipients],
-            subject=subject[:200],
-            body=body,
-        )
-        transaction.on_commit(lambda pk=delivery.pk: _enqueue_delivery(pk))
+    if not paths:
+        return
+    for language, readers in recipients_by_language(recipients).items():
+        with translation.override(language):
+            shown_subject, shown_body = localize(subject), localize(body)
+        for path in paths:
+            delivery = NotificationDelivery.objects.create(
+                approval=approval,
+                event=event,
+                notifier=path,
+                recipients=[{"username": user.username, "email": user.email} for user in readers],
+                subject=shown_subject[:200],
+                body=shown_body,
+            )
+            transaction.on_commit(lambda pk=delivery.pk: _enqueue_delivery(pk))
+
+
+def recipients_by_language(recipients: list[User]) -> dict[str, list[User]]:
+    """The recipients grouped by the language they read (their own, else the platform's), in first-seen order;
+    no recipient at all is one group in the platform's language (a notifier may tell a channel)."""
+    groups: dict[str, list[User]] = {}
+    for user in recipients:
+        groups.setdefault(user.language or settings.LANGUAGE_CODE, []).append(user)
+    return groups or {settings.LANGUAGE_CODE: []}
 
 
 def notification_queue(*, event: str, recipients: list[User], subject: str, body: str) -> None:
     """Tell ``recipients`` something that is not about an approval (``job.never_fits``: a queued job can no longer
-    ever start), through every configured notifier, as approvals are; call it inside the caller's transaction."""
+    ever start), through every configured notifier, as approvals are; call it inside the caller's transaction.
+    ``subject`` and ``body`` are catalogue messages (each recipient reads them in their language) or text."""
     if recipients:
         _notify(None, event=event, recipients=recipients, subject=subject, body=body)
 
@@ -62,8 +80,10 @@ def _enqueue_delivery(delivery_id: int) -> None:
 def _describe(approval: Any) -> str:
     if approval.kind == ApprovalKind.QUOTA_CHANGE:
         values = ", ".join(f"{key}={value}" for key, value in approval.payload.items())
-        return f"quota change for {approval.tenant.slug}/{approval.flavor.name}: {values}"
-    return f"admission of job {approval.job_id} in {approval.tenant.slug} ({approval.payload.get('summary', '')})"
+        return tenants_messages.QUOTA_CHANGE(where=f"{approval.tenant.slug}/{approval.flavor.name}", values=values)
+    return tenants_messages.ADMISSION_JOB(
+        pk=approval.job_id, tenant=approval.tenant.slug, summary=approval.payload.get("summary", "")
+    )
 
 
 def notify_approvers(approval: Any) -> None:
@@ -72,9 +92,13 @@ def notify_approvers(approval: Any) -> None:
         approval,
         event="approval.awaiting",
         recipients=approvers_for(approval),
-        subject=f"[gpupool] Approval needed: {approval.get_kind_display()} #{approval.pk}",
-        body=f"{_describe(approval)}\nRequested by {getattr(approval.requester, 'username', 'system')}; "
-        f"waiting for a {role.replace('_', ' ')}.\nReason: {approval.reason or '-'}",
+        subject=tenants_messages.GPUPOOL_APPROVAL_NEEDED(kind=approval.kind, pk=approval.pk),
+        body=tenants_messages.REQUESTED_WAITING_REASON(
+            what=_describe(approval),
+            requester=getattr(approval.requester, "username", "system"),
+            role=role.replace("_", " "),
+            reason=approval.reason or "-",
+        ),
     )
 
 
@@ -85,9 +109,10 @@ def notify_requester(approval: Any, *, comment: str) -> None:
         approval,
         event=f"approval.{approval.status}",
         recipients=[approval.requester],
-        subject=f"[gpupool] {approval.get_kind_display()} #{approval.pk}: {approval.get_status_display()}",
-        body=f"{_describe(approval)}\nStatus: {approval.get_status_display()}. {approval.result_message}\n"
-        f"Comment: {comment or '-'}",
+        subject=tenants_messages.GPUPOOL(kind=approval.kind, pk=approval.pk, status=approval.status),
+        body=tenants_messages.STATUS_COMMENT(
+            what=_describe(approval), status=approval.status, result=approval.result_message, comment=comment or "-"
+        ),
     )
 
 
@@ -147,7 +172,7 @@ def notification_retry(*, actor: User | None, delivery: Any, request: Any = None
         )
     delivery = NotificationDelivery.objects.select_for_update(no_key=True).get(pk=delivery.pk)
     if delivery.status == DeliveryStatus.SENT:
-        raise ConflictError(tenants_messages.NOTIFICATION_WAS_ALREADY_SENT(pk=delivery.pk), code="already_sent")
+        raise ConflictError(tenants_messages.NOTIFICATION_ALREADY_SENT(pk=delivery.pk), code="already_sent")
     delivery.status = DeliveryStatus.PENDING
     delivery.attempts = 0
     delivery.save(update_fields=["status", "attempts", "updated_at"])

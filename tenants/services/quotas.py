@@ -36,10 +36,12 @@ def quota_values_clean(values: dict, *, tenant: Tenant, flavor: Any) -> dict:
             value = 0 if value is None else value
         if value is not None:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise DomainError(f"{field} must be a whole number ≥ 0 (got {value!r}).", field=field)
+                raise DomainError(
+                    tenants_messages.MUST_WHOLE_NUMBER_GOT(quota_field=field, value=repr(value)), field=field
+                )
             if field.endswith("_millis") and value % QUOTA_STEP_MILLIS:
                 raise DomainError(
-                    tenants_messages.MUST_MULTIPLE_MILLIS_CARD_GOT(
+                    tenants_messages.MUST_MULTIPLE_MILLIS_ONE_CARD(
                         quota_field=field, step=QUOTA_STEP_MILLIS, value=value
                     ),
                     field=field,

@@ -47,10 +47,13 @@ def _check_sibling_name(*, name: str, parent: Tenant | None, exclude_pk: int | N
     if exclude_pk is not None:
         siblings = siblings.exclude(pk=exclude_pk)
     if siblings.exists():
-        where = f"under {parent.slug!r}" if parent else "at the top level"
-        raise DomainError(
-            f"A tenant named {name!r} already exists {where}; choose another name.", code="duplicate", field="name"
-        )
+        if parent:
+            raise DomainError(
+                tenants_messages.TENANT_NAMED_ALREADY_EXISTS_UNDER(name=name, parent=parent.slug),
+                code="duplicate",
+                field="name",
+            )
+        raise DomainError(tenants_messages.TENANT_NAMED_ALREADY_EXISTS_TOP(name=name), code="duplicate", field="name")
 
 
 @transaction.atomic
@@ -136,7 +139,7 @@ def tenant_update(
                 )
             else:
                 require_permission(
-                    can_admin_tenant(actor, parent), tenants_messages.YOU_TENANT_ADMIN(tenant=parent.slug)
+                    can_admin_tenant(actor, parent), tenants_messages.YOU_NOT_TENANT_ADMIN(tenant=parent.slug)
                 )
         if parent is not None and parent.pk in tenant_subtree_ids(tenant):
             raise DomainError(
@@ -150,10 +153,14 @@ def tenant_update(
             raise DomainError(
                 tenants_messages.CANNOT_MOVE_UNDER_SUBTREE_LEVEL(
                     tenant=tenant.slug,
-                    parent=parent.slug if parent else "the top level",
+                    parent=parent.slug,
                     height=height,
                     depth=new_depth + height - 1,
                     max=MAX_TENANT_DEPTH,
+                )
+                if parent
+                else tenants_messages.CANNOT_MOVE_UNDER_TOP_LEVEL(
+                    tenant=tenant.slug, height=height, depth=new_depth + height - 1, max=MAX_TENANT_DEPTH
                 ),
                 code="tenant_too_deep",
                 field="parent",

@@ -10,11 +10,13 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.utils import translation
 
 from audit import chain
 from audit.models import AuditRecord, ChainHead
 from audit.services import checkpoint_create, record_header
 from audit.trail_verifier import verify_trail
+from kernel.messages import Text, localize
 from tests.audit.helpers import make_chain, raw, row
 
 pytestmark = [pytest.mark.django_db, pytest.mark.database_owner]  # a DBA, the audit admin
@@ -141,7 +143,13 @@ def test_forged_record_appended_at_the_tail_is_named():
     record, ciphertext = _forged_row(stream, 6, head.hash)
     _insert(record, ciphertext)
     ChainHead.objects.filter(stream=stream).update(seq=6, hash=record.hash)
-    assert kinds(verify_trail(record_result=False))[chain.FINDING_FORGED] == [6]
+    report = verify_trail(record_result=False)
+    assert kinds(report)[chain.FINDING_FORGED] == [6]
+    # The finding is a catalogue message: the auditor reads it in the console's language.
+    [forged] = [f for f in report.findings if f.kind == chain.FINDING_FORGED]
+    assert isinstance(forged.message, Text) and "seq 6" in forged.message
+    with translation.override("zh-hans"):
+        assert "序号 6" in localize(forged.message) and "forged" not in localize(forged.message)
 
 
 def test_tail_truncation_is_named_even_when_the_head_row_is_fixed_up():

@@ -157,6 +157,7 @@ def test_error_answers_have_their_code_and_a_distinct_exit_code(pool, run_cli):
     assert json.loads(as_json.stderr) == {
         "code": "not_found",
         "detail": "No job with id 999999 is visible to you.",
+        "message": {"code": "scheduler.no_job_id_visible_you", "params": {"pk": "999999"}},  # for programs
         "status": 404,
     }
     usage = run_cli("submit", "--gpus", "1", "--fraction", "0.5", "--", "python", "x.py")

@@ -195,6 +195,41 @@ def test_approvers_are_notified_by_email(world, setup, django_capture_on_commit_
     assert "quota change for acme-vision" in mail.outbox[-1].body
 
 
+def test_each_person_is_notified_in_the_language_their_console_shows(
+    world, setup, client, django_capture_on_commit_callbacks
+):
+    """The language menu remembers a signed-in person's choice; the approvers' notification is written once per
+    language, the Chinese reader's from the same catalogue messages as the English one."""
+    radmin = world.users["tenant_admin"]
+    client.force_login(radmin)
+    client.post("/i18n/setlang/", {"language": "zh-hans", "next": "/console/"})
+    radmin.refresh_from_db()
+    assert radmin.language == "zh-hans"
+    second = UserFactory(username="radmin2")
+    MembershipFactory(user=second, tenant=world.research, role=MembershipRole.TENANT_ADMIN)
+    with django_capture_on_commit_callbacks(execute=False):
+        approval = _request(world, setup)
+    deliveries = {
+        tuple(r["username"] for r in d.recipients): d for d in NotificationDelivery.objects.filter(approval=approval)
+    }
+    assert set(deliveries) == {("radmin",), ("radmin2",)}
+    english, chinese = deliveries[("radmin2",)], deliveries[("radmin",)]
+    assert english.subject == f"[gpupool] Approval needed: quota_change #{approval.pk}".replace(
+        "quota_change", "quota change"
+    )
+    assert "Requested by vadmin" in english.body and "quota change for acme-vision" in english.body
+    assert chinese.subject == f"[gpupool] 待审批\uff1a配额变更 #{approval.pk}"
+    assert "申请人 vadmin" in chinese.body and "的配额变更" in chinese.body
+    assert "Requested by" not in chinese.body
+
+
+def test_an_unknown_language_is_refused():
+    from tenants.services.identity import user_language_set
+
+    with pytest.raises(DomainError, match="Unknown language 'xx'"):
+        user_language_set(user=UserFactory(), language="xx")
+
+
 class BrokenNotifier:
     def send(self, delivery):
         raise ConnectionError("robot unreachable")

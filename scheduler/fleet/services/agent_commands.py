@@ -70,7 +70,7 @@ def workload_report_apply(*, node_id: int, status: dict, now: datetime | None = 
         cursor.execute(_NODE_AND_REPORT_SEEN_SQL, [report_id, node_id])
         row = cursor.fetchone()
     if row is None:
-        raise Node.DoesNotExist(scheduler_messages.NODE_ID(pk=node_id))
+        raise Node.DoesNotExist(scheduler_messages.NO_NODE_ID(pk=node_id))
     if row[1]:
         return ReportOutcome(code="duplicate", detail=f"report {report_id} was applied before")
     node = Node.from_db(connection.alias, ["id", "name"], [node_id, row[0]])  # the other fields load if used
