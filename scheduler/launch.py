@@ -29,6 +29,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Exists, OuterRef
 
 from nodeagent import protocol
+from scheduler.core import sentences
+from scheduler.core.sentences import say
 from scheduler.core.types import PendingReason
 from scheduler.models import ACTIVE_JOB_STATES, MILLIS_PER_DEVICE, Allocation, Job, JobState, Node, ReplicaPort
 
@@ -232,10 +234,11 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
         if short is not None:
             ports = ranges.get(short) or port_range()
             node_name = node_rows[short].name if short in node_rows else short
-            outcome.refused[job.pk] = (
-                f"Node {node_name} has no free port in its job port range ({ports.start}-{ports.stop - 1}: "
-                f"{len(taken[short])} held by running jobs); the job starts when a job there ends, or an "
-                "administrator widens the range (gpupool-agent --job-ports, GPUPOOL_JOB_PORT_RANGE)."
+            outcome.refused[job.pk] = say(
+                sentences.NODE_NO_FREE_PORT,
+                node=node_name,
+                range=f"{ports.start}-{ports.stop - 1}",
+                held=len(taken[short]),
             )
             continue
         sites = []

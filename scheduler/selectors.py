@@ -21,6 +21,7 @@ from catalog.models import ResourceFlavor
 from kernel.access_rules import Action
 from kernel.api import NotFoundError
 from scheduler import messages as scheduler_messages
+from scheduler.core import sentences
 from scheduler.core.types import Ordering
 from scheduler.fleet import telemetry
 from scheduler.message_text import localize
@@ -137,10 +138,10 @@ def node_get(*, pk: Any) -> Node:
 def job_pending_sentence(job: Job) -> str:
     """Why the job waits, in one sentence for its owner ('' once it left the queue)."""
     if job.state == JobState.PENDING_APPROVAL and not job.pending_message:
-        return gettext("Waiting for approval by an administrator.")
+        return gettext(sentences.JOB_WAITS_FOR_APPROVAL)
     if job.state not in (JobState.QUEUED, JobState.PENDING_APPROVAL):
         return ""
-    stored = job.pending_message or "Queued; the scheduler looks at it within a few seconds."
+    stored = job.pending_message or sentences.QUEUED_SCHEDULER_LOOKS_WITHIN
     message = localize(stored)
     # The engine's messages usually say the position already ("... (position 3 in the queue, ...)").
     if job.position_in_tenant and job.position_overall and "position" not in stored.lower():

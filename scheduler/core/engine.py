@@ -26,6 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from scheduler.core import sentences
+from scheduler.core.sentences import clauses, say
+
 from .backfill import HeadReservations
 from .capacity import Cluster
 from .explain import Pending, explanations
@@ -81,22 +84,22 @@ def validate(job: PendingJob) -> str | None:
     """A problem with the request that no amount of waiting fixes, in words; None when it is fine."""
     req = job.request
     if not req.flavors:
-        return "the job names no device flavor"
+        return sentences.JOB_NAMES_NO_DEVICE
     if job.replicas < 1:
-        return "the job asks for no replicas"
+        return sentences.JOB_ASKS_NO_REPLICAS
     if req.millis < MIN_FRACTION_MILLIS:
-        return f"a replica must ask for at least {MIN_FRACTION_MILLIS} millis (1/10 of a card)"
+        return say(sentences.REPLICA_MUST_ASK_LEAST, min=MIN_FRACTION_MILLIS)
     if req.fractional:
         if req.millis % FRACTION_STEP_MILLIS:
-            return f"a fraction of a card must be a multiple of {FRACTION_STEP_MILLIS} millis"
+            return say(sentences.FRACTION_CARD_MUST_MULTIPLE, step=FRACTION_STEP_MILLIS)
         if req.memory_mib <= 0:
-            return "a fractional request must state memory_mib"
+            return sentences.FRACTIONAL_REQUEST_MUST_STATE
     elif req.millis % MILLIS_PER_DEVICE:
         return f"more than one card must be a whole number of cards (a multiple of {MILLIS_PER_DEVICE} millis)"
     if req.memory_mib < 0:
-        return "memory_mib cannot be negative"
+        return sentences.MEMORY_MIB_CANNOT_NEGATIVE
     if req.cpu_millicores < 0 or req.host_memory_mib < 0:
-        return "host CPU and host memory cannot be negative"
+        return sentences.HOST_CPU_HOST_MEMORY
     return None
 
 
@@ -205,7 +208,7 @@ class _Cycle:
         cap = self.p.max_jobs_per_cycle
         for i, job in enumerate(ordered(self.s, self.p, self.fair, self._within)):
             if cap is not None and i >= cap:
-                self._wait(job, PendingReason.CYCLE_LIMIT, f"not looked at this cycle (at most {cap} jobs a cycle)")
+                self._wait(job, PendingReason.CYCLE_LIMIT, say(sentences.NOT_LOOKED_CYCLE_MOST, cap=cap))
                 continue
             self._schedule_claimed(job)
         self.stats["placed"] = len(self.places)
@@ -301,9 +304,9 @@ class _Cycle:
         """Step 2, before any quota: the request is one that can be scheduled, and nobody has to approve it."""
         problem = validate(job)
         if problem:
-            return Failure(PendingReason.INVALID_REQUEST, f"the request cannot be scheduled: {problem}")
+            return Failure(PendingReason.INVALID_REQUEST, say(sentences.REQUEST_CANNOT_SCHEDULED, problem=problem))
         if job.awaiting_approval:
-            return Failure(PendingReason.AWAITING_APPROVAL, "waiting for approval by an administrator")
+            return Failure(PendingReason.AWAITING_APPROVAL, sentences.WAITING_FOR_APPROVAL)
         return None
 
     def _find_fit(self, job: PendingJob, *, holder: bool) -> tuple[_Fit | None, _Diagnosis]:
@@ -378,7 +381,9 @@ class _Cycle:
             head = self.heads.reserve(job, first.flavor, first.count)
             if head is not None:
                 self.stats["head_reservations"] += 1
-                message += f"; {len(head[0])} {first.flavor} device(s) are held for it as the head of the queue"
+                message = clauses(
+                    message, say(sentences.DEVICE_HELD_HEAD_QUEUE, count=len(head[0]), flavor=first.flavor)
+                )
         self._wait(job, reason.code, message)
 
     # -- steps 2 and 3 on one flavor: admit, filter → score → gang, bind -------------------------------------
@@ -398,13 +403,13 @@ class _Cycle:
             borrowing=self.p.borrowing and borrow and until is None,
             new_job=new_job,
             no_borrowing=(
-                "borrowing is off"
+                sentences.BORROWING_OFF
                 if until is None
-                else f"preempted {job.preemptions} time(s), it no longer borrows idle capacity: it starts as soon "
-                "as its tenant's guarantee has room"
+                else say(sentences.PREEMPTED_NO_LONGER_BORROWS, count=job.preemptions)
                 if until == math.inf
-                else f"preempted {job.preemptions} time(s), it may borrow idle capacity again in "
-                f"{_minutes(until - self.s.now)} min, or start as soon as its tenant's guarantee has room"
+                else say(
+                    sentences.PREEMPTED_MAY_BORROW_AGAIN, count=job.preemptions, minutes=_minutes(until - self.s.now)
+                )
             ),
         )
         if admission.ok and admission.borrowed_millis > 0 and self._at_ceiling(job):
@@ -475,7 +480,7 @@ class _Cycle:
         other job sees, so shape failures of others say nothing about it and vice versa."""
         req = job.request
         if not self.cluster.has_flavor(flavor):
-            return Failure(PendingReason.NO_SUCH_FLAVOR, f"no healthy, schedulable {flavor} device in the pool")
+            return Failure(PendingReason.NO_SUCH_FLAVOR, say(sentences.NO_HEALTHY_SCHEDULABLE_DEVICE, flavor=flavor))
         count = job.gang_min
         admission = self._admit(job, flavor, count)
         if not admission.ok:
@@ -484,7 +489,7 @@ class _Cycle:
         if head is not None and not self.p.backfill and not holder:
             return Failure(
                 PendingReason.BLOCKED_BY_HEAD,
-                f"waiting behind job {head}, which is first in the {flavor} queue (backfill is off)",
+                say(sentences.WAITING_BEHIND_JOB_WHICH, head=head, flavor=flavor),
             )
         shape = (
             flavor,
@@ -622,7 +627,10 @@ class _Cycle:
                 self._wait(
                     job,
                     PendingReason.WAITING_FOR_PREEMPTION,
-                    f"scaling up into its reservation; waiting for {len(blockers)} job(s) running on it to stop",
+                    clauses(
+                        sentences.SCALING_UP_INTO_RESERVATION,
+                        say(sentences.WAITING_JOB_RUNNING_STOP, count=len(blockers)),
+                    ),
                 )
                 return True
         return False
@@ -689,8 +697,10 @@ class _Cycle:
         self._wait(
             job,
             PendingReason.WAITING_FOR_PREEMPTION,
-            f"waiting for {len(waiting)} preempted job(s) to stop; {len({d for d, _ in held})} {flavor} "
-            "device(s) are held for it meanwhile",
+            clauses(
+                say(sentences.WAITING_PREEMPTED_JOB_STOP, count=len(waiting)),
+                say(sentences.DEVICE_HELD_MEANWHILE, count=len({d for d, _ in held}), flavor=flavor),
+            ),
         )
 
     def _preempt(self, job: PendingJob, diagnosis: _Diagnosis, unfit: list[_Attempt]) -> bool:
@@ -768,9 +778,8 @@ class _Cycle:
             waits = self.preemptor.reclaim_waits(flavor=flavor, accounted_to=node, under=tuple(a for a, _ in limits))
             if waits is not None:
                 jobs, wait_s = waits
-                return (
-                    f"; {jobs} job(s) borrowing {flavor} under that limit are reclaimed for it once they have run "
-                    f"the minimum runtime, in about {_minutes(wait_s)} min"
+                return "; " + say(
+                    sentences.JOB_BORROWING_UNDER_LIMIT, jobs=jobs, flavor=flavor, minutes=_minutes(wait_s)
                 )
         return ""
 
@@ -860,7 +869,7 @@ class _Cycle:
         self.book.charge(node=node, flavor=flavor, millis=req.millis * count)
         for victim, reason in choice.victims:
             if reason == PreemptReason.RECLAIM_BORROWED:
-                why = f"its tenant {victim.tenant} borrowed capacity that {job.tenant} needs back"
+                why = say(sentences.TENANT_BORROWED_CAPACITY_NEEDS, tenant=victim.tenant, other=job.tenant)
             elif reason == PreemptReason.NEWER_OWN:
                 why = (
                     f"job {job.job_id}, a gang of {cards(req.millis * count)} {flavor} cards of the same tenant "
@@ -872,13 +881,20 @@ class _Cycle:
                     f"{flavor} cards on one node; this job restarts on capacity reclaimed for it elsewhere"
                 )
             else:
-                why = f"higher-priority job {job.job_id} (priority {int(job.priority)}) needs the capacity"
+                why = say(sentences.HIGHER_PRIORITY_JOB_PRIORITY, job=job.job_id, priority=int(job.priority))
             self._stop(victim.job_id, victim.tenant, job, reason, why)
         self._wait(
             job,
             PendingReason.WAITING_FOR_PREEMPTION,
-            f"waiting for {len(choice.victims)} job(s) to stop and free {cards(req.millis * count)} "
-            f"{flavor} card(s) for it; it starts in a following cycle",
+            clauses(
+                say(
+                    sentences.WAITING_JOB_STOP_FREE,
+                    count=len(choice.victims),
+                    size=cards(req.millis * count),
+                    flavor=flavor,
+                ),
+                sentences.STARTS_FOLLOWING_CYCLE,
+            ),
         )
 
     def _stop(self, victim: str, tenant: str, job: PendingJob, reason: PreemptReason, message: str) -> None:

@@ -26,6 +26,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from scheduler.core import sentences
+from scheduler.core.sentences import say
+
 from .quota import cards
 from .types import (
     MILLIS_PER_DEVICE,
@@ -42,7 +45,7 @@ from .types import (
 )
 
 #: What a pending message adds after the sentences: nothing the job does changes it, only the pool.
-NEVER_FITS_SUFFIX = "it cannot start until nodes or quotas change"
+NEVER_FITS_SUFFIX = sentences.CANNOT_START_UNTIL_NODES
 
 
 class Bound(StrEnum):
@@ -242,9 +245,8 @@ def _refusal(
                 per_replica,
                 fleet.max_cards_per_node,
                 "cards",
-                f"per-replica cards: {per_replica} asked, the largest {flavor} node has {fleet.max_cards_per_node}",
-                f"a replica's cards are on one node: ask for at most {fleet.max_cards_per_node} per replica "
-                "and more replicas",
+                say(sentences.PER_REPLICA_CARDS_ASKED, n=per_replica, flavor=flavor, m=fleet.max_cards_per_node),
+                say(sentences.REPLICAS_CARDS_ONE_NODE, m=fleet.max_cards_per_node),
             )
         if req.memory_mib > fleet.max_card_memory_mib:
             return Refusal(
@@ -254,8 +256,8 @@ def _refusal(
                 req.memory_mib,
                 fleet.max_card_memory_mib,
                 "MiB",
-                f"memory_mib: {req.memory_mib} asked, the largest {flavor} card has {fleet.max_card_memory_mib}",
-                f"ask for at most {fleet.max_card_memory_mib} MiB of device memory per card",
+                say(sentences.MEMORY_MIB_ASKED_LARGEST, n=req.memory_mib, flavor=flavor, m=fleet.max_card_memory_mib),
+                say(sentences.ASK_MOST_MIB_DEVICE, m=fleet.max_card_memory_mib),
             )
         if fleet.max_node_cpu_millicores is not None and req.cpu_millicores > fleet.max_node_cpu_millicores:
             return Refusal(
@@ -265,9 +267,13 @@ def _refusal(
                 req.cpu_millicores / 1000,
                 fleet.max_node_cpu_millicores / 1000,
                 "cores",
-                f"CPU cores per replica: {req.cpu_millicores / 1000:g} asked, the largest {flavor} node has "
-                f"{fleet.max_node_cpu_millicores / 1000:g}",
-                f"ask for at most {fleet.max_node_cpu_millicores / 1000:g} cores per replica",
+                say(
+                    sentences.CPU_CORES_PER_REPLICA,
+                    n=format(req.cpu_millicores / 1000, "g"),
+                    flavor=flavor,
+                    m=format(fleet.max_node_cpu_millicores / 1000, "g"),
+                ),
+                say(sentences.ASK_MOST_CORES_PER, m=format(fleet.max_node_cpu_millicores / 1000, "g")),
             )
         if fleet.max_node_host_memory_mib is not None and req.host_memory_mib > fleet.max_node_host_memory_mib:
             return Refusal(
@@ -277,9 +283,13 @@ def _refusal(
                 req.host_memory_mib,
                 fleet.max_node_host_memory_mib,
                 "MiB",
-                f"host memory per replica: {req.host_memory_mib} MiB asked, the largest {flavor} node has "
-                f"{fleet.max_node_host_memory_mib} MiB",
-                f"ask for at most {fleet.max_node_host_memory_mib} MiB of host memory per replica",
+                say(
+                    sentences.HOST_MEMORY_PER_REPLICA,
+                    n=req.host_memory_mib,
+                    flavor=flavor,
+                    m=fleet.max_node_host_memory_mib,
+                ),
+                say(sentences.ASK_MOST_MIB_HOST, m=fleet.max_node_host_memory_mib),
             )
         if total_millis > fleet.cards * MILLIS_PER_DEVICE:
             return Refusal(
@@ -289,9 +299,15 @@ def _refusal(
                 total_millis / MILLIS_PER_DEVICE,
                 fleet.cards,
                 "cards",
-                f"cards at once: {cards(total_millis)} asked ({replicas} x {cards(req.millis)}), the pool has "
-                f"{fleet.cards} {flavor} cards in all",
-                f"all replicas start together: ask for at most {fleet.cards} cards in all",
+                say(
+                    sentences.CARDS_ONCE_ASKED_X,
+                    n=cards(total_millis),
+                    r=replicas,
+                    c=cards(req.millis),
+                    m=fleet.cards,
+                    flavor=flavor,
+                ),
+                say(sentences.ALL_REPLICAS_START_TOGETHER, m=fleet.cards),
             )
         if req.fractional and req.memory_mib * replicas > fleet.memory_mib:
             return Refusal(
@@ -301,9 +317,15 @@ def _refusal(
                 req.memory_mib * replicas,
                 fleet.memory_mib,
                 "MiB",
-                f"device memory at once: {req.memory_mib * replicas} MiB asked ({replicas} x {req.memory_mib}), "
-                f"the {flavor} cards have {fleet.memory_mib} MiB in all",
-                "all replicas start together: ask for fewer replicas or less memory each",
+                say(
+                    sentences.DEVICE_MEMORY_ONCE_MIB,
+                    n=req.memory_mib * replicas,
+                    r=replicas,
+                    c=req.memory_mib,
+                    flavor=flavor,
+                    m=fleet.memory_mib,
+                ),
+                sentences.ALL_REPLICAS_START_TOGETHER_ASK,
             )
         node_millis = fleet.max_cards_per_node * MILLIS_PER_DEVICE
         if topology == Topology.SAME_NODE and replicas > 1 and total_millis > node_millis:
@@ -314,9 +336,8 @@ def _refusal(
                 total_millis / MILLIS_PER_DEVICE,
                 fleet.max_cards_per_node,
                 "cards",
-                f"cards on one node (same_node): {cards(total_millis)} asked, the largest {flavor} node has "
-                f"{fleet.max_cards_per_node}",
-                f'ask for at most {fleet.max_cards_per_node} cards in all, or a topology other than "same_node"',
+                say(sentences.CARDS_ONE_NODE_SAME, n=cards(total_millis), flavor=flavor, m=fleet.max_cards_per_node),
+                say(sentences.ASK_MOST_CARDS_ALL, m=fleet.max_cards_per_node),
             )
     return _quota_refusal(flavor, total_millis, gang_field, preemptible, paths.get(flavor, ()))
 
@@ -336,9 +357,14 @@ def _quota_refusal(
                 total_millis / MILLIS_PER_DEVICE,
                 limit / MILLIS_PER_DEVICE,
                 "cards",
-                f"the tenant's quota tree allows at most {cards(limit)} {flavor} cards (limit of {tenant}), "
-                f"this job asks {cards(total_millis)}",
-                f"ask for at most {cards(limit)} cards in all, or ask an admin of {tenant} to raise its limit",
+                say(
+                    sentences.TENANTS_QUOTA_TREE_ALLOWS,
+                    m=cards(limit),
+                    flavor=flavor,
+                    tenant=tenant,
+                    n=cards(total_millis),
+                ),
+                say(sentences.ASK_MOST_CARDS_ALL_ASK, m=cards(limit), tenant=tenant),
                 by=tenant,
             )
     if path and not preemptible and total_millis > path[0].guaranteed_millis:
@@ -350,10 +376,14 @@ def _quota_refusal(
             total_millis / MILLIS_PER_DEVICE,
             account.guaranteed_millis / MILLIS_PER_DEVICE,
             "cards",
-            f"a job that is not preemptible gets only its tenant's guarantee: at most "
-            f"{cards(account.guaranteed_millis)} {flavor} cards (guarantee of {account.tenant}), this job asks "
-            f"{cards(total_millis)}",
-            f'set "preemptible": true to borrow idle cards, or ask for at most {cards(account.guaranteed_millis)}',
+            say(
+                sentences.JOB_NOT_PREEMPTIBLE_GETS,
+                m=cards(account.guaranteed_millis),
+                flavor=flavor,
+                tenant=account.tenant,
+                n=cards(total_millis),
+            ),
+            say(sentences.SET_PREEMPTIBLE_TRUE_BORROW, m=cards(account.guaranteed_millis)),
             by=account.tenant,
         )
     return None

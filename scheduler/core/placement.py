@@ -19,6 +19,9 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scheduler.core import sentences
+from scheduler.core.sentences import clauses, say
+
 from .capacity import Cluster, bucket_of
 from .fragment import CANDIDATE_CARDS, Fragmentation
 from .fragment import CANDIDATE_NODES as FRAG_CANDIDATE_NODES
@@ -535,20 +538,30 @@ class Placer:
         if short is not None and placed == 0:
             return short
         if not c.has_flavor(flavor):
-            return Failure(PendingReason.NO_SUCH_FLAVOR, f"no healthy, schedulable {flavor} device in the pool")
+            return Failure(PendingReason.NO_SUCH_FLAVOR, say(sentences.NO_HEALTHY_SCHEDULABLE_DEVICE, flavor=flavor))
         if selector and not self.selector_has_nodes(flavor, selector):
             wanted = ", ".join(f"{k}={v}" for k, v in sorted(selector.items()))
-            return Failure(PendingReason.NO_MATCHING_NODE, f"no schedulable node with {flavor} matches {wanted}")
+            return Failure(
+                PendingReason.NO_MATCHING_NODE, say(sentences.NO_SCHEDULABLE_NODE_MATCHES, flavor=flavor, wanted=wanted)
+            )
         if placed > 0:
             return Failure(
                 PendingReason.GANG,
-                f"only {placed} of {count} replicas fit at once; the job starts when all {count} fit",
+                clauses(
+                    say(sentences.ONLY_REPLICAS_FIT_ONCE, placed=placed, count=count),
+                    say(sentences.JOB_STARTS_WHEN_ALL, count=count),
+                ),
             )
         if fraction_count:
             return Failure(
                 PendingReason.INSUFFICIENT_CAPACITY,
-                f"no node has room for {fraction_count} x {cards(millis // fraction_count)} {flavor} "
-                f"({memory_mib} MiB each) on one node",
+                say(
+                    sentences.NO_NODE_ROOM_X,
+                    count=fraction_count,
+                    size=cards(millis // fraction_count),
+                    flavor=flavor,
+                    mem=memory_mib,
+                ),
             )
         if millis < MILLIS_PER_DEVICE:
             lowest = bucket_of(millis + FRACTION_STEP_MILLIS - 1)
@@ -556,11 +569,11 @@ class Placer:
             if roomy or c.max_free_whole(flavor) > 0:
                 return Failure(
                     PendingReason.INSUFFICIENT_MEMORY,
-                    f"no {flavor} card has {cards(millis)} card and {memory_mib} MiB memory free together",
+                    say(sentences.NO_CARD_CARD_MIB, flavor=flavor, size=cards(millis), mem=memory_mib),
                 )
             return Failure(
                 PendingReason.INSUFFICIENT_CAPACITY,
-                f"no {flavor} card has {cards(millis)} card ({millis} millis) free",
+                say(sentences.NO_CARD_CARD_MILLIS, flavor=flavor, size=cards(millis), millis=millis),
             )
         n = millis // MILLIS_PER_DEVICE
         largest = c.max_devices_per_node(flavor)
@@ -568,7 +581,10 @@ class Placer:
         if n > largest:
             return Failure(
                 PendingReason.INSUFFICIENT_CAPACITY,
-                f"no node has {n} {flavor} cards (the largest has {largest}); ask for fewer cards per replica",
+                clauses(
+                    say(sentences.NO_NODE_CARDS_LARGEST, n=n, flavor=flavor, largest=largest),
+                    sentences.ASK_FEWER_CARDS_PER,
+                ),
             )
         most_free = c.max_free_whole(flavor)
         if most_free < n:
@@ -579,12 +595,14 @@ class Placer:
         if memory_mib and not any(
             c.dev_mem[d] >= memory_mib for d in range(len(c.dev_uuid)) if c.dev_flavor[d] == flavor
         ):
-            return Failure(PendingReason.INSUFFICIENT_MEMORY, f"no {flavor} card has {memory_mib} MiB memory")
+            return Failure(
+                PendingReason.INSUFFICIENT_MEMORY, say(sentences.NO_CARD_MIB_MEMORY, flavor=flavor, mem=memory_mib)
+            )
         if topology == Topology.NVLINK:
-            return Failure(PendingReason.TOPOLOGY, f"no node has {n} free {flavor} cards on one NVLink domain")
+            return Failure(PendingReason.TOPOLOGY, say(sentences.NO_NODE_FREE_CARDS_ONE_NVLINK, n=n, flavor=flavor))
         if topology == Topology.NUMA:
-            return Failure(PendingReason.TOPOLOGY, f"no node has {n} free {flavor} cards on one NUMA node")
+            return Failure(PendingReason.TOPOLOGY, say(sentences.NO_NODE_FREE_CARDS_ONE_NUMA, n=n, flavor=flavor))
         return Failure(
             PendingReason.INSUFFICIENT_CAPACITY,
-            f"no node has {n} free {flavor} cards that match the job's constraints right now",
+            say(sentences.NO_NODE_FREE_CARDS_MATCH, n=n, flavor=flavor),
         )

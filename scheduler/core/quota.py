@@ -21,6 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from scheduler.core import sentences
+from scheduler.core.sentences import clauses, say
+
 from .types import MILLIS_PER_DEVICE, Allocation, PendingReason, Quota, Snapshot
 
 _ROOT = "\x00root"  # the virtual parent of every top-level quota node
@@ -294,7 +297,7 @@ class QuotaBook:
         preemptible: bool,
         borrowing: bool,
         new_job: bool = True,
-        no_borrowing: str = "borrowing is off",
+        no_borrowing: str = sentences.BORROWING_OFF,
     ) -> Admission:
         """Would a job of ``tenant`` taking ``millis`` of ``flavor`` be admitted now? Changes nothing.
         ``no_borrowing``: why the job may not borrow when ``borrowing`` is False, for the message."""
@@ -303,21 +306,22 @@ class QuotaBook:
             return Admission(
                 False,
                 code=PendingReason.NO_QUOTA,
-                message=f"tenant {tenant} has no quota for {flavor}; ask a system admin for one",
+                message=clauses(
+                    say(sentences.TENANT_NO_QUOTA, tenant=tenant, flavor=flavor), sentences.ASK_SYSTEM_ADMIN_ONE
+                ),
             )
         tree = self.trees[flavor]
         for ancestor in tree.path(node):
             limit = tree.limit[ancestor]
             used = tree.used[ancestor]
             if limit is not None and used + millis > limit:
-                who = "tenant" if ancestor == node else f"parent tenant {ancestor} of"
+                reached = dict(flavor=flavor, used=cards(used), limit=cards(limit), need=cards(millis))
                 return Admission(
                     False,
                     code=PendingReason.QUOTA_LIMIT,
-                    message=(
-                        f"{who} quota limit for {flavor} reached: {cards(used)}/{cards(limit)} cards in use, "
-                        f"this job needs {cards(millis)}"
-                    ),
+                    message=say(sentences.TENANT_QUOTA_LIMIT_REACHED, **reached)
+                    if ancestor == node
+                    else say(sentences.PARENT_TENANT_QUOTA_LIMIT, tenant=ancestor, **reached),
                     accounted_to=node,
                 )
             max_jobs = tree.max_jobs[ancestor]
@@ -325,7 +329,13 @@ class QuotaBook:
                 return Admission(
                     False,
                     code=PendingReason.MAX_RUNNING_JOBS,
-                    message=f"tenant {ancestor} already runs {tree.jobs[ancestor]}/{max_jobs} jobs on {flavor}",
+                    message=say(
+                        sentences.TENANT_ALREADY_RUNS_JOBS,
+                        tenant=ancestor,
+                        jobs=tree.jobs[ancestor],
+                        max=max_jobs,
+                        flavor=flavor,
+                    ),
                     accounted_to=node,
                 )
         g = tree.guaranteed[node]
@@ -333,16 +343,25 @@ class QuotaBook:
         borrowed = max(0, used + millis - g) - max(0, used - g)
         if borrowed == 0:
             return Admission(True, 0, accounted_to=node)
-        exhausted = f"tenant quota for {flavor} exhausted: {cards(used)}/{cards(g)} cards in use"
+        exhausted = say(sentences.TENANT_QUOTA_EXHAUSTED, flavor=flavor, used=cards(used), g=cards(g))
         if not borrowing:
             return Admission(
-                False, code=PendingReason.QUOTA_EXHAUSTED, message=f"{exhausted} ({no_borrowing})", accounted_to=node
+                False,
+                code=PendingReason.QUOTA_EXHAUSTED,
+                message=say(
+                    sentences.TENANT_QUOTA_EXHAUSTED_BECAUSE,
+                    flavor=flavor,
+                    used=cards(used),
+                    g=cards(g),
+                    why=no_borrowing,
+                ),
+                accounted_to=node,
             )
         if not preemptible:
             return Admission(
                 False,
                 code=PendingReason.QUOTA_EXHAUSTED,
-                message=f"{exhausted}; only preemptible jobs may borrow idle capacity of other tenants",
+                message=clauses(exhausted, sentences.ONLY_PREEMPTIBLE_JOBS_MAY),
                 accounted_to=node,
             )
         for ancestor in tree.path(node):
@@ -354,9 +373,14 @@ class QuotaBook:
                 return Admission(
                     False,
                     code=PendingReason.NO_LENDABLE_CAPACITY,
-                    message=(
-                        f"{exhausted}; the {cards(max(0, limit - tree.used[ancestor]))} cards left under the "
-                        f"quota limit of {ancestor} for {flavor} are owed to queued jobs within their guarantee"
+                    message=clauses(
+                        exhausted,
+                        say(
+                            sentences.CARDS_LEFT_UNDER_QUOTA,
+                            left=cards(max(0, limit - tree.used[ancestor])),
+                            tenant=ancestor,
+                            flavor=flavor,
+                        ),
                     ),
                     accounted_to=node,
                 )
@@ -366,9 +390,12 @@ class QuotaBook:
             return Admission(
                 False,
                 code=PendingReason.NO_LENDABLE_CAPACITY,
-                message=(
-                    f"{exhausted} and other tenants have no idle {flavor} capacity to lend "
-                    f"(this job would borrow {cards(borrowed)})"
+                message=say(
+                    sentences.TENANT_QUOTA_EXHAUSTED_NONE_TO_LEND,
+                    flavor=flavor,
+                    used=cards(used),
+                    g=cards(g),
+                    borrow=cards(borrowed),
                 ),
                 accounted_to=node,
             )

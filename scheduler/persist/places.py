@@ -7,9 +7,12 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, TypeVar
 
 from scheduler import launch
+from scheduler.core import sentences
 from scheduler.core import types as core
+from scheduler.core.sentences import say
 from scheduler.models import (
     MILLIS_PER_DEVICE,
     Allocation,
@@ -22,11 +25,28 @@ from scheduler.models import (
 )
 from scheduler.persist.batch import DeviceRow, PlanBatch, plan_job_id
 
+M = TypeVar("M", Allocation, InferenceReservation)
+
 logger = logging.getLogger("scheduler.persist")
 
 
 class PlaceRejected(Exception):
     """The place no longer fits (or never did); the job stays queued."""
+
+
+def card_row(model: type[M], *, job: Any, replica: int, flavor: Any, device: Any, **fields: Any) -> M:
+    """A row holding part of one card for one replica of ``job`` (an ``Allocation`` of a placement, or an
+    ``InferenceReservation`` of a service's reserved cards): the same job, tenant, flavor, device and node
+    fields, and whatever else the model keeps (``fields``)."""
+    return model(
+        job=job,
+        replica=replica,
+        tenant_id=job.tenant_id,
+        flavor=flavor,
+        device_id=device.pk,
+        node_id=device.node_id,
+        **fields,
+    )
 
 
 def _memory_taken(device: DeviceRow, assignment: core.Assignment) -> int:
@@ -120,13 +140,12 @@ def place_check(place: core.Place, *, batch: PlanBatch, now: datetime) -> PlaceW
             borrowed = min(borrowed_left, assignment.millis)
             borrowed_left -= borrowed
             rows.append(
-                Allocation(
+                card_row(
+                    Allocation,
                     job=job,
                     replica=replica,
-                    tenant_id=job.tenant_id,
                     flavor=flavor,
-                    device_id=device.pk,
-                    node_id=device.node_id,
+                    device=device,
                     millis=assignment.millis,
                     memory_mib=memory,
                     borrowed_millis=borrowed,
@@ -163,11 +182,11 @@ def place_check(place: core.Place, *, batch: PlanBatch, now: datetime) -> PlaceW
     details = {"devices": uuids, "borrowed_millis": place.borrowed_millis}
     if scaling:
         new = sorted(by_replica)
-        message = f"Replicas {', '.join(map(str, new))} placed on {', '.join(nodes)}."
+        message = say(sentences.REPLICAS_PLACED, replicas=", ".join(map(str, new)), nodes=", ".join(nodes))
         details = {**details, "replicas": new}
         batch.running[job.pk].update(new)
     else:
-        message = f"Placed on {', '.join(nodes)}."
+        message = say(sentences.PLACED, nodes=", ".join(nodes))
         batch.placed.add(job.pk)  # a second place of the same job in this plan is refused
     return PlaceWrite(
         job=job,
@@ -211,13 +230,12 @@ def _reserve(place: core.Place, *, job: Job, batch: PlanBatch) -> list[Inference
             adding[device.pk][0] += assignment.millis
             adding[device.pk][1] += memory
             rows.append(
-                InferenceReservation(
+                card_row(
+                    InferenceReservation,
                     job=job,
                     replica=replica,
-                    tenant_id=job.tenant_id,
                     flavor=flavor,
-                    device_id=device.pk,
-                    node_id=device.node_id,
+                    device=device,
                     millis=assignment.millis,
                     memory_mib=memory,
                 )

@@ -13,7 +13,9 @@ from django.db import IntegrityError, transaction
 
 from kernel.db.bulk import AnyOf, insert_rows
 from scheduler import launch
+from scheduler.core import sentences
 from scheduler.core import types as core
+from scheduler.core.sentences import say
 from scheduler.fleet import outbox
 from scheduler.models import Allocation, InferenceReservation, Job, JobState
 from scheduler.persist.batch import PlanBatch, plan_job_id
@@ -160,7 +162,7 @@ def preempt_write(preempt: core.Preempt, *, batch: PlanBatch, outcome: PersistOu
         to_state=JobState.PREEMPTING,
         actor=None,
         reason=str(preempt.reason),
-        message=preempt.message or f"Preempted for job {preempt.victim_of}.",
+        message=preempt.message or say(sentences.PREEMPTED_JOB, job=preempt.victim_of),
         details={"preempted_for": preempt.victim_of, "grace_s": preempt.grace_s},
     )
     outcome.preempted.append(job.pk)
@@ -198,5 +200,5 @@ def skipped_write(job_id: str, reason: str, *, outcome: PersistOutcome) -> None:
     outcome.skipped.append({"job_id": job_id, "reason": reason})
     Job.objects.filter(pk=plan_job_id(job_id), state=JobState.QUEUED).update(
         pending_reason_code=str(core.PendingReason.INSUFFICIENT_CAPACITY),
-        pending_message="The devices chosen for this job were taken a moment ago; it is tried again next cycle.",
+        pending_message=sentences.DEVICES_CHOSEN_JOB_TAKEN,
     )

@@ -12,6 +12,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.api import DomainError, NotFoundError, PermissionDeniedError
 from scheduler import messages as scheduler_messages
+from scheduler.core import sentences
 from scheduler.jobspec import JobSpecError, validate_job_spec
 from scheduler.models import FINAL_JOB_STATES, Job
 from scheduler.services.cycle import request_cycle
@@ -120,7 +121,7 @@ def job_array_cancel(
     waiting_states = (S.SUBMITTED, S.PENDING_APPROVAL, S.QUEUED)
     waiting = [job for job in jobs if job.state in waiting_states]
     placed = [job for job in jobs if job.state not in FINAL_JOB_STATES and job.state not in waiting_states]
-    message = (reason or "Cancelled.")[:500]
+    message = (reason or sentences.CANCELLED)[:500]
     # One statement for the rows and one for the events however many wait; the array's one audit record below
     # stands for them (``audit=False``).
     jobs_transition(

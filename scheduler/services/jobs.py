@@ -19,7 +19,9 @@ from catalog.models import ResourceFlavor
 from kernel.access_rules import Action, principals_for
 from kernel.api import ConflictError, DomainError, NotFoundError, PermissionDeniedError
 from scheduler import messages as scheduler_messages
+from scheduler.core import sentences
 from scheduler.core.feasibility import FlavorFleet, QuotaLevel, never_fits
+from scheduler.core.sentences import say
 from scheduler.core.types import MILLIS_PER_DEVICE, ReplicaRequest
 from scheduler.fleet import outbox
 from scheduler.jobspec import (
@@ -287,7 +289,7 @@ def _tenant_chains(
     return starts, per_card, fleets
 
 
-APPROVAL_MESSAGE = "Waiting for approval by an administrator."
+APPROVAL_MESSAGE = sentences.JOB_WAITS_FOR_APPROVAL
 
 
 def admission_for(*, tenant: Any, parsed: JobSpec) -> tuple[str, str, str]:
@@ -411,7 +413,7 @@ def job_cancel(*, job: Job, actor: Any | None, reason: str = "", request: Any | 
         to_state=S.CANCELLED,
         actor=actor,
         reason="cancelled",
-        message=reason or "Cancelled.",
+        message=reason or sentences.CANCELLED,
         request=request,
     )
     if freed:
@@ -443,7 +445,7 @@ def job_release_from_approval(*, job: Job, actor: Any | None) -> Job:
         raise ConflictError(
             scheduler_messages.JOB_NOT_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
         )
-    job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="approved", message="Approved.")
+    job_transition(job=job, to_state=S.QUEUED, actor=actor, reason="approved", message=sentences.APPROVED)
     transaction.on_commit(request_cycle)
     return job
 
@@ -457,5 +459,9 @@ def job_reject_from_approval(*, job: Job, actor: Any | None, comment: str = "") 
             scheduler_messages.JOB_NOT_WAITING_APPROVAL(pk=job.pk, state=job.state), code="invalid_transition"
         )
     return job_transition(
-        job=job, to_state=S.FAILED, actor=actor, reason="rejected", message=f"Rejected: {comment}"[:500]
+        job=job,
+        to_state=S.FAILED,
+        actor=actor,
+        reason="rejected",
+        message=say(sentences.REJECTED, comment=comment)[:500],
     )
