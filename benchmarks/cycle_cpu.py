@@ -31,7 +31,7 @@ from _django import ROOT, setup_django  # benchmarks/ is on sys.path when a scri
 
 def _populate(nodes: int) -> None:
     from catalog.models import ResourceFlavor, Vendor
-    from scheduler.models import Device, Node, NodeStatus
+    from scheduler.fleet.models import Device, Node, NodeStatus
     from tenants.models import Quota, Tenant
 
     flavor = ResourceFlavor.objects.create(name="cpu-80g", vendor=Vendor.SIMULATED, model="C80", memory_mib=81920)
@@ -78,8 +78,9 @@ def _worker(cpu: dict[str, list[float]]) -> None:
 
 
 def _report(job_id: int, state: str) -> None:
+    from scheduler.fleet.models import Node
     from scheduler.fleet.services.workload_reports import workload_status_report
-    from scheduler.models import Allocation, Node
+    from scheduler.models import Allocation
 
     node_id = Allocation.objects.filter(job_id=job_id).values_list("node_id", flat=True).first()
     answer = workload_status_report(

@@ -35,7 +35,8 @@ def _world(jobs: int):
     from django.conf import settings
 
     from catalog.models import ResourceFlavor, Vendor
-    from scheduler.models import Device, Job, Node, NodeStatus
+    from scheduler.fleet.models import Device, Node, NodeStatus
+    from scheduler.models import Job
     from scheduler.services import jobs as job_services
     from scheduler.services.cycle import run_cycle
     from scheduler.services.jobs import job_submit

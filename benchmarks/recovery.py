@@ -96,8 +96,8 @@ def run(*, database_url: str, redis_url: str, root: Path, settings: dict[str, st
     from django.test import override_settings
 
     from scheduler.fleet.fencing import lease_timing
+    from scheduler.fleet.models import Node
     from scheduler.fleet.services.nodes import node_cordon
-    from scheduler.models import Node
     from tests.resilience.cluster import Cluster
     from tests.resilience.invariants import check_invariants
     from tests.resilience.scenarios import lose_node_and_recover

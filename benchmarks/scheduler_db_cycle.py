@@ -40,7 +40,8 @@ from _django import ROOT, setup_django  # benchmarks/ is on sys.path when a scri
 
 def _populate(nodes: int, jobs: int) -> None:
     from catalog.models import ResourceFlavor, Vendor
-    from scheduler.models import Device, Job, JobState, Node, NodeStatus
+    from scheduler.fleet.models import Device, Node, NodeStatus
+    from scheduler.models import Job, JobState
     from tenants.models import Tenant
 
     flavor = ResourceFlavor.objects.create(name="bench-80g", vendor=Vendor.SIMULATED, model="B80", memory_mib=81920)
@@ -156,8 +157,9 @@ def _latency(count: int, database_url: str) -> None:
     from django.core.cache import cache
 
     from catalog.models import ResourceFlavor
+    from scheduler.fleet.models import Node
     from scheduler.fleet.services.workload_reports import workload_status_report
-    from scheduler.models import Allocation, Node
+    from scheduler.models import Allocation
     from scheduler.services import cycle
     from scheduler.services.cycle import CYCLE_CLAIM_KEY, CYCLE_DIRTY_KEY, CYCLE_STARTED_KEY, request_cycle
     from scheduler.services.jobs import job_submit

@@ -69,9 +69,8 @@ def create_fleet(count: int) -> tuple[list[tuple[int, str, str]], str]:
     """``count`` nodes with credentials (bulk, no audit: this is fixture data) and an admin session cookie."""
     from django.test import Client
 
-    from scheduler.fleet.models import NodeCredential
+    from scheduler.fleet.models import Node, NodeCredential
     from scheduler.fleet.services.enrolment import CREDENTIAL_PREFIX, _hash
-    from scheduler.models import Node
     from tenants.models import PlatformRole, User
 
     run = uuid.uuid4().hex[:6]
@@ -229,7 +228,7 @@ def run_size(args, env, size: int, server_pids: list[int], ports: list[int]) -> 
     else:
         watch = [node_ids[index :: args.subscribers] for index in range(args.subscribers)]
 
-    from scheduler.models import Node
+    from scheduler.fleet.models import Node
 
     hello_started = time.monotonic()
     for child in children:

@@ -5,7 +5,8 @@ app). Nothing imports this module at run time."""
 from django.utils.translation import gettext_noop as _
 
 CHOICE_LABELS = [
-    # scheduler.models.NodeStatus, DeviceHealth, JobState, JobKind, PriorityClass, TopologyConstraint
+    # scheduler.fleet.models.NodeStatus, DeviceHealth;
+    # scheduler.models.JobState, JobKind, PriorityClass, TopologyConstraint
     _("ready"),
     _("not ready"),
     _("cordoned"),

@@ -14,16 +14,8 @@ from catalog.models import ResourceFlavor
 from frontend.forms import DateInput
 from frontend.tables import PENDING_REASON_WORDS
 from scheduler.core.types import PendingReason
-from scheduler.models import (
-    ACTIVE_JOB_STATES,
-    FINAL_JOB_STATES,
-    PENDING_JOB_STATES,
-    JobKind,
-    JobState,
-    Node,
-    NodeStatus,
-    PriorityClass,
-)
+from scheduler.fleet.models import Node, NodeStatus
+from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, PENDING_JOB_STATES, JobKind, JobState, PriorityClass
 
 
 class NodeFilterSet(django_filters.FilterSet):

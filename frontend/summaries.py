@@ -14,18 +14,8 @@ from dataclasses import dataclass, field
 from django.db.models import Count, Q, Sum
 
 from scheduler.fleet import telemetry
-from scheduler.models import (
-    ACTIVE_JOB_STATES,
-    MILLIS_PER_DEVICE,
-    PENDING_JOB_STATES,
-    Allocation,
-    Device,
-    DeviceHealth,
-    Job,
-    JobState,
-    Node,
-    NodeStatus,
-)
+from scheduler.fleet.models import Device, DeviceHealth, Node, NodeStatus
+from scheduler.models import ACTIVE_JOB_STATES, MILLIS_PER_DEVICE, PENDING_JOB_STATES, Allocation, Job, JobState
 from tenants.models import Quota
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from django.utils.translation import gettext_lazy as _
 from frontend.audit_details import role_words
 from frontend.datetimes import format_moment
 from scheduler.core.types import PendingReason
-from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, PENDING_JOB_STATES, JobState, Node, NodeStatus
+from scheduler.fleet.models import Node, NodeStatus
+from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, PENDING_JOB_STATES, JobState
 from scheduler.selectors import QueuePosition, job_pending_sentence, job_start_estimate_words, queue_order
 
 

@@ -23,13 +23,14 @@ from django.utils import timezone
 
 from catalog.models import ResourceFlavor
 from nodeagent.backends.base import WorkloadLoad
+from scheduler.fleet.models import AgentCommand, Device, Node
 from scheduler.fleet.services.agent_commands import command_ack, commands_pending
 from scheduler.fleet.services.rollups import telemetry_hours_rollup, telemetry_minutes_write
 from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.fleet.telemetry import MinuteAggregator, minute_of
 from scheduler.jobspec import EXAMPLE_COMMAND
 from scheduler.logs import job_log_append
-from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, JobLogChunk, Node
+from scheduler.models import Allocation, Job, JobEvent, JobLogChunk
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tenants.models import ApprovalRequest, ApprovalStep, Tenant, User

@@ -318,7 +318,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobKindEnum": "scheduler.models.JobKind",
         "JobStateEnum": "scheduler.models.JobState",
-        "NodeStatusEnum": "scheduler.models.NodeStatus",
+        "NodeStatusEnum": "scheduler.fleet.models.NodeStatus",
         "TenantKindEnum": "tenants.models.TenantKind",
         "TopologyConstraintEnum": "scheduler.models.TopologyConstraint",
         "ApprovalStepRoleEnum": "tenants.models.ApprovalStepRole",

@@ -1,7 +1,8 @@
 from django.contrib import admin
 
 from kernel.admin_readonly import ReadOnlyAdmin
-from scheduler.models import AgentCommand, Allocation, CapacityHold, Device, InferenceReservation, Job, JobEvent, Node
+from scheduler.fleet.models import AgentCommand, Device, Node
+from scheduler.models import Allocation, CapacityHold, InferenceReservation, Job, JobEvent
 
 
 @admin.register(Node)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import django_filters
 
 from kernel.filters import UtcIsoDateTimeFilter
-from scheduler.models import Device, DeviceHealth, Job, JobKind, JobState, Node, NodeStatus, PriorityClass
+from scheduler.fleet.models import Device, DeviceHealth, Node, NodeStatus
+from scheduler.models import Job, JobKind, JobState, PriorityClass
 
 
 class JobFilterSet(django_filters.FilterSet):

@@ -32,7 +32,8 @@ from nodeagent import protocol
 from scheduler.core import sentences
 from scheduler.core.sentences import say
 from scheduler.core.types import PendingReason
-from scheduler.models import ACTIVE_JOB_STATES, MILLIS_PER_DEVICE, Allocation, Job, JobState, Node, ReplicaPort
+from scheduler.fleet.models import Node
+from scheduler.models import ACTIVE_JOB_STATES, MILLIS_PER_DEVICE, Allocation, Job, JobState, ReplicaPort
 
 #: The pending reason of a gang placed on nodes whose port ranges are used up.
 PORTS_EXHAUSTED = PendingReason.PORTS_EXHAUSTED

@@ -12,83 +12,15 @@ from django.core.files.storage import storages
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from catalog.models import ResourceFlavor, Vendor
+from catalog.models import ResourceFlavor
 from scheduler.core.types import MILLIS_PER_DEVICE, MIN_FRACTION_MILLIS
 from scheduler.core.types import PriorityClass as CorePriority
-
-
-class NodeStatus(models.TextChoices):
-    READY = "ready", _("ready")
-    NOT_READY = "not_ready", _("not ready")
-    CORDONED = "cordoned", _("cordoned")
-    DRAINING = "draining", _("draining")
+from scheduler.fleet.models import Device, Node
 
 
 def _outputs_storage():
     """The ``outputs`` storage of ``STORAGES`` (a callable, so migrations do not record the deployment's choice)."""
     return storages["outputs"]
-
-
-class Node(models.Model):
-    name = models.CharField(max_length=128, unique=True)
-    labels = models.JSONField(default=dict, blank=True)
-    cpu_cores = models.PositiveIntegerField(default=0)
-    memory_mib = models.PositiveBigIntegerField(default=0)
-    status = models.CharField(max_length=16, choices=NodeStatus.choices, default=NodeStatus.NOT_READY)
-    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
-    agent_version = models.CharField(max_length=32, blank=True, default="")
-    # NUMA nodes, PCIe switches and NVLink peers as reported by the agent.
-    topology = models.JSONField(default=dict, blank=True)
-    # The address other nodes reach this one by (the agent's ``--address``, announced in its hello): what a
-    # job's replicas on other nodes get as MASTER_ADDR and in their hostfile. Blank: agents before it (the node's
-    # name is used).
-    address = models.CharField(max_length=255, blank=True, default="")
-    # The ports this node hands to jobs (the agent's ``--job-ports``, announced in its hello); null: the portal's
-    # GPUPOOL_JOB_PORT_RANGE.
-    job_port_first = models.PositiveIntegerField(null=True, blank=True)
-    job_port_last = models.PositiveIntegerField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def reachable_address(self) -> str:
-        """The address a job's peers use for this node: the announced one, else its name."""
-        return self.address or self.name
-
-
-class DeviceHealth(models.TextChoices):
-    HEALTHY = "healthy", _("healthy")
-    DEGRADED = "degraded", _("degraded")
-    UNHEALTHY = "unhealthy", _("unhealthy")
-
-
-class Device(models.Model):
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
-    index = models.PositiveSmallIntegerField()
-    uuid = models.CharField(max_length=96, unique=True)
-    vendor = models.CharField(max_length=16, choices=Vendor.choices)
-    model = models.CharField(max_length=64)
-    flavor = models.ForeignKey(ResourceFlavor, null=True, blank=True, on_delete=models.PROTECT, related_name="devices")
-    memory_mib = models.PositiveIntegerField()
-    numa_node = models.SmallIntegerField(null=True, blank=True)
-    pci_bus_id = models.CharField(max_length=32, blank=True, default="")
-    health = models.CharField(max_length=16, choices=DeviceHealth.choices, default=DeviceHealth.HEALTHY)
-    mig_mode = models.BooleanField(default=False)
-    # Cards sharing a value are NVLink-connected / behind one PCIe switch (from the agent's hello); blank = none.
-    nvlink_domain = models.CharField(max_length=64, blank=True, default="")
-    pcie_switch = models.CharField(max_length=64, blank=True, default="")
-
-    class Meta:
-        ordering = ["node__name", "index"]
-        constraints = [models.UniqueConstraint(fields=["node", "index"], name="device_unique_node_index")]
-
-    def __str__(self) -> str:
-        return f"{self.node.name}/{self.index}"
 
 
 # --- jobs ---------------------------------------------------------------------------------------------
@@ -455,42 +387,3 @@ class CapacityHold(models.Model):
 
     def __str__(self) -> str:
         return f"device {self.device_id} held for job {self.job_id}"
-
-
-class AgentCommandQuerySet(models.QuerySet):
-    def unacked(self) -> AgentCommandQuerySet:
-        return self.filter(acked_at__isnull=True)
-
-    def undelivered(self) -> AgentCommandQuerySet:
-        return self.filter(sent_at__isnull=True)
-
-
-class AgentCommand(models.Model):
-    """Outbox of portal → agent commands (``workload.start``, ``workload.stop``, ``config``).
-
-    Written in the same transaction as the decision that needs it; announced to the node's agent consumer
-    (group ``agent.node.<node id>``) only after commit. ``payload`` is a protocol frame dict
-    (``nodeagent.protocol.to_dict``) whose ``command_id`` is this row's pk. The consumer sets ``sent_at``
-    when it sends, ``acked_at`` (and ``ack_ok``/``error``) on the agent's ``ack``, and resends every unacked
-    command on reconnect.
-    """
-
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="commands")
-    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.SET_NULL, related_name="commands")
-    command_type = models.CharField(max_length=32)
-    payload = models.JSONField()
-    created_at = models.DateTimeField(auto_now_add=True)
-    sent_at = models.DateTimeField(null=True, blank=True)
-    acked_at = models.DateTimeField(null=True, blank=True)
-    ack_ok = models.BooleanField(null=True, blank=True)
-    error = models.CharField(max_length=500, blank=True, default="")
-    attempts = models.PositiveIntegerField(default=0)
-
-    objects = AgentCommandQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["id"]
-        indexes = [models.Index(fields=["node", "acked_at"], name="agentcommand_node_unacked")]
-
-    def __str__(self) -> str:
-        return f"{self.command_type} #{self.pk} → {self.node_id}"

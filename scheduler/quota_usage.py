@@ -16,7 +16,8 @@ from django.db.models import Count, Sum
 from catalog.models import ResourceFlavor
 from scheduler.core import types as core
 from scheduler.core.quota import QuotaBook
-from scheduler.models import Allocation, Device, DeviceHealth, NodeStatus
+from scheduler.fleet.models import Device, DeviceHealth, NodeStatus
+from scheduler.models import Allocation
 from tenants.models import Quota, Tenant
 from tenants.selectors import tenant_subtree_ids
 

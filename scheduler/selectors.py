@@ -24,8 +24,9 @@ from scheduler import messages as scheduler_messages
 from scheduler.core import sentences
 from scheduler.core.types import Ordering
 from scheduler.fleet import telemetry
+from scheduler.fleet.models import Device, Node
 from scheduler.message_text import localize
-from scheduler.models import PENDING_JOB_STATES, Allocation, Device, Job, JobEvent, JobState, Node
+from scheduler.models import PENDING_JOB_STATES, Allocation, Job, JobEvent, JobState
 from scheduler.scheduling_policy import policy_from_settings
 from tenants.access import reaches_all, restrict
 from tenants.models import Tenant

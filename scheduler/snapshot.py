@@ -20,19 +20,8 @@ from django.utils import timezone
 from catalog.models import ResourceFlavor
 from scheduler.core import decay_usage, plan
 from scheduler.core import types as core
-from scheduler.models import (
-    Allocation,
-    CapacityHold,
-    Device,
-    DeviceHealth,
-    InferenceReservation,
-    Job,
-    JobEvent,
-    JobKind,
-    JobState,
-    Node,
-    NodeStatus,
-)
+from scheduler.fleet.models import Device, DeviceHealth, Node, NodeStatus
+from scheduler.models import Allocation, CapacityHold, InferenceReservation, Job, JobEvent, JobKind, JobState
 from scheduler.scheduling_policy import policy_from_settings
 from tenants.models import Quota, Tenant
 

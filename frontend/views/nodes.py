@@ -24,10 +24,11 @@ from frontend.summaries import devices_for_charts, node_utilisation
 from frontend.tables import NodeTable, node_status_shown
 from kernel.access_rules import Action
 from kernel.api import DomainError
+from scheduler.fleet.models import Device, Node
 from scheduler.fleet.selectors import bootstrap_tokens_recent
 from scheduler.fleet.services.enrolment import bootstrap_token_create
 from scheduler.fleet.services.nodes import node_cordon, node_drain, node_uncordon
-from scheduler.models import Allocation, Device, Node
+from scheduler.models import Allocation
 from tenants.access import allows, may
 
 

@@ -16,7 +16,7 @@ from frontend.summaries import (
     job_counts,
     pool_summary,
 )
-from scheduler.models import Device
+from scheduler.fleet.models import Device
 
 
 @login_required

@@ -9,8 +9,9 @@ from rest_framework.reverse import reverse
 from catalog.models import ResourceFlavor, Vendor
 from kernel.serializers import FieldsBuiltOnce, JsonTypedSerializer
 from scheduler import launch, serving
+from scheduler.fleet.models import Device
 from scheduler.jobspec import PRIORITY_NAMES
-from scheduler.models import Allocation, Device, Job, JobEvent, PriorityClass
+from scheduler.models import Allocation, Job, JobEvent, PriorityClass
 from scheduler.selectors import job_pending_sentence
 from scheduler.services.arrays import JobArray, JobArrayCancelled
 

@@ -15,8 +15,9 @@ from kernel.channel_send import run_with_channel_layer
 from kernel.db.bulk import insert_rows, mark_saved, reserve_ids
 from nodeagent import protocol
 from scheduler import launch, serving, storage_paths
+from scheduler.fleet.models import AgentCommand, Node
 from scheduler.logs import job_log_ends
-from scheduler.models import AgentCommand, Allocation, Job, Node
+from scheduler.models import Allocation, Job
 
 logger = logging.getLogger(__name__)
 

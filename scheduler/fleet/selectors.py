@@ -15,19 +15,17 @@ from django.utils import timezone
 
 from audit import selectors as audit_selectors
 from kernel.access_rules import Action
-from scheduler.fleet.models import BootstrapToken, NodeCredential, TelemetryMinute
-from scheduler.fleet.telemetry import latest_store, minute_of
-from scheduler.models import (
-    FINAL_JOB_STATES,
-    MILLIS_PER_DEVICE,
-    Allocation,
+from scheduler.fleet.models import (
+    BootstrapToken,
     Device,
     DeviceHealth,
-    Job,
-    JobState,
     Node,
+    NodeCredential,
     NodeStatus,
+    TelemetryMinute,
 )
+from scheduler.fleet.telemetry import latest_store, minute_of
+from scheduler.models import FINAL_JOB_STATES, MILLIS_PER_DEVICE, Allocation, Job, JobState
 from tenants.access import reaches_all, restrict
 from tenants.models import Quota, Tenant
 

@@ -11,7 +11,8 @@ from django.db.models import Sum
 from catalog.models import ResourceFlavor
 from kernel.db.bulk import AnyOf
 from scheduler.core import types as core
-from scheduler.models import Allocation, Device, InferenceReservation, Job, JobKind, JobState, Node
+from scheduler.fleet.models import Device, Node
+from scheduler.models import Allocation, InferenceReservation, Job, JobKind, JobState
 from scheduler.snapshot import CompiledQuery
 from tenants.models import Tenant
 

@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 
 from kernel.db.bulk import AnyOf, update_rows
 from scheduler.core import types as core
-from scheduler.models import CapacityHold, Device, Job, JobState
+from scheduler.fleet.models import Device
+from scheduler.models import CapacityHold, Job, JobState
 from scheduler.persist.batch import plan_job_id
 
 #: What a pending job shows: (reason code, message, position in its tenant, position overall).

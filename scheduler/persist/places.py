@@ -13,16 +13,8 @@ from scheduler import launch
 from scheduler.core import sentences
 from scheduler.core import types as core
 from scheduler.core.sentences import say
-from scheduler.models import (
-    MILLIS_PER_DEVICE,
-    Allocation,
-    DeviceHealth,
-    InferenceReservation,
-    Job,
-    JobKind,
-    JobState,
-    NodeStatus,
-)
+from scheduler.fleet.models import DeviceHealth, NodeStatus
+from scheduler.models import MILLIS_PER_DEVICE, Allocation, InferenceReservation, Job, JobKind, JobState
 from scheduler.persist.batch import DeviceRow, PlanBatch, plan_job_id
 
 M = TypeVar("M", Allocation, InferenceReservation)

@@ -24,6 +24,7 @@ from scheduler.core.feasibility import FlavorFleet, QuotaLevel, never_fits
 from scheduler.core.sentences import say
 from scheduler.core.types import MILLIS_PER_DEVICE, ReplicaRequest
 from scheduler.fleet import outbox
+from scheduler.fleet.models import AgentCommand, Device, Node
 from scheduler.jobspec import (
     JobNeverFitsError,
     JobSpec,
@@ -32,7 +33,7 @@ from scheduler.jobspec import (
     check_flavors,
     validate_job_spec,
 )
-from scheduler.models import FINAL_JOB_STATES, AgentCommand, Allocation, Device, Job, Node, PriorityClass
+from scheduler.models import FINAL_JOB_STATES, Allocation, Job, PriorityClass
 from scheduler.services.cycle import request_cycle
 from scheduler.transitions import S, allocations_end, job_create, job_lock_for_update, job_transition
 from tenants.access import reaches_all

@@ -16,7 +16,8 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.api import DomainError, NotFoundError
 from scheduler import messages as scheduler_messages
-from scheduler.models import Allocation, Job, JobOutput, Node
+from scheduler.fleet.models import Node
+from scheduler.models import Allocation, Job, JobOutput
 
 CHUNK = 1024 * 1024
 

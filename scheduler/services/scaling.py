@@ -14,16 +14,15 @@ from audit.services import audit_record
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
 from scheduler import messages as scheduler_messages
 from scheduler.fleet import outbox
+from scheduler.fleet.models import Device, Node
 from scheduler.models import (
     ACTIVE_JOB_STATES,
     PENDING_JOB_STATES,
     Allocation,
-    Device,
     InferenceReservation,
     Job,
     JobEvent,
     JobKind,
-    Node,
 )
 from scheduler.services.cycle import request_cycle
 from scheduler.transitions import S, allocations_end, job_lock_for_update

@@ -10,8 +10,9 @@ import pytest
 from django.test import Client
 
 from scheduler.core import types as core
+from scheduler.fleet.models import Node
 from scheduler.fleet.services.nodes import node_drain
-from scheduler.models import JobState, Node
+from scheduler.models import JobState
 from scheduler.persist import persist_plan
 from tests.factories import AuditorFactory, MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory
 from tests.factories import client_for as api_client_for

@@ -13,8 +13,9 @@ from click.testing import CliRunner
 
 from gpupool_client.cli import cli
 from scheduler.core import types as core
+from scheduler.fleet.models import Node
 from scheduler.fleet.services.workload_reports import workload_status_report
-from scheduler.models import Job, Node
+from scheduler.models import Job
 from scheduler.persist import persist_plan
 from tests.factories import ApiTokenFactory, MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory
 from tests.patching import patch_request_cycle

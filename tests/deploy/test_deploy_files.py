@@ -579,9 +579,10 @@ def exported(db, settings, monkeypatch) -> dict[str, set[str]]:
     from django.utils import timezone
 
     from scheduler.fleet import metrics, selectors
+    from scheduler.fleet.models import Device
     from scheduler.fleet.services.inventory import node_hello
     from scheduler.fleet.telemetry import latest_store
-    from scheduler.models import Allocation, Device, Job, JobState
+    from scheduler.models import Allocation, Job, JobState
     from tenants.services.quotas import quota_set
     from tests.factories import TenantFactory
     from tests.fleet.conftest import hello, register_node

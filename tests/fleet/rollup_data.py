@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
+from scheduler.fleet.models import Device
 from scheduler.fleet.services.rollups import telemetry_minutes_write
 from scheduler.fleet.telemetry import MinuteAggregate, minute_of
-from scheduler.models import Device
 
 
 def write_minutes(

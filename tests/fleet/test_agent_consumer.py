@@ -12,11 +12,10 @@ from audit.models import AuditRecord
 from catalog.models import ResourceFlavor
 from nodeagent import protocol
 from scheduler.fleet.consumers import AgentConsumer
-from scheduler.fleet.models import NodeCredential
+from scheduler.fleet.models import AgentCommand, Device, DeviceHealth, Node, NodeCredential, NodeStatus
 from scheduler.fleet.runtime import fleet_process
 from scheduler.fleet.services.enrolment import CLOSE_REPLACED, CLOSE_UNAUTHORIZED, node_credentials_revoke
 from scheduler.fleet.services.notify import agent_group
-from scheduler.models import AgentCommand, Device, DeviceHealth, Node, NodeStatus
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node, settle, telemetry
 
 pytestmark = pytest.mark.django_db(transaction=True)

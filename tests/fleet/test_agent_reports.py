@@ -27,9 +27,9 @@ from nodeagent import protocol
 from nodeagent.agent import Agent, AgentSettings, ConnectionLost
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.workloads import WorkloadRunner
-from scheduler.fleet.models import AgentReport
+from scheduler.fleet.models import AgentCommand, AgentReport, Device
 from scheduler.fleet.services.workload_reports import workload_status_report
-from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, JobState
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import agent_socket, connect_agent, hello, register_node

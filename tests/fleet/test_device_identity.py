@@ -19,9 +19,9 @@ from rest_framework.test import APIClient
 from audit.models import AuditRecord
 from kernel.api import DomainError
 from nodeagent import protocol
-from scheduler.fleet.models import NodeAgent
+from scheduler.fleet.models import Device, DeviceHealth, Node, NodeAgent, NodeStatus
 from scheduler.fleet.services.inventory import device_rehome
-from scheduler.models import Allocation, Device, DeviceHealth, Node, NodeStatus
+from scheduler.models import Allocation
 from tests.factories import MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import connect_agent, hello, register_node, settle
 

@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from scheduler.fleet.fencing import FENCE_MARGIN_S, check_fence_timing, lease_timing
+from scheduler.fleet.models import AgentCommand, Node, NodeStatus
 from scheduler.fleet.services.workload_reports import node_jobs_requeue, workload_status_report
-from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState, Node, NodeStatus
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import agent_socket, register_node

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from catalog.models import ResourceFlavor
+from scheduler.fleet.models import Device
 from scheduler.fleet.services.inventory import node_hello
-from scheduler.models import Device
 from tests.fleet.conftest import hello, register_node
 
 pytestmark = pytest.mark.django_db

@@ -12,10 +12,9 @@ from django.test.utils import CaptureQueriesContext
 
 from audit.models import AuditRecord
 from scheduler.fleet import tasks
-from scheduler.fleet.models import NodeAgent
+from scheduler.fleet.models import Node, NodeAgent, NodeStatus
 from scheduler.fleet.services.inventory import node_hello
 from scheduler.fleet.services.lease import lease_check, node_heartbeat, node_heartbeats_record
-from scheduler.models import Node, NodeStatus
 from tests.fleet.conftest import hello, register_node
 
 pytestmark = pytest.mark.django_db

@@ -10,9 +10,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from scheduler.fleet.models import Device
 from scheduler.fleet.services.inventory import node_hello
 from scheduler.fleet.telemetry import latest_store
-from scheduler.models import Allocation, Device, Job, JobState
+from scheduler.models import Allocation, Job, JobState
 from tests.factories import SystemAdminFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import hello, register_node
 

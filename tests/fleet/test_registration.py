@@ -12,9 +12,8 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
 from audit.services import record_details
-from scheduler.fleet.models import BootstrapToken, NodeCredential
+from scheduler.fleet.models import BootstrapToken, Node, NodeCredential, NodeStatus
 from scheduler.fleet.services.enrolment import _hash, bootstrap_token_create, credential_authenticate
-from scheduler.models import Node, NodeStatus
 from tests.factories import AuditorFactory, SystemAdminFactory, UserFactory
 
 pytestmark = pytest.mark.django_db

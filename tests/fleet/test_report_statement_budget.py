@@ -14,11 +14,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import AuditRecord
-from scheduler.fleet.models import AgentReport
+from scheduler.fleet.models import AgentCommand, AgentReport, Device
 from scheduler.fleet.outbox import START_WITHDRAWN
 from scheduler.fleet.services.agent_commands import command_ack, commands_pending, workload_report_apply
 from scheduler.fleet.services.inventory import node_hello
-from scheduler.models import AgentCommand, Allocation, Device, Job, JobEvent, JobState
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import hello, register_node

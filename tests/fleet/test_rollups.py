@@ -12,11 +12,10 @@ from channels.db import database_sync_to_async
 from nodeagent import protocol
 from scheduler.fleet import tasks
 from scheduler.fleet.consumers import AgentConsumer
-from scheduler.fleet.models import TelemetryHour, TelemetryMinute
+from scheduler.fleet.models import Device, TelemetryHour, TelemetryMinute
 from scheduler.fleet.services.inventory import node_hello
 from scheduler.fleet.services.rollups import telemetry_hours_rollup, telemetry_minutes_write, telemetry_purge
 from scheduler.fleet.telemetry import ROLLUP_SPREAD_S, MinuteAggregator
-from scheduler.models import Device
 from tests.fleet.conftest import connect_agent, register_node, settle, telemetry
 
 db = database_sync_to_async

@@ -10,8 +10,9 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from scheduler.fleet.consumers import TelemetryConsumer
+from scheduler.fleet.models import Device
 from scheduler.fleet.telemetry import Throttle
-from scheduler.models import Allocation, Device, Job, JobState
+from scheduler.models import Allocation, Job, JobState
 from tests.factories import AuditorFactory, MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory
 from tests.fleet.conftest import browser_socket, connect_agent, hello, register_node, settle, telemetry
 

@@ -6,7 +6,7 @@ import itertools
 import uuid
 
 from catalog.models import ResourceFlavor, Vendor
-from scheduler.models import Device, Node, NodeStatus
+from scheduler.fleet.models import Device, Node, NodeStatus
 from tenants.models import MembershipRole, PlatformRole, Tenant, TenantKind, User
 from tenants.services.identity import user_create
 from tenants.services.memberships import membership_create

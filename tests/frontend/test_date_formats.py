@@ -11,7 +11,8 @@ import pytest
 from django.utils import timezone
 
 from frontend.datetimes import MOMENT_FORMATS, format_moment
-from scheduler.models import Job, JobState, Node
+from scheduler.fleet.models import Node
+from scheduler.models import Job, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole

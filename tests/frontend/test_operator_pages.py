@@ -16,9 +16,9 @@ from django.test import Client
 from audit.models import Alert, AuditRecord
 from audit.services import raise_alert
 from catalog.models import FlavorPrice
-from scheduler.fleet.models import BootstrapToken
+from scheduler.fleet.models import BootstrapToken, Node, NodeStatus
 from scheduler.fleet.services.workload_reports import workload_status_report
-from scheduler.models import Allocation, Node, NodeStatus
+from scheduler.models import Allocation
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole

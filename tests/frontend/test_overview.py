@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.models import NodeStatus
+from scheduler.fleet.models import NodeStatus
 from tenants.models import MembershipRole, PlatformRole
 from tests.frontend.factories import make_flavor, make_member, make_node, make_tenant, make_user
 

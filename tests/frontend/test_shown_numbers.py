@@ -8,7 +8,8 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from scheduler.models import Allocation, NodeStatus
+from scheduler.fleet.models import NodeStatus
+from scheduler.models import Allocation
 from scheduler.services.jobs import job_submit
 from tenants.models import PlatformRole
 from tenants.services.quotas import quota_set

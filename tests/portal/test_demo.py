@@ -15,8 +15,8 @@ from django.utils import timezone
 from frontend.summaries import flavor_capacity, guarantee_overcommit
 from nodeagent.demo import DEMO_NODES, demo_fleet_cards, demo_hello
 from portal.demo import load_demo_data
-from scheduler.fleet.models import TelemetryMinute
-from scheduler.models import Allocation, Device, Job, JobState, Node
+from scheduler.fleet.models import Device, Node, TelemetryMinute
+from scheduler.models import Allocation, Job, JobState
 from scheduler.showback import usage_report
 from tenants.models import ApprovalRequest, ApprovalStatus, Quota
 

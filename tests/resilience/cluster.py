@@ -417,7 +417,7 @@ class Cluster:
         return pids
 
     def wait_nodes_ready(self, names: list[str], timeout_s: float = 60) -> None:
-        from scheduler.models import Node, NodeStatus
+        from scheduler.fleet.models import Node, NodeStatus
 
         def ready() -> bool:
             return Node.objects.filter(name__in=names, status=NodeStatus.READY).count() == len(names)
@@ -503,7 +503,8 @@ class Cluster:
 
     def describe(self) -> str:
         """Jobs, nodes and log tails, for a failure message."""
-        from scheduler.models import Allocation, Job, Node
+        from scheduler.fleet.models import Node
+        from scheduler.models import Allocation, Job
 
         lines = ["jobs:"]
         for job in Job.objects.order_by("pk"):

@@ -23,7 +23,8 @@ from collections import defaultdict
 from django.db.models import Sum
 from django.test import override_settings
 
-from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, Allocation, Device, Job, JobEvent, JobState
+from scheduler.fleet.models import Device
+from scheduler.models import ACTIVE_JOB_STATES, FINAL_JOB_STATES, Allocation, Job, JobEvent, JobState
 from tests.resilience.cluster import Cluster, workload_processes
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from scheduler.models import Allocation, Job, JobEvent, JobState, Node, NodeStatus
+from scheduler.fleet.models import Node, NodeStatus
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from tests.resilience.cluster import Cluster, wait_until
 
 

@@ -17,8 +17,8 @@ from datetime import datetime
 import pytest
 from django.db.models import Sum
 
-from scheduler.fleet.models import TelemetryMinute
-from scheduler.models import AgentCommand, Device, Job, JobEvent, JobState, Node, NodeStatus
+from scheduler.fleet.models import AgentCommand, Device, Node, NodeStatus, TelemetryMinute
+from scheduler.models import Job, JobEvent, JobState
 from tests.resilience.cluster import Cluster, wait_until, workload_processes
 from tests.resilience.invariants import check_invariants
 from tests.resilience.scenarios import node_of

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from nodeagent import protocol
-from scheduler.fleet.models import AgentReport
-from scheduler.models import Job, JobEvent, JobState, Node, NodeStatus
+from scheduler.fleet.models import AgentReport, Node, NodeStatus
+from scheduler.models import Job, JobEvent, JobState
 from tests.resilience.cluster import wait_until, workload_processes
 from tests.resilience.invariants import check_invariants
 from tests.resilience.scenarios import checkpointed_steps, node_of

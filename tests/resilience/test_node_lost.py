@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.models import Allocation, Job, JobState, Node
+from scheduler.fleet.models import Node
+from scheduler.models import Allocation, Job, JobState
 from tests.resilience.cluster import wait_until
 from tests.resilience.invariants import check_invariants
 from tests.resilience.scenarios import lose_node_and_recover

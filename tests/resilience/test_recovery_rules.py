@@ -6,11 +6,12 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from nodeagent import protocol
+from scheduler.fleet.models import AgentCommand, Node, NodeStatus
 from scheduler.fleet.outbox import START_WITHDRAWN
 from scheduler.fleet.services.agent_commands import command_ack, commands_pending
 from scheduler.fleet.services.nodes import node_drain
 from scheduler.fleet.services.workload_reports import node_jobs_requeue, workload_status_report
-from scheduler.models import AgentCommand, Allocation, Job, JobState, Node, NodeStatus
+from scheduler.models import Allocation, Job, JobState
 from scheduler.services.cycle import request_cycle, run_cycle
 from scheduler.services.jobs import job_submit
 from tests.nodeagent.test_agent_loop import FakeClock, FakeConnector, _agent

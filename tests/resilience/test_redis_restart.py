@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from scheduler.models import AgentCommand, Job, JobEvent, JobState, Node
+from scheduler.fleet.models import AgentCommand, Node
+from scheduler.models import Job, JobEvent, JobState
 from tests.resilience.cluster import wait_until
 from tests.resilience.invariants import check_invariants
 

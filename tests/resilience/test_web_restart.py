@@ -10,7 +10,8 @@ import signal
 
 import pytest
 
-from scheduler.models import AgentCommand, Job, JobEvent, JobState
+from scheduler.fleet.models import AgentCommand
+from scheduler.models import Job, JobEvent, JobState
 from tests.resilience.cluster import wait_until, workload_processes
 from tests.resilience.invariants import check_invariants
 

@@ -15,8 +15,9 @@ import psycopg
 import pytest
 from django.db import connection
 
+from scheduler.fleet.models import AgentCommand
 from scheduler.locks import CYCLE_LOCK_KEY
-from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from tests.resilience.cluster import wait_until
 from tests.resilience.invariants import check_invariants
 

@@ -6,7 +6,8 @@ import factory
 from django.utils import timezone
 
 from catalog.models import ResourceFlavor, Vendor
-from scheduler.models import Device, Job, JobState, Node, NodeStatus
+from scheduler.fleet.models import Device, Node, NodeStatus
+from scheduler.models import Job, JobState
 
 try:  # the shared user/tenant factories of the tenants area
     from tests.factories import MembershipFactory, SystemAdminFactory, TenantFactory, UserFactory

@@ -10,7 +10,8 @@ from channels.db import database_sync_to_async
 
 from catalog.models import ResourceFlavor
 from nodeagent import protocol
-from scheduler.models import AgentCommand, Allocation, Job, JobState
+from scheduler.fleet.models import AgentCommand
+from scheduler.models import Allocation, Job, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tests.fleet.conftest import connect_agent, register_node, settle

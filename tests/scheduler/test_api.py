@@ -3,7 +3,8 @@ from rest_framework.test import APIClient
 
 from catalog.models import ResourceFlavor
 from scheduler.core import types as core
-from scheduler.models import Job, JobState, Node
+from scheduler.fleet.models import Node
+from scheduler.models import Job, JobState
 from scheduler.persist import persist_plan
 from tests.factories import client_for
 from tests.scheduler.factories import (

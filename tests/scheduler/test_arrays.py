@@ -13,7 +13,8 @@ from audit.models import AuditRecord
 from audit.services import record_details
 from audit.trail_verifier import verify_trail
 from scheduler.core import types as core
-from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
+from scheduler.fleet.models import AgentCommand
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan
 from scheduler.services.cycle import run_cycle
 from tests.scheduler.factories import MembershipFactory, TenantFactory, UserFactory, node_with_devices

@@ -3,9 +3,10 @@
 import pytest
 
 from scheduler.core import types as core
+from scheduler.fleet.models import AgentCommand
 from scheduler.fleet.services.nodes import node_cordon
 from scheduler.fleet.services.workload_reports import workload_status_report
-from scheduler.models import AgentCommand, Allocation, Job, JobState
+from scheduler.models import Allocation, Job, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from scheduler.snapshot import build_snapshot

@@ -17,7 +17,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from scheduler.core import types as core
-from scheduler.models import Allocation, Device, Job, JobState
+from scheduler.fleet.models import Device
+from scheduler.models import Allocation, Job, JobState
 from scheduler.persist import persist_plan
 from scheduler.services.jobs import job_submit
 from tenants.models import Quota

@@ -5,8 +5,9 @@ from rest_framework.test import APIClient
 
 from kernel.api import DomainError
 from scheduler.core import types as core
+from scheduler.fleet.models import AgentCommand
 from scheduler.fleet.services.workload_reports import jobs_awaiting_stop_sweep, workload_status_report
-from scheduler.models import AgentCommand, Allocation, InferenceReservation, Job, JobEvent, JobState
+from scheduler.models import Allocation, InferenceReservation, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_cancel, job_submit
 from scheduler.services.scaling import desired_replicas, inference_load_report, job_scale

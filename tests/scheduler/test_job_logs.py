@@ -21,8 +21,9 @@ from rest_framework.test import APIClient
 from catalog.models import ResourceFlavor
 from nodeagent import protocol
 from scheduler import logs
+from scheduler.fleet.models import AgentCommand
 from scheduler.fleet.services.workload_reports import node_jobs_requeue, workload_status_report
-from scheduler.models import AgentCommand, Job, JobLogChunk, JobState
+from scheduler.models import Job, JobLogChunk, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from scheduler.tasks import job_logs_purge
@@ -384,7 +385,7 @@ async def test_the_api_shows_a_running_jobs_output_from_a_real_agent(tmp_path: P
     _node, credential = await db(register_node)("gpu-live")
     link = Link(credential)
     agent = real_agent(tmp_path, "gpu-live", link)
-    from scheduler.models import Device
+    from scheduler.fleet.models import Device
 
     await drive(agent, lambda: Device.objects.filter(node__name="gpu-live").exists(), what="the hello")
     go = tmp_path / "go"

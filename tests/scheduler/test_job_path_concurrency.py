@@ -18,8 +18,9 @@ from django.test import Client
 
 from audit.services import checkpoint_all
 from audit.trail_verifier import verify_trail
+from scheduler.fleet.models import Node
 from scheduler.fleet.services.workload_reports import workload_status_report
-from scheduler.models import Allocation, Job, JobEvent, JobState, Node
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from tests.factories import ApiTokenFactory, bearer
 from tests.patching import patch_request_cycle

@@ -8,9 +8,10 @@ import json
 import pytest
 
 from scheduler.core import types as core
+from scheduler.fleet.models import AgentCommand
 from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.launch import Launch, Site, launch_env
-from scheduler.models import AgentCommand, Allocation, Job, JobState, ReplicaPort
+from scheduler.models import Allocation, Job, JobState, ReplicaPort
 from scheduler.persist import persist_plan
 from scheduler.services.jobs import job_cancel, job_submit
 from tests.scheduler.factories import node_with_devices

@@ -8,7 +8,8 @@ import pytest
 from rest_framework.test import APIClient
 
 from scheduler.core.types import PendingReason
-from scheduler.models import Job, JobState, Node
+from scheduler.fleet.models import Node
+from scheduler.models import Job, JobState
 from scheduler.services.cycle import run_cycle
 from tenants.models import NotificationDelivery
 from tests.scheduler.factories import (

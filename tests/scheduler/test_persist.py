@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from audit.models import AuditRecord
 from scheduler import persist
 from scheduler.core import types as core
-from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
+from scheduler.fleet.models import AgentCommand
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_cancel, job_submit

@@ -6,13 +6,14 @@ from audit.models import AuditRecord
 from audit.services import record_details
 from kernel.api import ConflictError, NotFoundError, PermissionDeniedError
 from scheduler.core import types as core
+from scheduler.fleet.models import AgentCommand
 from scheduler.fleet.services.nodes import node_cordon, node_drain
 from scheduler.fleet.services.workload_reports import (
     jobs_awaiting_stop_sweep,
     node_jobs_requeue,
     workload_status_report,
 )
-from scheduler.models import AgentCommand, Allocation, Job, JobEvent, JobState
+from scheduler.models import Allocation, Job, JobEvent, JobState
 from scheduler.persist import persist_plan
 from scheduler.services.jobs import job_cancel, job_release_from_approval, job_submit
 from scheduler.transitions import job_transition

@@ -23,9 +23,10 @@ from rest_framework.test import APIClient
 from audit.models import AuditRecord
 from catalog.models import ResourceFlavor
 from nodeagent import protocol
+from scheduler.fleet.models import AgentCommand
 from scheduler.fleet.services.enrolment import CLOSE_UNAUTHORIZED, agent_register, bootstrap_token_create
 from scheduler.fleet.telemetry import latest_store
-from scheduler.models import AgentCommand, Allocation, Job, JobState
+from scheduler.models import Allocation, Job, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tenants.services.quotas import quota_set

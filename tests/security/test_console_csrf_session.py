@@ -19,7 +19,8 @@ from django.contrib.sessions.backends.db import SessionStore
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from scheduler.models import Job, JobState, Node, NodeStatus
+from scheduler.fleet.models import Node, NodeStatus
+from scheduler.models import Job, JobState
 from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole, PlatformRole
 from tests.factories import TEST_PASSWORD as PASSWORD

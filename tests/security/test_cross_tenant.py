@@ -21,7 +21,8 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from audit.models import AuditRecord
-from scheduler.models import Device, Job
+from scheduler.fleet.models import Device
+from scheduler.models import Job
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tenants.models import ApiToken, Membership, MembershipRole, NotificationDelivery, Quota, TokenScope

@@ -19,7 +19,7 @@ from django.conf import settings
 from benchmarks import load
 from benchmarks._agents import hello_frame
 from nodeagent import protocol
-from scheduler.models import Device, Node
+from scheduler.fleet.models import Device, Node
 from tests.conftest import skip_or_fail
 from tests.security.conftest import assert_unchanged, state_fingerprint
 

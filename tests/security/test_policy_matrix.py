@@ -38,7 +38,8 @@ from audit.models import AuditRecord
 from audit.services import audit_record
 from frontend.access import policy_action_of
 from kernel.access_rules import NO_ACCOUNT_ACTIONS, RULES, TOKEN_SCOPE, Action, Principal
-from scheduler.models import Job, JobOutput, Node
+from scheduler.fleet.models import Node
+from scheduler.models import Job, JobOutput
 from scheduler.services.jobs import job_submit
 from tenants.access import allows, may, restrict, token_allows
 from tenants.models import (

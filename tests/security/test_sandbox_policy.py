@@ -17,7 +17,8 @@ from nodeagent.agent import Agent, AgentSettings
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.sandbox import Sandbox, SandboxConfig
 from nodeagent.workloads import WorkloadRunner
-from scheduler.models import Device, Job, JobEvent, JobState
+from scheduler.fleet.models import Device
+from scheduler.models import Job, JobEvent, JobState
 from scheduler.services.cycle import run_cycle
 from scheduler.services.jobs import job_submit
 from tenants.models import MembershipRole

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from kernel.serializers import JsonTypedSerializer
 from scheduler import launch
-from scheduler.models import Node
+from scheduler.fleet.models import Node
 
 
 class BootstrapTokenCreateInput(JsonTypedSerializer):

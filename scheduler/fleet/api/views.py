@@ -34,6 +34,7 @@ from scheduler.fleet.api.serializers import (
     TelemetryHistoryOutput,
     TelemetryHistoryQuery,
 )
+from scheduler.fleet.models import Device, Node
 from scheduler.fleet.services.enrolment import (
     agent_register,
     bootstrap_token_create,
@@ -42,7 +43,6 @@ from scheduler.fleet.services.enrolment import (
 )
 from scheduler.fleet.services.inventory import device_rehome
 from scheduler.fleet.services.nodes import node_cordon, node_drain, node_uncordon
-from scheduler.models import Device, Node
 from scheduler.services.outputs import job_output_store
 from tenants.access import allows
 from tenants.models import ApiToken

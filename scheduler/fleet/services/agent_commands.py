@@ -12,10 +12,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from scheduler import messages as scheduler_messages
-from scheduler.fleet.models import AgentReport
+from scheduler.fleet.models import AgentCommand, AgentReport, Node
 from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.fleet.telemetry import parse_time
-from scheduler.models import AgentCommand, Node
 
 # --- workloads and the outbox ------------------------------------------------------------------------------
 

@@ -18,9 +18,8 @@ from django.utils import timezone
 from audit.services import audit_record
 from kernel.api import DomainError
 from scheduler import messages as scheduler_messages
-from scheduler.fleet.models import BootstrapToken, NodeAgent, NodeCredential
+from scheduler.fleet.models import BootstrapToken, Node, NodeAgent, NodeCredential, NodeStatus
 from scheduler.fleet.services.notify import agent_group, group_send_after_commit
-from scheduler.models import Node, NodeStatus
 
 BOOTSTRAP_PREFIX = "gpb_"
 CREDENTIAL_PREFIX = "gpn_"

@@ -24,10 +24,10 @@ from kernel.access_rules import Action
 from kernel.api import ConflictError, DomainError, PermissionDeniedError
 from nodeagent import protocol
 from scheduler import messages as scheduler_messages
-from scheduler.fleet.models import NodeAgent
+from scheduler.fleet.models import AgentCommand, Device, DeviceHealth, Node, NodeAgent, NodeStatus
 from scheduler.fleet.services.notify import cycle_request_after_commit
 from scheduler.fleet.services.workload_reports import node_jobs_requeue, workload_status_report
-from scheduler.models import AgentCommand, Allocation, Device, DeviceHealth, Node, NodeStatus
+from scheduler.models import Allocation
 from tenants.access import allows
 
 logger = logging.getLogger(__name__)

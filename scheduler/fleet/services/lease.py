@@ -12,10 +12,9 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from scheduler.fleet.fencing import lease_timing
-from scheduler.fleet.models import NodeAgent
+from scheduler.fleet.models import Node, NodeAgent, NodeStatus
 from scheduler.fleet.services.notify import cycle_request_after_commit
 from scheduler.fleet.services.workload_reports import node_jobs_requeue
-from scheduler.models import Node, NodeStatus
 
 
 def node_heartbeat(*, node_id: int, now: datetime | None = None) -> bool:

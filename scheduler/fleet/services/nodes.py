@@ -15,7 +15,8 @@ from kernel.api import ConflictError, PermissionDeniedError
 from scheduler import messages as scheduler_messages
 from scheduler.fleet import outbox
 from scheduler.fleet.fencing import lease_timing
-from scheduler.models import Allocation, Node, NodeStatus
+from scheduler.fleet.models import Node, NodeStatus
+from scheduler.models import Allocation
 from scheduler.services.cycle import request_cycle
 from scheduler.transitions import S, job_lock_for_update, job_transition
 from tenants.access import allows

@@ -16,7 +16,8 @@ from django.utils import timezone
 from kernel.db.bulk import AnyOf, update_instance
 from nodeagent import protocol
 from scheduler.fleet import outbox
-from scheduler.models import ACTIVE_JOB_STATES, AgentCommand, Allocation, Job, JobKind, Node
+from scheduler.fleet.models import AgentCommand, Node
+from scheduler.models import ACTIVE_JOB_STATES, Allocation, Job, JobKind
 from scheduler.services.cycle import request_cycle
 from scheduler.services.scaling import scale_down_replica_stopped
 from scheduler.snapshot import CompiledQuery
