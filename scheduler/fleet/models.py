@@ -178,7 +178,7 @@ class NodeCredential(models.Model):
 
 
 class NodeAgent(models.Model):
-    """What the portal knows about a node's agent beyond ``scheduler.Node``: host name, connection times and
+    """What the portal knows about a node's agent beyond its ``Node``: host name, connection times and
     the lease state (when the node was declared lost and whether its jobs were requeued)."""
 
     node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="agent", primary_key=True)

@@ -106,7 +106,7 @@ def test_an_oversized_agent_frame_is_refused_by_the_real_server(daphne):
     # Connecting updates the node's connection state; the oversized hello created no device and no inventory.
     assert not Device.objects.filter(node_id=node_id).exists()
     assert Node.objects.get(pk=node_id).status == "not_ready"
-    for label in ("scheduler.Device", "scheduler.Job", "tenants.Tenant", "tenants.ApiToken"):
+    for label in ("fleet.Device", "scheduler.Job", "tenants.Tenant", "tenants.ApiToken"):
         assert before[label] == after[label], label
     assert_unchanged(
         {k: v for k, v in before.items() if k.startswith("tenants.")},
