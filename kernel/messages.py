@@ -178,9 +178,9 @@ PLACEHOLDER_SHAPES = {
 }
 
 
-def pattern(template: str) -> re.Pattern[str]:
-    """The regular expression of the sentences ``template`` writes: its words as they are, each placeholder as
-    the data ``PLACEHOLDER_SHAPES`` says it holds, a placeholder used again as the same text."""
+def pattern(template: str, shapes: Mapping[str, str] = PLACEHOLDER_SHAPES) -> re.Pattern[str]:
+    """The regular expression of the sentences ``template`` writes (match it whole: ``fullmatch``): its words as
+    they are, each placeholder as the data ``shapes`` says it holds, a placeholder used again as the same text."""
     parts = re.split(r"%\((\w+)\)s", template)
     regex, seen = [], set()
     for index, part in enumerate(parts):
@@ -190,7 +190,7 @@ def pattern(template: str) -> re.Pattern[str]:
             regex.append(f"(?P={part})")
         else:
             seen.add(part)
-            regex.append(f"(?P<{part}>{PLACEHOLDER_SHAPES.get(part, '.+?')})")
+            regex.append(f"(?P<{part}>{shapes.get(part, '.+?')})")
     return re.compile("".join(regex), re.DOTALL)
 
 

@@ -16,6 +16,7 @@ import re
 
 from django.utils.translation import gettext
 
+from kernel.messages import pattern
 from scheduler.core import sentences
 
 # What a placeholder's data look like in a stored sentence, by name (the words around it keep a pattern precise).
@@ -57,25 +58,9 @@ SHAPES = {
 }
 
 
-def _pattern(template: str) -> re.Pattern[str]:
-    """The sentences ``template`` writes: its words as they are, each placeholder as ``SHAPES`` says, a
-    placeholder used again as the same text."""
-    parts = re.split(r"%\((\w+)\)s", template)
-    regex, seen = [], set()
-    for index, part in enumerate(parts):
-        if index % 2 == 0:
-            regex.append(re.escape(part.replace("%%", "%")))
-        elif part in seen:
-            regex.append(f"(?P={part})")
-        else:
-            seen.add(part)
-            regex.append(f"(?P<{part}>{SHAPES.get(part, '.+?')})")
-    return re.compile("^" + "".join(regex) + "$", re.DOTALL)
-
-
 # (pattern of one clause, its English template). The templates are the engine's own (scheduler.core.sentences),
 # typed once there; each is the msgid of its translation.
-_COMPILED = [(_pattern(template), template) for template in sentences.ALL]
+_COMPILED = [(pattern(template, SHAPES), template) for template in sentences.ALL]
 _POSITION = re.compile(
     r"^(?P<body>.*) \(position (?P<overall>\d+) in the queue, (?P<mine>\d+) among (?P<tenant>.+)'s jobs\)$", re.DOTALL
 )
@@ -99,8 +84,8 @@ def _host(text: str) -> str:
 
 
 def _clause(text: str) -> str:
-    for pattern, template in _COMPILED:
-        match = pattern.match(text)
+    for regex, template in _COMPILED:
+        match = regex.fullmatch(text)
         if match:
             values = match.groupdict()
             for quoted in ("problem", "why"):  # a clause inside a clause
