@@ -51,6 +51,8 @@ class WorkloadRecord:
     exit_code: int | None = None
     stop_reason: str | None = None
     term_sent_at: float | None = None
+    #: A stop with a drain (``workload.stop``'s ``drain_s``): SIGTERM is sent at this time, not before.
+    term_after: float | None = None
     kill_after: float | None = None
     finished_at: float | None = None
     message: str = ""

@@ -464,6 +464,10 @@ class WorkloadStop(Message):
     replica: int
     grace_s: float = 30.0
     reason: str = "cancelled"
+    #: Seconds the workload keeps running untouched before its SIGTERM (then ``grace_s`` to SIGKILL): a replica the
+    #: serving proxy has just dropped still answers the requests the proxy had routed to it before (Kubernetes'
+    #: preStop sleep). 0 for a workload without endpoints.
+    drain_s: float = 0.0
 
 
 @dataclass(kw_only=True)

@@ -342,7 +342,8 @@ class WorkloadRunner:
         self._report(record)
 
     def stop(self, stop: protocol.WorkloadStop) -> None:
-        """SIGTERM the workload's process group now and SIGKILL it ``grace_s`` later if it still runs."""
+        """SIGTERM the workload's process group ``drain_s`` from now (now, without a drain) and SIGKILL it
+        ``grace_s`` after that if it still runs."""
         record = self.records.get((stop.job_id, stop.replica))
         if record is None:
             log.info("workloads: stop for unknown job %s replica %s ignored", stop.job_id, stop.replica)
@@ -352,6 +353,15 @@ class WorkloadRunner:
             return
         if record.stop_reason != protocol.FENCED:  # a fenced stop stays one: the portal requeues its job
             record.stop_reason = stop.reason
+        if stop.drain_s > 0 and record.term_sent_at is None:
+            # The proxy has dropped it; requests already routed to it finish before it is told to go (poll sends
+            # the SIGTERM). A second stop never postpones the first one's signal.
+            term_at = self.clock() + stop.drain_s
+            record.term_after = term_at if record.term_after is None else min(record.term_after, term_at)
+            deadline = record.term_after + max(0.0, stop.grace_s)
+            record.kill_after = deadline if record.kill_after is None else min(record.kill_after, deadline)
+            self._save()
+            return
         self._terminate(record, grace_s=stop.grace_s)
 
     def fence(self, *, grace_s: float, silent_s: float) -> list[tuple[int, int]]:
@@ -417,6 +427,8 @@ class WorkloadRunner:
                 record.message = f"max runtime of {record.max_runtime_s} s exceeded"
                 record.stop_reason = "max_runtime"
                 self._terminate(record, grace_s=self.max_runtime_grace_s)
+            if record.term_after is not None and record.term_sent_at is None and now >= record.term_after:
+                self._terminate(record, grace_s=(record.kill_after or now) - now)
             if record.kill_after is not None and now >= record.kill_after:
                 log.warning("workloads: job %s replica %s ignored SIGTERM; SIGKILL", record.job_id, record.replica)
                 self._signal(record, signal.SIGKILL)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from kernel.env import env_bool, env_int, env_list, env_str
+from kernel.env import env_bool, env_float, env_int, env_list, env_str
 from kernel.security import DEFAULT_CSP as _DEFAULT_CSP
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -354,6 +354,9 @@ GPUPOOL_SERVING_LISTEN = env_str("GPUPOOL_SERVING_LISTEN", ":8443")
 GPUPOOL_SERVING_URL = env_str("GPUPOOL_SERVING_URL", "http://127.0.0.1:8443")
 GPUPOOL_SERVING_PORTAL = env_list("GPUPOOL_SERVING_PORTAL", ["127.0.0.1:8000"])
 GPUPOOL_SERVING_SYNC_S = env_int("GPUPOOL_SERVING_SYNC_S", 15)
+#: Seconds a replica the route has dropped keeps running before its SIGTERM (requests Caddy had already routed to
+#: it finish): workload.stop's drain_s for a job with endpoints.
+GPUPOOL_SERVING_DRAIN_S = env_float("GPUPOOL_SERVING_DRAIN_S", 2.0)
 
 # --- i18n, static -------------------------------------------------------------------------------------
 LANGUAGE_CODE = "en"

@@ -11,12 +11,13 @@ API: a subroute per endpoint ``/serve/jobs/<job>/<port name>/`` that
    replicas whose readiness check (``ready_path``, every second) passes, retrying another replica for up to 5 s
    when one refuses a connection.
 
-A replica is in the route while its job is admitted or running and the replica holds its cards and is not being
-scaled down. A stop (preemption, scale-down, cancel) syncs the route *before* the stop is announced to the node
+A replica is in the route while its job is admitted or running and the replica holds its cards and is not being scaled
+down. A stop (preemption, scale-down, cancel) syncs the route *before* the stop is announced to the node
 (``scheduler.fleet.outbox``: the sync is the earlier on-commit callback), so a replica taken back stops receiving
-traffic first. Placements sync after commit; beat syncs every ``GPUPOOL_SERVING_SYNC_S`` (a restarted Caddy gets its
-route back). Without ``GPUPOOL_SERVING_CADDY_ADMIN`` (embedded mode, development) nothing is configured: the API lists
-each replica's direct ``address:port``, reachable from the pool's own network only, with no access check.
+traffic first; its SIGTERM waits ``GPUPOOL_SERVING_DRAIN_S`` (2 s) for the requests already routed to it. Placements
+sync after commit; beat syncs every ``GPUPOOL_SERVING_SYNC_S`` (a restarted Caddy gets its route back). Without
+``GPUPOOL_SERVING_CADDY_ADMIN`` (embedded mode, development) nothing is configured: the API lists each replica's
+direct ``address:port``, reachable from the pool's own network only, with no access check.
 
 The route goes into ``GPUPOOL_SERVING_CADDY_SERVER`` (default ``gpupool-serving``): an existing server of the
 operator's Caddyfile (``srv0``: the portal's own site, with its TLS) gets it as its first route; a server that does
@@ -236,6 +237,16 @@ def serving_sync() -> bool:
         return False
     logger.debug("serving: %d endpoint(s) routed", len(endpoints))
     return True
+
+
+def stop_drain_s(job: Job) -> float:
+    """Seconds a stopped replica of ``job`` keeps running before its SIGTERM (``workload.stop``'s ``drain_s``):
+    ``GPUPOOL_SERVING_DRAIN_S`` for a job with endpoints behind the proxy, 0 otherwise. The route drops it first,
+    but a request Caddy had already matched under the old route (waiting on ``forward_auth``, or retrying) still
+    goes to it."""
+    if caddy_admin() and (job.spec or {}).get("ports"):
+        return max(0.0, float(getattr(settings, "GPUPOOL_SERVING_DRAIN_S", 2.0)))
+    return 0.0
 
 
 def sync_on_commit(job: Job) -> None:

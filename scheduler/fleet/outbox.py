@@ -153,9 +153,17 @@ def commands_bulk_create(items: list[tuple[int, Job | None, protocol.Message]]) 
 def workload_stop_create(
     *, job: Job, replica: int, node_id: int, grace_s: float = DEFAULT_STOP_GRACE_S, reason: str = "cancelled"
 ) -> AgentCommand:
-    message = protocol.WorkloadStop(command_id=0, job_id=job.pk, replica=replica, grace_s=float(grace_s), reason=reason)
+    message = protocol.WorkloadStop(
+        command_id=0,
+        job_id=job.pk,
+        replica=replica,
+        grace_s=float(grace_s),
+        reason=reason,
+        drain_s=serving.stop_drain_s(job),
+    )
     # The serving proxy drops the replica before the node hears of the stop (on-commit callbacks run in order):
-    # a replica taken back stops receiving traffic first.
+    # a replica taken back stops receiving traffic first, and its SIGTERM waits ``drain_s`` for the requests the
+    # proxy had already routed to it.
     serving.sync_on_commit(job)
     return _create(node=node_id, job=job, message=message)
 

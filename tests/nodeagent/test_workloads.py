@@ -209,6 +209,51 @@ def test_workload_that_exits_on_sigterm_is_stopped_with_its_exit_code(runner: Wo
     assert (status.state, status.exit_code) == ("stopped", 0)
 
 
+def test_a_stop_with_a_drain_keeps_the_workload_untouched_until_the_drain_ends(tmp_path: Path) -> None:
+    # A serving replica the proxy has just dropped still answers requests routed to it before: its SIGTERM waits.
+    clock = FakeClock()
+    runner = WorkloadRunner(work_dir=tmp_path / "work", clock=clock)
+    noting = "import signal, sys; signal.signal(signal.SIGTERM, lambda *a: (print('term', flush=True), sys.exit(0)));"
+    runner.start(_start(command=_python(noting + READY_THEN_SLEEP)))
+    _wait_for(lambda: "ready" in _log(runner))
+
+    runner.stop(protocol.WorkloadStop(command_id=9, job_id=1, replica=0, grace_s=30, reason="scale_down", drain_s=2))
+    clock.now += 1.5
+    runner.poll()
+    time.sleep(0.2)
+    runner.poll()
+    assert runner.records[(1, 0)].active and "term" not in _log(runner)
+    assert runner.records[(1, 0)].term_sent_at is None
+
+    # A second stop (the portal resending it) does not postpone the first one's signal.
+    runner.stop(protocol.WorkloadStop(command_id=9, job_id=1, replica=0, grace_s=30, reason="scale_down", drain_s=2))
+    clock.now += 0.6
+    status = _run_until_final(runner)
+    assert (status.state, status.exit_code) == ("stopped", 0)
+    assert "term" in _log(runner)
+
+
+def test_the_drain_survives_an_agent_restart_and_the_kill_follows_it(tmp_path: Path) -> None:
+    clock = FakeClock()
+    work = tmp_path / "work"
+    first = WorkloadRunner(work_dir=work, clock=clock)
+    stubborn = "import signal; signal.signal(signal.SIGTERM, lambda *a: print('SIGTERM ignored', flush=True));"
+    first.start(_start(command=_python(stubborn + READY_THEN_SLEEP)))
+    _wait_for(lambda: "ready" in _log(first))
+    first.stop(protocol.WorkloadStop(command_id=9, job_id=1, replica=0, grace_s=5, drain_s=3))
+
+    second = WorkloadRunner(work_dir=work, clock=clock)  # the agent restarted during the drain
+    second.poll()
+    assert second.records[(1, 0)].term_sent_at is None and second.records[(1, 0)].active
+    clock.now += 3
+    second.poll()
+    _wait_for(lambda: "SIGTERM ignored" in _log(second))
+    assert second.records[(1, 0)].active  # the grace period runs from the SIGTERM, not from the stop
+    clock.now += 5
+    status = _run_until_final(second)
+    assert status.state == "stopped" and "killed after the grace period" in status.message
+
+
 def test_max_runtime_is_enforced(tmp_path: Path) -> None:
     clock = FakeClock()
     runner = WorkloadRunner(work_dir=tmp_path / "work", clock=clock, max_runtime_grace_s=1)

@@ -7,6 +7,7 @@ import pytest
 
 from scheduler import serving
 from scheduler.core import types as core
+from scheduler.fleet import outbox
 from scheduler.jobspec import JobSpecError, validate_job_spec
 from scheduler.models import Job, JobState
 from scheduler.persist import persist_plan
@@ -106,3 +107,22 @@ def test_a_preempted_replica_leaves_the_route_before_its_node_hears_of_the_stop(
     sync = names.index("serving_sync")
     announce = next(i for i, name in enumerate(names) if "announce_after_commit" in name)
     assert sync < announce, names
+
+
+def test_a_stopped_serving_replica_gets_a_drain_before_its_sigterm_and_a_batch_job_does_not(member, flavor, settings):
+    # Caddy may have matched a request under the old route just before the sync; the replica must still answer it.
+    settings.GPUPOOL_SERVING_CADDY_ADMIN = "http://127.0.0.1:9"
+    settings.GPUPOOL_SERVING_DRAIN_S = 3.5
+    job = _placed_service(member)
+    (node_id,) = set(job.allocations.values_list("node_id", flat=True))
+    stop = outbox.workload_stop_create(job=job, replica=1, node_id=node_id, reason="scale_down")
+    assert stop.payload["drain_s"] == 3.5 and stop.payload["grace_s"] == 30.0
+
+    Job.objects.filter(pk=job.pk).update(spec={**job.spec, "ports": []})
+    job.refresh_from_db()
+    assert outbox.workload_stop_create(job=job, replica=1, node_id=node_id).payload["drain_s"] == 0.0
+    settings.GPUPOOL_SERVING_CADDY_ADMIN = ""  # embedded mode: no proxy to drain from
+    job.refresh_from_db()
+    Job.objects.filter(pk=job.pk).update(spec={**job.spec, "ports": [{"name": "http"}]})
+    job.refresh_from_db()
+    assert outbox.workload_stop_create(job=job, replica=1, node_id=node_id).payload["drain_s"] == 0.0
