@@ -15,7 +15,15 @@ from django.db.models import Count, Q, Sum
 
 from scheduler.fleet import telemetry
 from scheduler.fleet.models import Device, DeviceHealth, Node, NodeStatus
-from scheduler.models import ACTIVE_JOB_STATES, MILLIS_PER_DEVICE, PENDING_JOB_STATES, Allocation, Job, JobState
+from scheduler.models import (
+    ACTIVE_JOB_STATES,
+    MILLIS_PER_DEVICE,
+    PENDING_JOB_STATES,
+    Allocation,
+    Job,
+    JobArray,
+    JobState,
+)
 from tenants.models import Quota
 
 logger = logging.getLogger(__name__)
@@ -189,7 +197,11 @@ def job_counts(tenant_ids: set[int] | None = None) -> tuple[int, int]:
         queued=Count("id", filter=Q(state__in=[JobState.SUBMITTED, *PENDING_JOB_STATES])),
         running=Count("id", filter=Q(state__in=ACTIVE_JOB_STATES)),
     )
-    return counts["queued"], counts["running"]
+    arrays = JobArray.objects.filter(waiting__gt=0)  # tasks not rows yet: queued all the same
+    if tenant_ids is not None:
+        arrays = arrays.filter(tenant_id__in=tenant_ids)
+    not_yet_rows = arrays.aggregate(n=Sum("waiting"))["n"] or 0
+    return counts["queued"] + not_yet_rows, counts["running"]
 
 
 def devices_for_charts(devices: Iterable[Device]) -> list[dict]:

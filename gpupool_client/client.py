@@ -33,6 +33,7 @@ from gpupool_client.config import DEFAULT_TIMEOUT_S, load_settings
 from gpupool_client.errors import ApiError, NetworkError, NotFoundError, error_for
 from gpupool_client.models import (
     ArrayCancelled,
+    ArrayState,
     Device,
     Flavor,
     Job,
@@ -71,8 +72,9 @@ class SubmitResult:
 
     @property
     def job_ids(self) -> tuple[int, ...]:
+        """The jobs the submit made now: the job, or an array's task 0 (its other tasks become jobs later)."""
         if self.array is not None:
-            return self.array.job_ids
+            return (self.array.first_job_id,) if self.array.first_job_id is not None else ()
         return (self.job.id,) if self.job is not None else ()
 
 
@@ -289,7 +291,7 @@ class Client:
         )
         body = response.json()
         replayed = response.headers.get(REPLAYED_HEADER, "").lower() == "true"
-        if isinstance(body, dict) and "array_id" in body and "job_ids" in body:
+        if isinstance(body, dict) and "array_id" in body and "count" in body:
             return SubmitResult(idempotency_key=key, array=JobArray.from_api(body), replayed=replayed)
         return SubmitResult(idempotency_key=key, job=Job.from_api(body), replayed=replayed)
 
@@ -297,9 +299,20 @@ class Client:
         """Cancel a job that has not ended (a finished one is a ``RefusedError``, code ``job_finished``)."""
         return Job.from_api(self.post_json(f"jobs/{int(job_id)}/cancel/", {"reason": reason}))
 
-    def cancel_array(self, array_id: str, *, reason: str = "") -> ArrayCancelled:
-        """Cancel every job of an array that has not ended."""
-        return ArrayCancelled.from_api(self.post_json(f"jobs/arrays/{array_id}/cancel/", {"reason": reason}))
+    def cancel_array(self, array_id: str, *, reason: str = "", indices: str | None = None) -> ArrayCancelled:
+        """Cancel every task of an array that has not ended, or only ``indices`` ("3-7,9")."""
+        body: dict[str, Any] = {"reason": reason}
+        if indices is not None:
+            body["indices"] = indices
+        return ArrayCancelled.from_api(self.post_json(f"jobs/arrays/{array_id}/cancel/", body))
+
+    def array_state(self, array_id: str) -> ArrayState:
+        """An array with every task counted by state (tasks that are not jobs yet count as queued)."""
+        return ArrayState.from_api(self.get_json(f"jobs/arrays/{array_id}/"))
+
+    def array_task(self, array_id: str, index: int) -> Job:
+        """Task ``index`` of an array as a job (the server makes it one if it was still waiting)."""
+        return Job.from_api(self.get_json(f"jobs/arrays/{array_id}/tasks/{int(index)}/"))
 
     def outputs(self, job_id: int) -> list[dict[str, Any]]:
         """What each replica left in the job's ``output_dir``: ``{replica, size_bytes, sha256, created_at,

@@ -188,7 +188,8 @@ class Job(Model):
 
 @dataclass(frozen=True)
 class JobArray(Model):
-    """The answer to an array submit: ``count`` jobs, ``job_ids[i]`` has ``array_index`` i."""
+    """The answer to an array submit: ``count`` tasks; task 0 is job ``first_job_id``, the others become jobs when
+    the scheduler may place them (``array_state`` counts every task; ``array_task`` gets one by index)."""
 
     array_id: str
     count: int = 0
@@ -196,8 +197,19 @@ class JobArray(Model):
     name: str = ""
     state: str = ""
     first_job_id: int | None = None
-    last_job_id: int | None = None
-    job_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ArrayState(Model):
+    """An array with every task counted by state; ``not_yet_jobs``: the queued indices that are not jobs yet."""
+
+    array_id: str
+    count: int = 0
+    tenant: str = ""
+    name: str = ""
+    first_job_id: int | None = None
+    states: dict = field(default_factory=dict)
+    not_yet_jobs: str = ""
 
 
 @dataclass(frozen=True)
@@ -206,6 +218,7 @@ class ArrayCancelled(Model):
     cancelled: int = 0
     cancelled_job_ids: tuple[int, ...] = ()
     already_finished: int = 0
+    cancelled_waiting: int = 0
 
 
 @dataclass(frozen=True)

@@ -396,6 +396,9 @@ GPUPOOL_DEMO_AGENTS = env_int("GPUPOOL_DEMO_AGENTS", 3)  # one per node of nodea
 # DEFAULT_RUNTIME_S. The forecast looks HORIZON_S ahead in at most MAX_CYCLES engine cycles and MAX_SECONDS.
 GPUPOOL_ETA_INTERVAL_S = env_int("GPUPOOL_ETA_INTERVAL_S", 30)
 GPUPOOL_ETA_CHANGE_JOBS = env_int("GPUPOOL_ETA_CHANGE_JOBS", 10)
+#: Job arrays are one record; before each cycle an array's waiting tasks become job rows, as many as the free
+#: cards could take and at least this many (scheduler/services/arrays.py).
+GPUPOOL_ARRAY_WINDOW = env_int("GPUPOOL_ARRAY_WINDOW", 64)
 GPUPOOL_ETA_HISTORY_JOBS = env_int("GPUPOOL_ETA_HISTORY_JOBS", 20)
 GPUPOOL_ETA_HISTORY_DAYS = env_int("GPUPOOL_ETA_HISTORY_DAYS", 30)
 GPUPOOL_ETA_DEFAULT_RUNTIME_S = env_int("GPUPOOL_ETA_DEFAULT_RUNTIME_S", 3600)

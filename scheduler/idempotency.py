@@ -19,8 +19,8 @@ from django.db import IntegrityError, transaction
 from kernel.api import DomainError
 from scheduler import selectors
 from scheduler.jobspec import validate_job_spec
-from scheduler.models import Job, JobState
-from scheduler.services.arrays import JobArray, job_array_submit
+from scheduler.models import Job, JobArray
+from scheduler.services.arrays import ArrayState, array_state, job_array_submit
 from scheduler.services.jobs import job_submit
 
 #: Longest key accepted (the column's length); a UUID (36) is the usual choice.
@@ -41,7 +41,7 @@ class SubmitOutcome:
     """What a submit answered: one job or an array, and whether it is the answer of an earlier submit."""
 
     job: Job | None = None
-    array: JobArray | None = None
+    array: ArrayState | None = None
     replayed: bool = False
 
 
@@ -107,15 +107,11 @@ def _replay(*, first: Job, actor: Any, spec: Any, key: str) -> SubmitOutcome:
         )
     if first.array_id is None:
         return SubmitOutcome(job=selectors.job_get_visible(user=actor, pk=first.pk), replayed=True)
-    job_ids = list(Job.objects.filter(array_id=first.array_id).order_by("array_index").values_list("pk", flat=True))
-    array = JobArray(
-        array_id=first.array_id,
-        tenant_slug=first.tenant.slug,
-        name=first.name,
-        # An array is only ever admitted straight into the queue (one needing approval is refused).
-        state=JobState.QUEUED,
-        job_ids=job_ids,
-    )
+    record = JobArray.objects.filter(pk=first.array_id).first()
+    if record is None:  # an array submitted before arrays were one record: its tasks are rows, counted as such
+        count = Job.objects.filter(array_id=first.array_id).count()
+        record = JobArray(array_id=first.array_id, head=first, tenant_id=first.tenant_id, count=count)
+    array = array_state(record)
     return SubmitOutcome(array=array, replayed=True)
 
 

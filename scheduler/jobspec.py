@@ -74,8 +74,9 @@ MAX_RUNTIME_S = 30 * 24 * 3600
 MAX_CPU_CORES = 1024
 MAX_HOST_MEMORY_MIB = 16 * 1024 * 1024
 MAX_NODE_SELECTOR = 16
-#: The most jobs one array submit creates (Slurm's default MaxArraySize is 1001; ours is one request's worth).
-MAX_ARRAY_COUNT = 10_000
+#: The most tasks one array holds (Slurm's default MaxArraySize is 1001): tasks are not rows until they may start,
+#: so the count costs nothing at submit (scheduler.models.JobArray).
+MAX_ARRAY_COUNT = 1_000_000
 #: An environment variable name as POSIX shells and ``execve`` accept it.
 ENV_NAME_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MAX_IMAGE_LENGTH = 512

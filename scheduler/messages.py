@@ -46,6 +46,26 @@ ARRAY_SAY_HOW_MANY_JOBS = Message(
     gettext_noop('array: say how many jobs to create, e.g. "array": {"count": 100}.'),
 )
 NO_JOB_ARRAY = Message("scheduler.no_job_array", gettext_noop("No job array %(pk)s."))
+ARRAY_TASKS_ALREADY_ROWS = Message(
+    "scheduler.array_tasks_already_rows",
+    gettext_noop("Some of these tasks of array %(array_id)s are no longer waiting to start; nothing was changed."),
+)
+ARRAY_INDICES_INVALID = Message(
+    "scheduler.array_indices_invalid",
+    gettext_noop("indices: %(problem)s (the array has tasks 0-%(last)s; write them as 3-7,9)."),
+)
+INDICES_ONLY_ARRAY_CANCEL = Message(
+    "scheduler.indices_only_array_cancel",
+    gettext_noop("indices: only an array's cancel takes indices (POST /api/v1/jobs/arrays/<id>/cancel/)."),
+)
+NO_ARRAY_TASK = Message(
+    "scheduler.no_array_task",
+    gettext_noop("Array %(array_id)s has no task %(index)s (its tasks are 0-%(last)s)."),
+)
+ARRAY_TASK_CANCELLED_BEFORE_START = Message(
+    "scheduler.array_task_cancelled_before_start",
+    gettext_noop("Task %(index)s of array %(array_id)s was cancelled before it started: it has no job."),
+)
 NO_JOB_ID = Message("scheduler.no_job_id", gettext_noop("No job with id %(pk)s."))
 NO_JOB_ID_VISIBLE_YOU = Message(
     "scheduler.no_job_id_visible_you", gettext_noop("No job with id %(pk)s is visible to you.")

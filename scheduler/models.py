@@ -154,6 +154,12 @@ class Job(models.Model):
                 condition=~models.Q(idempotency_key=""),
                 name="job_idempotency_key_per_submitter",
             ),
+            # A task of an array is one job at most, however many cycles and users race to make it one.
+            models.UniqueConstraint(
+                fields=["array_id", "array_index"],
+                condition=models.Q(array_id__isnull=False),
+                name="job_array_task_once",
+            ),
             models.CheckConstraint(condition=models.Q(replicas__gte=1), name="job_replicas_positive"),
             models.CheckConstraint(
                 condition=models.Q(millis_per_replica__gte=MIN_FRACTION_MILLIS), name="job_millis_at_least_min"
@@ -174,6 +180,34 @@ class Job(models.Model):
     @property
     def devices_per_replica(self) -> int:
         return 1 if self.fractional else self.millis_per_replica // MILLIS_PER_DEVICE
+
+
+class JobArray(models.Model):
+    """An array submit (``"array": {"count": N}``), kept as Slurm keeps one: task 0 (``head``) is a job row from
+    the start; the other tasks become job rows only when a scheduling cycle may place them
+    (``scheduler.services.arrays.array_tasks_top_up``) or a user asks for one by index. Until then they are the
+    index ranges of ``unmaterialized``, all queued, all copies of the head but for ``GPUPOOL_ARRAY_INDEX``.
+    """
+
+    array_id = models.UUIDField(primary_key=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.PROTECT, related_name="job_arrays")
+    head = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="array_record")
+    count = models.PositiveIntegerField()
+    #: The task indices that are not job rows yet, as sorted disjoint ``[start, end)`` ranges.
+    unmaterialized = models.JSONField(default=list, blank=True)
+    #: How many indices ``unmaterialized`` holds (what the queue counts and the cycle looks for without parsing).
+    waiting = models.PositiveIntegerField(default=0)
+    #: Tasks cancelled before they became rows (they have no row to say so).
+    cancelled_unmaterialized = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["created_at"], condition=models.Q(waiting__gt=0), name="job_array_waiting"),
+        ]
+
+    def __str__(self) -> str:
+        return f"array {self.array_id} ({self.count} tasks, {self.waiting} not yet rows)"
 
 
 class JobLogChunk(models.Model):

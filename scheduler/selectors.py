@@ -26,7 +26,7 @@ from scheduler.core.types import Ordering
 from scheduler.fleet import telemetry
 from scheduler.fleet.models import Device, Node
 from scheduler.message_text import localize
-from scheduler.models import PENDING_JOB_STATES, Allocation, Job, JobEvent, JobState
+from scheduler.models import PENDING_JOB_STATES, Allocation, Job, JobArray, JobEvent, JobState
 from scheduler.scheduling_policy import policy_from_settings
 from tenants.access import reaches_all, restrict
 from tenants.models import Tenant
@@ -61,6 +61,18 @@ def job_array_get_visible(*, user: Any, array_id: Any) -> uuid.UUID:
     if value is None or not jobs_visible_to(user).filter(array_id=value).exists():
         raise NotFoundError(scheduler_messages.NO_JOB_ARRAY_VISIBLE_YOU(pk=array_id))
     return value
+
+
+def job_array_record_visible(*, user: Any, array_id: Any) -> JobArray:
+    """The record of an array ``user`` can see (its task 0 visible); the same 404 for missing and not yours."""
+    try:
+        value = uuid.UUID(str(array_id))
+    except ValueError:
+        value = None
+    array = JobArray.objects.filter(pk=value).first() if value is not None else None
+    if array is None or not jobs_visible_to(user).filter(pk=array.head_id).exists():
+        raise NotFoundError(scheduler_messages.NO_JOB_ARRAY_VISIBLE_YOU(pk=array_id))
+    return array
 
 
 def job_queue_rows(user: Any) -> QuerySet[Job]:

@@ -7,7 +7,6 @@ releasing an inference service's reservations.
 
 from __future__ import annotations
 
-import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from scheduler.models import (
     Allocation,
     InferenceReservation,
     Job,
+    JobArray,
     JobEvent,
     JobKind,
     JobState,
@@ -277,76 +277,227 @@ def job_create(*, job: Job, to_state: str, reason: str, message: str, now: datet
     return events
 
 
-def job_array_create(*, first: Job, count: int, to_state: str, reason: str, message: str, now: datetime) -> list[int]:
-    """Insert an array's ``count`` jobs already in ``to_state``: the unsaved ``first`` (job 0), its copies
-    (``_array_copies_insert``), every job's two events (``job_create``'s): three statements whatever the count.
-    Returns the ids in index order. The caller writes the array's one audit record."""
-    _born(first, to_state=to_state, message=message, now=now)
-    first.save(force_insert=True)
-    job_ids = _array_copies_insert(first=first, count=count)
-    _array_events_insert(array_id=first.array_id, state=to_state, reason=reason, message=message, now=now)
+def job_array_create(*, first: Job, count: int, to_state: str, reason: str, message: str, now: datetime) -> JobArray:
+    """Insert an array as one record: task 0 (the unsaved ``first``, with its two events, as ``job_create``) and
+    the ``JobArray`` that holds tasks 1..count-1 as one index range, not as rows (``array_tasks_materialize``
+    makes rows of them when a cycle may place them). Two statements whatever the count. The caller writes the
+    array's one audit record."""
+    job_create(job=first, to_state=to_state, reason=reason, message=message, now=now)
+    record = JobArray(
+        array_id=first.array_id,
+        tenant_id=first.tenant_id,
+        head=first,
+        count=count,
+        unmaterialized=[[1, count]] if count > 1 else [],
+        waiting=count - 1,
+    )
+    record.save(force_insert=True)
+    return record
+
+
+#: Job fields a task copies from its array's head (task 0): what the spec says. The rest of a task's row is its
+#: own life: it starts queued, with the array's submit time, and nothing else set.
+_TASK_COPIED_FIELDS = frozenset(
+    {
+        "tenant",
+        "submitter",
+        "name",
+        "kind",
+        "priority_class",
+        "preemptible",
+        "replicas",
+        "min_replicas",
+        "max_replicas",
+        "flavors",
+        "any_flavor",
+        "millis_per_replica",
+        "memory_mib_per_replica",
+        "cpu_millicores_per_replica",
+        "host_memory_mib_per_replica",
+        "topology",
+        "node_selector",
+        "command",
+        "working_dir",
+        "max_runtime_s",
+        "checkpoint_dir",
+        "runtime_estimate_s",
+        "spec",
+        "array_id",
+        "submitted_at",
+    }
+)
+
+
+def array_tasks_materialize(*, array: JobArray, indices: Sequence[int], message: str) -> list[int]:
+    """Make job rows of the array's tasks ``indices`` (each still in ``array.unmaterialized``; the caller holds the
+    array's row locked): queued copies of the head but for ``array_index`` and ``GPUPOOL_ARRAY_INDEX``, submitted
+    and queued when the array was, each with the two events a job submitted then would have. Takes the indices out
+    of ``array.unmaterialized`` and saves the array. Three statements however many. Returns the new ids in the
+    order of ``indices``."""
+    indices = sorted(set(indices))
+    if not indices:
+        return []
+    left = ranges_minus(array.unmaterialized, indices)
+    if ranges_count(array.unmaterialized) - ranges_count(left) != len(indices):
+        raise ConflictError(
+            scheduler_messages.ARRAY_TASKS_ALREADY_ROWS(array_id=array.array_id), code="array_task_not_waiting"
+        )
+    head = Job.objects.get(pk=array.head_id)
+    queued_at = head.queued_at or head.submitted_at
+    if connection.vendor == "postgresql":
+        job_ids = _task_rows_insert_sql(head=head, indices=indices, message=message, queued_at=queued_at)
+    else:
+        job_ids = _task_rows_insert_orm(head=head, indices=indices, message=message, queued_at=queued_at)
+    _task_events_insert(job_ids=job_ids, submitter_id=head.submitter_id, message=message, at=queued_at)
+    array.unmaterialized = left
+    array.waiting = ranges_count(left)
+    array.save(update_fields=["unmaterialized", "waiting"])
     return job_ids
 
 
-def _array_copies_insert(*, first: Job, count: int) -> list[int]:
-    """Insert jobs 1..count-1 of an array as copies of ``first`` (job 0, saved), each with its ``array_index``
-    and ``GPUPOOL_ARRAY_INDEX``; return the ids of all ``count`` jobs in index order.
+def _task_row_values(head: Job, *, message: str, queued_at: datetime) -> dict[str, Any]:
+    """The values of a new task's row other than its index and env: copied from the head or its own fresh life."""
+    now = timezone.now()
+    values: dict[str, Any] = {}
+    for f in Job._meta.concrete_fields:
+        if f.primary_key or f.name in ("array_index", "env"):
+            continue
+        if f.name in _TASK_COPIED_FIELDS:
+            values[f.attname] = getattr(head, f.attname)
+        elif f.name == "state":
+            values[f.attname] = S.QUEUED
+        elif f.name == "state_message":
+            values[f.attname] = message[:500]
+        elif f.name == "queued_at":
+            values[f.attname] = queued_at
+        elif f.name == "updated_at":
+            values[f.attname] = now
+        else:
+            values[f.attname] = f.get_default()
+    return values
 
-    On PostgreSQL one ``INSERT … SELECT`` over ``generate_series`` copies the row inside the database: 10,000
-    jobs take about 0.2 s there, where building and binding 10,000 model instances takes seconds of Python.
-    Other databases (the embedded SQLite demo) get the same rows from ``bulk_create``.
-    """
-    if count == 1:
-        return [first.pk]
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
-    if connection.vendor != "postgresql":
-        copies = []
-        for index in range(1, count):
-            copy = Job(**{f.attname: getattr(first, f.attname) for f in fields})
-            copy.env = {**first.env, "GPUPOOL_ARRAY_INDEX": str(index)}
-            copy.array_index = index
-            copy.idempotency_key = ""
-            copies.append(copy)
-        Job.objects.bulk_create(copies, batch_size=ARRAY_INSERT_BATCH)
-        return [first.pk, *(copy.pk for copy in copies)]
+
+def _task_rows_insert_orm(*, head: Job, indices: list[int], message: str, queued_at: datetime) -> list[int]:
+    values = _task_row_values(head, message=message, queued_at=queued_at)
+    tasks = [Job(**values, array_index=index, env={**head.env, "GPUPOOL_ARRAY_INDEX": str(index)}) for index in indices]
+    Job.objects.bulk_create(tasks, batch_size=ARRAY_INSERT_BATCH)
+    ids = [task.pk for task in tasks]
+    Job.objects.filter(pk__in=ids).update(submitted_at=head.submitted_at)  # bulk_create set auto_now_add's now
+    return ids
+
+
+def _task_rows_insert_sql(*, head: Job, indices: list[int], message: str, queued_at: datetime) -> list[int]:
+    """One ``INSERT … SELECT`` over ``unnest(indices)`` on PostgreSQL: the rows are built inside the database (a
+    cycle that opens 1,000 tasks binds one array, not 1,000 model instances)."""
     quote = connection.ops.quote_name
-    copied = {
-        "env": "first.env || jsonb_build_object('GPUPOOL_ARRAY_INDEX', g.n::text)",
-        "array_index": "g.n",
-        # The key stays on job 0: it is unique per submitter.
-        "idempotency_key": "''",
-    }
-    columns = ", ".join(quote(f.column) for f in fields)
-    values = ", ".join(copied.get(f.name, f"first.{quote(f.column)}") for f in fields)
+    values = _task_row_values(head, message=message, queued_at=queued_at)
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    columns, expressions, params = [], [], []
+    for f in fields:
+        columns.append(quote(f.column))
+        if f.name == "array_index":
+            expressions.append("g.n")
+        elif f.name == "env":
+            expressions.append("%s::jsonb || jsonb_build_object('GPUPOOL_ARRAY_INDEX', g.n::text)")
+            params.append(f.get_db_prep_save(head.env, connection))
+        else:
+            expressions.append("%s")
+            params.append(f.get_db_prep_save(values[f.attname], connection))
     table = quote(Job._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} ({columns}) SELECT {values} FROM {table} AS first "
-            "CROSS JOIN generate_series(1, %s) AS g(n) WHERE first.id = %s ORDER BY g.n RETURNING id, array_index",
-            [count - 1, first.pk],
+            f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(expressions)} "
+            "FROM unnest(%s::integer[]) AS g(n) ORDER BY g.n RETURNING id, array_index",
+            [*params, indices],
         )
         by_index = {index: pk for pk, index in cursor.fetchall()}
-    return [first.pk, *(by_index[index] for index in range(1, count))]
+    return [by_index[index] for index in indices]
 
 
-def _array_events_insert(*, array_id: uuid.UUID, state: str, reason: str, message: str, now: datetime) -> None:
-    """The two events of every job of an array (``job_create``'s: submitted, then its state), written by
-    one ``INSERT … SELECT`` over the array's jobs instead of 2 x N model instances."""
-    quote = connection.ops.quote_name
-    empty_details = "CAST('{}' AS jsonb)" if connection.vendor == "postgresql" else "'{}'"
-    created_at = JobEvent._meta.get_field("created_at").get_db_prep_value(now, connection)
-    array_key = Job._meta.get_field("array_id").get_db_prep_value(array_id, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {quote(JobEvent._meta.db_table)} "
-            "(job_id, from_state, to_state, reason, message, actor_id, details, created_at) "
-            f"SELECT job.id, step.from_state, step.to_state, step.reason, step.message, job.submitter_id, "
-            f"{empty_details}, %s FROM {quote(Job._meta.db_table)} AS job CROSS JOIN "
-            "(SELECT 1 AS n, '' AS from_state, %s AS to_state, 'submitted' AS reason, '' AS message "
-            "UNION ALL SELECT 2, %s, %s, %s, %s) AS step "
-            "WHERE job.array_id = %s ORDER BY job.id, step.n",
-            [created_at, S.SUBMITTED, S.SUBMITTED, state, reason[:40], message[:500], array_key],
-        )
+def _task_events_insert(*, job_ids: list[int], submitter_id: int | None, message: str, at: datetime) -> None:
+    """The two events of each new task (``job_create``'s: submitted, then queued), at the array's submit time."""
+    rows = []
+    for pk in job_ids:
+        rows.append((pk, "", S.SUBMITTED, "submitted", "", submitter_id, {}, at))
+        rows.append((pk, S.SUBMITTED, S.QUEUED, "submitted", message[:500], submitter_id, {}, at))
+    insert_rows(
+        JobEvent, ("job_id", "from_state", "to_state", "reason", "message", "actor_id", "details", "created_at"), rows
+    )
+
+
+# --- index ranges (an array's tasks that are not rows yet) ------------------------------------------------
+
+
+def ranges_count(ranges: Iterable[Sequence[int]]) -> int:
+    """How many indices sorted disjoint ``[start, end)`` ranges hold."""
+    return sum(end - start for start, end in ranges)
+
+
+def ranges_first(ranges: Iterable[Sequence[int]], limit: int) -> list[int]:
+    """The lowest ``limit`` indices of ``ranges``."""
+    taken: list[int] = []
+    for start, end in ranges:
+        if len(taken) >= limit:
+            break
+        taken.extend(range(start, min(end, start + limit - len(taken))))
+    return taken
+
+
+def ranges_minus(ranges: Iterable[Sequence[int]], indices: Iterable[int]) -> list[list[int]]:
+    """``ranges`` without ``indices`` (those not in it are ignored), still sorted, disjoint and merged."""
+    remove = sorted(set(indices))
+    result: list[list[int]] = []
+    position = 0
+    for start, end in ranges:
+        while position < len(remove) and remove[position] < start:
+            position += 1
+        cursor = start
+        while position < len(remove) and remove[position] < end:
+            if remove[position] > cursor:
+                result.append([cursor, remove[position]])
+            cursor = remove[position] + 1
+            position += 1
+        if cursor < end:
+            result.append([cursor, end])
+    return result
+
+
+def ranges_contains(ranges: Iterable[Sequence[int]], index: int) -> bool:
+    return any(start <= index < end for start, end in ranges)
+
+
+def ranges_text(ranges: Iterable[Sequence[int]]) -> str:
+    """Slurm's notation: ``[[1, 5], [7, 8]]`` → ``"1-4,7"``."""
+    return ",".join(str(start) if end - start == 1 else f"{start}-{end - 1}" for start, end in ranges)
+
+
+def ranges_parse(text: str, *, count: int) -> list[list[int]]:
+    """``"3-7,9"`` → ``[[3, 8], [9, 10]]`` (indices below ``count``, merged); ValueError naming what is wrong."""
+    spans: list[tuple[int, int]] = []
+    for part in (piece.strip() for piece in str(text).split(",")):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        try:
+            start, stop = int(low), int(high or low)
+        except ValueError:
+            raise ValueError(f"{part!r} is not an index or a range like 3-7") from None
+        if start < 0 or stop < start or stop >= count:
+            raise ValueError(f"{part!r} is outside 0-{count - 1}")
+        spans.append((start, stop + 1))
+    if not spans:
+        raise ValueError("name at least one index, e.g. 3-7,9")
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def ranges_indices(ranges: Iterable[Sequence[int]]) -> list[int]:
+    return [index for start, end in ranges for index in range(start, end)]
 
 
 # --- locks, allocations ------------------------------------------------------------------------------

@@ -126,7 +126,7 @@ def submit(
     if result.array is not None:
         array = result.array
         click.echo(
-            f"Submitted array {array.array_id}: {array.count} jobs {array.first_job_id}..{array.last_job_id} "
+            f"Submitted array {array.array_id}: {array.count} tasks (task 0 is job {array.first_job_id}) "
             f"to {array.tenant} ({array.state}){again}."
         )
     else:
@@ -193,11 +193,32 @@ def ls(
         return
     if not jobs:
         click.echo("No jobs." if all_states or states else "No unfinished jobs (--all shows ended ones).")
+    else:
+        nodes = _nodes_of(client, jobs)
+        console().print(_jobs_table(jobs, nodes, now=datetime.now(UTC)))
+        if pages.total is not None and pages.total > len(jobs):
+            click.echo(f"{len(jobs)} of {pages.total} jobs shown; --limit {pages.total} shows them all.", err=True)
+    if array_id:
+        waiting = client.array_state(array_id)
+        if waiting.not_yet_jobs:
+            # squeue's one line for an array's pending tasks (1234_[64-999]).
+            click.echo(f"Also queued, not jobs yet: tasks {waiting.not_yet_jobs} of array {waiting.array_id}.")
+
+
+@cli.command()
+@click.argument("array_id")
+@json_option
+@api_command
+def array(array_id: str, as_json: bool) -> None:
+    """An array's tasks counted by state (tasks that are not jobs yet count as queued)."""
+    state = current_state().client().array_state(array_id)
+    if as_json:
+        print_json(state.raw)
         return
-    nodes = _nodes_of(client, jobs)
-    console().print(_jobs_table(jobs, nodes, now=datetime.now(UTC)))
-    if pages.total is not None and pages.total > len(jobs):
-        click.echo(f"{len(jobs)} of {pages.total} jobs shown; --limit {pages.total} shows them all.", err=True)
+    counts = ", ".join(f"{n} {name}" for name, n in sorted(state.states.items()))
+    click.echo(f"Array {state.array_id} ({state.name}, {state.tenant}): {state.count} tasks: {counts}.")
+    if state.not_yet_jobs:
+        click.echo(f"Queued, not jobs yet: tasks {state.not_yet_jobs}.")
 
 
 cli.add_command(ls, "queue")
@@ -389,11 +410,12 @@ def logs(job_id: int, follow: bool, replica: int, interval: float) -> None:
 
 @cli.command()
 @click.argument("job_ids", nargs=-1, type=int)
-@click.option("--array", "array_ids", multiple=True, metavar="ARRAY_ID", help="Cancel an array's unfinished jobs.")
+@click.option("--array", "array_ids", multiple=True, metavar="ARRAY_ID", help="Cancel an array's unfinished tasks.")
+@click.option("--indices", default=None, metavar="3-7,9", help="With --array: only these tasks.")
 @click.option("--reason", default="", help="Why (kept in the job's history and the audit trail).")
 @json_option
 @api_command
-def cancel(job_ids: Sequence[int], array_ids: Sequence[str], reason: str, as_json: bool) -> None:
+def cancel(job_ids: Sequence[int], array_ids: Sequence[str], indices: str | None, reason: str, as_json: bool) -> None:
     """Cancel jobs (several ids), or every unfinished job of an array.
 
     Goes on past a job it cannot cancel and ends with that error's exit code."""
@@ -411,11 +433,11 @@ def cancel(job_ids: Sequence[int], array_ids: Sequence[str], reason: str, as_jso
                 if not as_json:
                     click.echo(f"Cancelled job {job.id} ({job.name}).")
             else:
-                done = client.cancel_array(target, reason=reason)
+                done = client.cancel_array(target, reason=reason, indices=indices)
                 results.append(done.raw)
                 if not as_json:
                     click.echo(
-                        f"Cancelled {done.cancelled} job(s) of array {done.array_id}"
+                        f"Cancelled {done.cancelled} task(s) of array {done.array_id}"
                         f" ({done.already_finished} had already ended)."
                     )
         except ApiError as exc:

@@ -13,7 +13,7 @@ from scheduler.fleet.models import Device
 from scheduler.jobspec import PRIORITY_NAMES
 from scheduler.models import Allocation, Job, JobEvent, PriorityClass
 from scheduler.selectors import job_pending_sentence
-from scheduler.services.arrays import JobArray, JobArrayCancelled
+from scheduler.services.arrays import ArrayState, JobArrayCancelled
 
 
 class FlavorSerializer(serializers.ModelSerializer):
@@ -239,6 +239,14 @@ class JobDetailSerializer(JobSerializer):
 
 class JobCancelSerializer(JsonTypedSerializer):
     reason = serializers.CharField(max_length=300, required=False, default="", allow_blank=True)
+    indices = serializers.CharField(
+        max_length=2000,
+        required=False,
+        default=None,
+        allow_null=True,
+        allow_blank=True,
+        help_text="an array's cancel only: just these tasks, e.g. 3-7,9 (default: every task that has not ended)",
+    )
 
 
 class JobScaleSerializer(JsonTypedSerializer):
@@ -252,39 +260,42 @@ class JobLoadSerializer(JsonTypedSerializer):
 
 
 class JobArraySerializer(serializers.Serializer):
-    """The answer to an array submit: the array's id, how many jobs, and every job id in index order."""
+    """An array: its id, how many tasks, task 0's job id and every task counted by state (the answer to an array
+    submit, and ``GET /jobs/arrays/<id>/``). Tasks become jobs when a cycle may place them."""
 
     array_id = serializers.UUIDField(help_text="shared by the array's jobs; filter with GET /jobs/?array=<id>")
-    count = serializers.IntegerField(help_text="jobs created (the array's count)")
+    count = serializers.IntegerField(help_text="tasks in the array (indices 0..count-1)")
     tenant = serializers.CharField(source="tenant_slug")
     name = serializers.CharField()
-    state = serializers.CharField(help_text="the state every job of the array entered (queued)")
-    first_job_id = serializers.SerializerMethodField()
-    last_job_id = serializers.SerializerMethodField()
-    job_ids = serializers.ListField(
-        child=serializers.IntegerField(), help_text="job i has array_index i and GPUPOOL_ARRAY_INDEX=i"
+    state = serializers.CharField(help_text="the state every task of the array entered at submit (queued)")
+    first_job_id = serializers.IntegerField(help_text="task 0's job")
+    states = serializers.DictField(child=serializers.IntegerField(), help_text="tasks per state; they add up to count")
+    not_yet_jobs = serializers.CharField(
+        source="waiting_ranges",
+        help_text="indices of the queued tasks that are not jobs yet (Slurm's notation, e.g. 64-9999); GET "
+        "tasks/<index>/ makes one a job",
     )
-    jobs_url = serializers.SerializerMethodField(help_text="the array's jobs, paginated")
-    cancel_url = serializers.SerializerMethodField(help_text="POST here to cancel the jobs that have not ended")
+    submitted_at = serializers.DateTimeField()
+    array_url = serializers.SerializerMethodField(help_text="the array: every task counted by state")
+    jobs_url = serializers.SerializerMethodField(help_text="the array's tasks that are jobs now, paginated")
+    cancel_url = serializers.SerializerMethodField(help_text="POST here to cancel the tasks that have not ended")
 
-    def get_first_job_id(self, array: JobArray) -> int:
-        return array.job_ids[0]
+    def get_array_url(self, array: ArrayState) -> str:
+        return reverse("job-array-detail", kwargs={"array_id": array.array_id}, request=self.context.get("request"))
 
-    def get_last_job_id(self, array: JobArray) -> int:
-        return array.job_ids[-1]
-
-    def get_jobs_url(self, array: JobArray) -> str:
+    def get_jobs_url(self, array: ArrayState) -> str:
         return f"{reverse('job-list', request=self.context.get('request'))}?array={array.array_id}"
 
-    def get_cancel_url(self, array: JobArray) -> str:
+    def get_cancel_url(self, array: ArrayState) -> str:
         return reverse("job-array-cancel", kwargs={"array_id": array.array_id}, request=self.context.get("request"))
 
 
 class JobArrayCancelledSerializer(serializers.Serializer):
     array_id = serializers.UUIDField()
-    cancelled = serializers.SerializerMethodField(help_text="jobs this call cancelled")
+    cancelled = serializers.SerializerMethodField(help_text="tasks this call cancelled (jobs and tasks not yet jobs)")
     cancelled_job_ids = serializers.ListField(child=serializers.IntegerField())
     already_finished = serializers.IntegerField(help_text="jobs of the array that had ended before")
+    cancelled_waiting = serializers.IntegerField(help_text="tasks cancelled before they were jobs (no id to list)")
 
     def get_cancelled(self, result: JobArrayCancelled) -> int:
-        return len(result.cancelled_job_ids)
+        return len(result.cancelled_job_ids) + result.cancelled_waiting

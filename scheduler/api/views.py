@@ -16,13 +16,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from kernel.access_rules import Action
+from kernel.api import DomainError
 from scheduler import idempotency, selectors
+from scheduler import messages as scheduler_messages
 from scheduler.api import serializers as s
 from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec
 from scheduler.filtersets import DeviceFilterSet, JobFilterSet
 from scheduler.fleet.services.nodes import flavor_create
 from scheduler.models import Job
-from scheduler.services.arrays import job_array_cancel
+from scheduler.services.arrays import array_state, array_task, job_array_cancel
 from scheduler.services.jobs import job_cancel
 from scheduler.services.scaling import inference_load_report, job_scale
 
@@ -44,6 +46,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         "retrieve": Action.JOB_VIEW,
         "create": Action.JOB_SUBMIT,
         "array_cancel": Action.JOB_MANAGE,
+        "array_detail": Action.JOB_VIEW,
+        "array_task": Action.JOB_VIEW,
         "cancel": Action.JOB_MANAGE,
         "scale": Action.JOB_MANAGE,
         "load": Action.JOB_MANAGE,
@@ -155,7 +159,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         return Response(body, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        summary="Cancel every job of an array that has not ended",
+        summary="Cancel the tasks of an array that have not ended (all, or some indices)",
         request=s.JobCancelSerializer,
         responses={200: s.JobArrayCancelledSerializer},
     )
@@ -170,9 +174,38 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         data = s.JobCancelSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         result = job_array_cancel(
-            array_id=array_uuid, actor=request.user, reason=data.validated_data["reason"], request=request
+            array_id=array_uuid,
+            actor=request.user,
+            reason=data.validated_data["reason"],
+            indices=data.validated_data["indices"],
+            request=request,
         )
         return Response(s.JobArrayCancelledSerializer(result).data)
+
+    @extend_schema(summary="An array: every task counted by state", responses={200: s.JobArraySerializer})
+    @action(
+        detail=False,
+        methods=["get"],
+        url_path=r"arrays/(?P<array_id>[0-9a-fA-F-]{36})",
+        url_name="array-detail",
+    )
+    def array_detail(self, request: Request, array_id: str) -> Response:
+        array = selectors.job_array_record_visible(user=request.user, array_id=array_id)
+        return Response(s.JobArraySerializer(array_state(array), context={"request": request}).data)
+
+    @extend_schema(
+        summary="Task <index> of an array as a job (made a job now if it was still waiting)",
+        responses={200: s.JobDetailSerializer},
+    )
+    @action(
+        detail=False,
+        methods=["get"],
+        url_path=r"arrays/(?P<array_id>[0-9a-fA-F-]{36})/tasks/(?P<index>[0-9]{1,9})",
+        url_name="array-task",
+    )
+    def array_task(self, request: Request, array_id: str, index: str) -> Response:
+        array = selectors.job_array_record_visible(user=request.user, array_id=array_id)
+        return _job_detail(request, array_task(array=array, index=int(index)))
 
     @extend_schema(request=s.JobCancelSerializer, responses={200: s.JobDetailSerializer})
     @action(detail=True, methods=["post"])
@@ -180,6 +213,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         job = self.get_object()
         data = s.JobCancelSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        if data.validated_data["indices"] is not None:
+            raise DomainError(scheduler_messages.INDICES_ONLY_ARRAY_CANCEL(), code="invalid_indices", field="indices")
         job_cancel(job=job, actor=request.user, reason=data.validated_data["reason"], request=request)
         return _job_detail(request, job)
 

@@ -25,7 +25,7 @@ from scheduler.fleet.models import (
     TelemetryMinute,
 )
 from scheduler.fleet.telemetry import latest_store, minute_of
-from scheduler.models import FINAL_JOB_STATES, MILLIS_PER_DEVICE, Allocation, Job, JobState
+from scheduler.models import FINAL_JOB_STATES, MILLIS_PER_DEVICE, Allocation, Job, JobArray, JobState
 from tenants.access import reaches_all, restrict
 from tenants.models import Quota, Tenant
 
@@ -262,6 +262,10 @@ def metrics_snapshot() -> dict[str, Any]:
         for row in allocations.order_by().values("flavor__name").annotate(millis=Sum("millis"))
     }
     jobs_by_state = {row["state"]: row["n"] for row in Job.objects.order_by().values("state").annotate(n=Count("pk"))}
+    # An array's tasks that are not rows yet are queued jobs all the same (scheduler.models.JobArray).
+    not_yet_rows = JobArray.objects.filter(waiting__gt=0).aggregate(n=Sum("waiting"))["n"] or 0
+    if not_yet_rows:
+        jobs_by_state[JobState.QUEUED] = jobs_by_state.get(JobState.QUEUED, 0) + not_yet_rows
     now = timezone.now()
     queue_wait_jobs, queue_wait_quantiles = _queue_wait_seconds(now=now)
     return {

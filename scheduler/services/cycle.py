@@ -16,6 +16,7 @@ from django.db import transaction
 
 from kernel.task_queue import task_queue
 from scheduler import eta, locks, persist, snapshot
+from scheduler.services.array_rows import array_tasks_top_up
 from scheduler.services.never_fits import never_fits_notify
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,8 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
         except Exception:
             logger.warning("could not record the start of a scheduling cycle: the cache is unreachable")
         started = perf_counter()
+        # Arrays are one record each: the tasks this cycle may place become rows first (none: one indexed read).
+        topped_up = array_tasks_top_up()
         stored: dict[int, tuple] = {}
         snap = snapshot.build_snapshot(
             now=now, previous_usage=cache.get(snapshot.USAGE_CACHE_KEY), stored_explanations=stored
@@ -176,6 +179,9 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
         # Kept for the next cycle's decay; losing it (cache flush) only restarts the average.
         record = {"at": snap.now, "usage": {t: dict(f) for t, f in snap.usage.items()}}
         transaction.on_commit(lambda: cache.set(snapshot.USAGE_CACHE_KEY, record, timeout=7 * 24 * 3600))
+        if topped_up.arrays_waiting and outcome.placed:
+            # Cards may still be free for the array's next tasks: the next cycle makes their rows and places them.
+            transaction.on_commit(request_cycle)
         if len(outcome.placed) + len(outcome.preempted) >= settings.GPUPOOL_ETA_CHANGE_JOBS:
             transaction.on_commit(eta.estimates_refresh_request)  # the queue moved: new start-time estimates
         return CycleResult(
@@ -186,6 +192,7 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
             skipped=outcome.skipped,
             stats={
                 **plan.stats,
+                "array_rows_made": topped_up.rows_made,
                 "snapshot_s": round(planning - started, 4),
                 "plan_s": round(persisting - planning, 4),
                 "persist_s": round(done - persisting, 4),

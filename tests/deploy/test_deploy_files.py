@@ -113,7 +113,7 @@ def compose(generated_env_file) -> dict:
 
 
 def code_reads_variables() -> set[str]:
-    """GPUPOOL_* variables the packages read (env_str/env_int/env_float/env_bool/env_list, os.environ.get, os.getenv), and
+    """GPUPOOL_* variables the packages read (env_str/int/float/bool/list, os.environ.get, os.getenv), and
     the bootstrap command's ``<ROLE>`` / ``<ROLE>_PASSWORD`` / ``<ROLE>_EMAIL`` family."""
     reader = re.compile(r"""(?:env_(?:str|int|float|bool|list)|environ\.get|getenv)\(\s*"(GPUPOOL_[A-Z0-9_]+)\"""")
     names: set[str] = set()

@@ -39,7 +39,7 @@ from audit.services import audit_record
 from frontend.access import policy_action_of
 from kernel.access_rules import NO_ACCOUNT_ACTIONS, RULES, TOKEN_SCOPE, Action, Principal
 from scheduler.fleet.models import Node
-from scheduler.models import Job, JobOutput
+from scheduler.models import Job, JobArray, JobOutput
 from scheduler.services.jobs import job_submit
 from tenants.access import allows, may, restrict, token_allows
 from tenants.models import (
@@ -175,7 +175,12 @@ def build_world() -> World:
     JobOutput(job=job, replica=0, size_bytes=3, sha256="0" * 64, created_at=timezone.now()).file.save(
         "matrix.tar.gz", ContentFile(b"abc"), save=True
     )
-    array_job = JobFactory(tenant=tenant, submitter=users["member"], flavors=[flavor.name], array_id=uuid.uuid4())
+    array_job = JobFactory(
+        tenant=tenant, submitter=users["member"], flavors=[flavor.name], array_id=uuid.uuid4(), array_index=0
+    )
+    JobArray.objects.create(
+        array_id=array_job.array_id, tenant=tenant, head=array_job, count=3, unmaterialized=[[1, 3]], waiting=2
+    )
     approval = quota_change_request_create(
         actor=users["tenant_admin"], tenant=tenant, flavor=flavor, values={"guaranteed_millis": 3000}, reason="more"
     )
@@ -261,7 +266,7 @@ def _url(world: World, template: str) -> str:
     if obj is None:
         url = template
     elif "{array_id}" in template:
-        url = template.replace("{array_id}", str(obj.array_id))
+        url = template.replace("{array_id}", str(obj.array_id)).replace("{index}", "1")
     else:
         url = re.sub(r"\{[a-z_]+\}", str(obj.pk), template.replace("{name}", "http").replace("{replica}", "0"))
     now = timezone.now()
