@@ -14,19 +14,24 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from kernel.api import DomainError
+from kernel.db.group_commit import GroupCommit
 from scheduler import selectors
 from scheduler.jobspec import validate_job_spec
 from scheduler.models import Job, JobArray
 from scheduler.services.arrays import ArrayState, array_state, job_array_submit
-from scheduler.services.jobs import job_submit
+from scheduler.services.jobs import job_submit_prepare, job_submit_write
 
 #: Longest key accepted (the column's length); a UUID (36) is the usual choice.
 MAX_IDEMPOTENCY_KEY_LENGTH = 128
 #: Printable ASCII without spaces: what an HTTP header carries unchanged through proxies.
 IDEMPOTENCY_KEY_PATTERN = re.compile(rf"[\x21-\x7e]{{1,{MAX_IDEMPOTENCY_KEY_LENGTH}}}")
+
+
+#: This process's group commit of single submits (``kernel.db.group_commit``).
+SUBMITS = GroupCommit(name="submit-group-commit")
 
 
 class IdempotencyKeyReused(DomainError):
@@ -76,8 +81,9 @@ def job_submit_request(
     if first is not None:
         return _replay(first=first, actor=actor, spec=spec, key=key)
     try:
-        with transaction.atomic():
-            return _submit(actor=actor, spec=spec, is_array=is_array, key=key, request=request)
+        # The submit's writes run in their own transaction (a group's, or a savepoint inside the caller's): one
+        # that loses the race for the key rolls back, with its audit record and cycle request.
+        return _submit(actor=actor, spec=spec, is_array=is_array, key=key, request=request)
     except IntegrityError:
         # Another request with this key committed its job while this one inserted: answer that job. Any other
         # integrity error leaves no job with the key behind and goes up as it was.
@@ -90,7 +96,10 @@ def job_submit_request(
 def _submit(*, actor: Any, spec: Any, is_array: bool, key: str, request: Any | None) -> SubmitOutcome:
     if is_array:
         return SubmitOutcome(array=job_array_submit(actor=actor, spec=spec, request=request, idempotency_key=key))
-    return SubmitOutcome(job=job_submit(actor=actor, spec=spec, request=request, idempotency_key=key))
+    # Reads and refusals here, in the request's thread; the writes in a transaction shared with the submits other
+    # requests of this process make meanwhile (group commit).
+    prepared = job_submit_prepare(actor=actor, spec=spec, request=request, idempotency_key=key)
+    return SubmitOutcome(job=SUBMITS.run(lambda: job_submit_write(prepared)))
 
 
 def _job_of_key(*, actor: Any, key: str) -> Job | None:

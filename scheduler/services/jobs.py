@@ -8,6 +8,7 @@ import dataclasses
 import math
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
@@ -355,15 +356,26 @@ def _mark_loaded(job: Job, name: str, rows: list) -> None:
     job.__dict__.setdefault("_prefetched_objects_cache", {})[name] = queryset
 
 
-@transaction.atomic
-def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, idempotency_key: str = "") -> Job:
-    """Validate ``spec``, create the job and queue it (or hold it for approval). ``actor`` None = system.
-    ``idempotency_key`` is stored on the job (``scheduler.idempotency`` answers a retried submit with it).
+@dataclass(frozen=True)
+class PreparedSubmit:
+    """A single submit checked and resolved, nothing written yet (``job_submit_prepare``)."""
 
-    The hot path of admission, a handful of statements in all: one query resolves the tenant, the actor's
-    role and the flavors; the job is inserted already ``queued`` (or ``pending_approval``) with its two
-    events in one insert; one audit record ``job.submit`` says the state it entered. The job returned has its
-    events and (no) allocations loaded, ready to serialize.
+    actor: Any | None
+    tenant: Any
+    parsed: JobSpec
+    state: str
+    reason: str
+    message: str
+    idempotency_key: str
+    request: Any | None
+
+
+def job_submit_prepare(
+    *, actor: Any | None, spec: dict, request: Any | None = None, idempotency_key: str = ""
+) -> PreparedSubmit:
+    """The reads and checks of a submit, before anything is written: the spec validated, the tenant resolved (one
+    query), the job refused if it can never run, and the state it enters. Every refusal of a submit raises here,
+    so its writes (``job_submit_write``) can share a transaction with other requests' (``kernel.db.group_commit``).
     """
     parsed = validate_job_spec(spec, check_flavor_names=False)
     if parsed.array_count is not None:
@@ -372,18 +384,36 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
         )
     tenant, parsed = submit_resolve(actor=actor, parsed=parsed)
     state, reason, message = admission_for(tenant=tenant, parsed=parsed)
+    return PreparedSubmit(
+        actor=actor,
+        tenant=tenant,
+        parsed=parsed,
+        state=state,
+        reason=reason,
+        message=message,
+        idempotency_key=idempotency_key,
+        request=request,
+    )
+
+
+def job_submit_write(prepared: PreparedSubmit) -> Job:
+    """The writes of a prepared submit, in the caller's transaction: the job already ``queued`` (or
+    ``pending_approval``) with its two events in one insert, one audit record ``job.submit`` saying the state it
+    entered, and a cycle request after the commit. The job returned has its events and (no) allocations loaded,
+    ready to serialize."""
+    actor, tenant, state, reason = prepared.actor, prepared.tenant, prepared.state, prepared.reason
     submitter = actor if getattr(actor, "pk", None) else None
-    job = new_job_from_spec(parsed=parsed, tenant=tenant, submitter=submitter)
-    job.idempotency_key = idempotency_key
+    job = new_job_from_spec(parsed=prepared.parsed, tenant=tenant, submitter=submitter)
+    job.idempotency_key = prepared.idempotency_key
     # Plain statements (``kernel.db.bulk``): composing them through the ORM was a fifth of a submit's CPU.
-    events = job_create(job=job, to_state=state, reason=reason, message=message, now=timezone.now())
+    events = job_create(job=job, to_state=state, reason=reason, message=prepared.message, now=timezone.now())
     audit_record(
         action="job.submit",
         actor=actor,
         tenant=tenant,
         target=f"job:{job.pk}",
         details={"after": {**job.spec, "state": state}, "reason": reason},
-        request=request,
+        request=prepared.request,
     )
     if state == S.PENDING_APPROVAL:
         admissions.job_admission_request_create(job=job, actor=actor)
@@ -391,6 +421,20 @@ def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, ide
     _mark_loaded(job, "events", events)
     _mark_loaded(job, "allocations", [])
     return job
+
+
+@transaction.atomic
+def job_submit(*, actor: Any | None, spec: dict, request: Any | None = None, idempotency_key: str = "") -> Job:
+    """Validate ``spec``, create the job and queue it (or hold it for approval). ``actor`` None = system.
+    ``idempotency_key`` is stored on the job (``scheduler.idempotency`` answers a retried submit with it).
+
+    The hot path of admission, a handful of statements in all: one query resolves the tenant, the actor's
+    role and the flavors; the job is inserted already ``queued`` (or ``pending_approval``) with its two
+    events in one insert; one audit record ``job.submit`` says the state it entered.
+    """
+    return job_submit_write(
+        job_submit_prepare(actor=actor, spec=spec, request=request, idempotency_key=idempotency_key)
+    )
 
 
 @transaction.atomic
