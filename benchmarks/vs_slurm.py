@@ -363,7 +363,8 @@ class Gpupool:
         per_submit = ", ".join(f"{verb} {n / samples:.1f}" for verb, n in verbs.most_common())
         return [
             f"one submit in-process (no HTTP, no ASGI): median {1000 * statistics.median(times):.1f} ms, "
-            f"{statistics.median(counts):.0f} SQL statements ({per_submit})"
+            f"{statistics.median(counts):.0f} SQL statements in the request's thread ({per_submit}; its writes run "
+            "in the group committer's thread, not counted here)"
         ]
 
 
