@@ -605,12 +605,27 @@ class Slurm:
 
     def array(self, count: int) -> ArrayResult:
         started = time.perf_counter()
-        code, answer = self.sbatch(["-J", "array", f"--array=0-{count - 1}", "--wrap", "true"])
+        try:
+            code, answer = self.sbatch(["-J", "array", f"--array=0-{count - 1}", "--wrap", "true"])
+        except subprocess.TimeoutExpired:
+            seconds = time.perf_counter() - started
+            return ArrayResult(
+                available=False, count=count, seconds=seconds, note=f"sbatch: no answer in {seconds:.0f} s"
+            )
         seconds = time.perf_counter() - started
         if code != 0:
             return ArrayResult(available=False, count=count, seconds=seconds, note=answer)
-        # Not waited for: cancelled so it does not hold the node while the daemons stop.
-        subprocess.run(["scancel", answer], env=self.env, capture_output=True, timeout=60)
+        # Not waited for: cancelled so it does not hold the node while the daemons stop; the next array waits until
+        # slurmctld has taken the cancel in (a large one took minutes to answer behind an unfinished cancel).
+        subprocess.run(["scancel", "--full", answer], env=self.env, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            left = subprocess.run(
+                ["squeue", "-h", "-r", "-j", answer, "-o", "%i"], env=self.env, capture_output=True, text=True
+            )
+            if left.returncode != 0 or not left.stdout.strip():
+                break
+            time.sleep(0.5)
         return ArrayResult(available=True, count=count, seconds=seconds)
 
     def process_groups(self) -> dict[str, list[int]]:

@@ -614,7 +614,10 @@ class _Cycle:
                 taken = self.preemptor.taken if self.preemptor else set()
                 known = self.preemptor.victims if self.preemptor else {}
                 for victim in [b for b in blockers if b not in taken and b not in waiting]:
-                    taken.add(victim)
+                    if self.preemptor:
+                        self.preemptor.take(victim)
+                    else:
+                        taken.add(victim)
                     self._stop(
                         victim,
                         known[victim].tenant if victim in known else "",
