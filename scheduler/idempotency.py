@@ -21,7 +21,8 @@ from kernel.db.group_commit import GroupCommit
 from scheduler import selectors
 from scheduler.jobspec import validate_job_spec
 from scheduler.models import Job, JobArray
-from scheduler.services.arrays import ArrayState, array_state, job_array_submit
+from scheduler.selectors import ArrayState, array_state
+from scheduler.services.arrays import job_array_submit
 from scheduler.services.jobs import job_submit_prepare, job_submit_write
 
 #: Longest key accepted (the column's length); a UUID (36) is the usual choice.

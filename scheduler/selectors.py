@@ -7,11 +7,12 @@ A job outside the caller's tenants is *missing* to them: ``job_get_visible`` rai
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Exists, F, OuterRef, Prefetch, QuerySet, Value, Window
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, QuerySet, Value, Window
 from django.db.models.expressions import OrderBy
 from django.db.models.functions import RowNumber
 from django.utils import timezone
@@ -28,6 +29,7 @@ from scheduler.fleet.models import Device, Node
 from scheduler.message_text import localize
 from scheduler.models import PENDING_JOB_STATES, Allocation, Job, JobArray, JobEvent, JobState
 from scheduler.scheduling_policy import policy_from_settings
+from scheduler.transitions import ranges_text
 from tenants.access import reaches_all, restrict
 from tenants.models import Tenant
 
@@ -73,6 +75,57 @@ def job_array_record_visible(*, user: Any, array_id: Any) -> JobArray:
     if array is None or not jobs_visible_to(user).filter(pk=array.head_id).exists():
         raise NotFoundError(scheduler_messages.NO_JOB_ARRAY_VISIBLE_YOU(pk=array_id))
     return array
+
+
+# --- arrays ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayState:
+    """An array as its owner sees it: every task counted by state, rows or not (the answer to a submit, and
+    ``array_state``)."""
+
+    array_id: uuid.UUID
+    tenant_slug: str
+    name: str
+    count: int
+    first_job_id: int
+    states: dict[str, int]
+    waiting_ranges: str  # the indices that are not rows yet, Slurm's notation ("64-9999")
+    submitted_at: datetime
+    state: str = JobState.QUEUED  # the state every task entered at submit
+
+
+def array_state(array: JobArray) -> ArrayState:
+    """``array``'s tasks by state: the rows' states, plus its waiting tasks as queued and the tasks cancelled
+    before they were rows as cancelled."""
+    states: dict[str, int] = defaultdict(int)
+    for state, n in Job.objects.filter(array_id=array.array_id).order_by().values_list("state").annotate(n=Count("pk")):
+        states[state] += n
+    if array.waiting:
+        states[JobState.QUEUED] += array.waiting
+    if array.cancelled_unmaterialized:
+        states[JobState.CANCELLED] += array.cancelled_unmaterialized
+    head = Job.objects.select_related("tenant").get(pk=array.head_id)
+    return ArrayState(
+        array_id=array.array_id,
+        tenant_slug=head.tenant.slug,
+        name=head.name,
+        count=array.count,
+        first_job_id=head.pk,
+        states=dict(sorted(states.items())),
+        waiting_ranges=ranges_text(array.unmaterialized),
+        submitted_at=array.created_at,
+    )
+
+
+def job_array_summary(job: Job) -> ArrayState | None:
+    """The array ``job`` is a task of, every task counted (None for a job of no array, or of an array submitted
+    before arrays were one record)."""
+    if job.array_id is None:
+        return None
+    array = JobArray.objects.filter(pk=job.array_id).first()
+    return array_state(array) if array is not None else None
 
 
 def job_queue_rows(user: Any) -> QuerySet[Job]:

@@ -246,6 +246,9 @@ def job_detail(request, pk: int):
         "JobState": JobState,
         # A job preempted this many times is not preempted again (``Policy.max_preemptions_per_job``).
         "churn_ceiling": policy_from_settings().max_preemptions_per_job,
+        # A task of an array: the whole array counted by state, the tasks that are not jobs yet included.
+        "array": (array := scheduler_selectors.job_array_summary(job)),
+        "array_states": [(JobState(state).label, n) for state, n in array.states.items()] if array else [],
     }
     if request.headers.get("HX-Request"):
         rendered_state = request.GET.get("rendered_state")

@@ -12,8 +12,8 @@ from scheduler import launch, serving
 from scheduler.fleet.models import Device
 from scheduler.jobspec import PRIORITY_NAMES
 from scheduler.models import Allocation, Job, JobEvent, PriorityClass
-from scheduler.selectors import job_pending_sentence
-from scheduler.services.arrays import ArrayState, JobArrayCancelled
+from scheduler.selectors import ArrayState, job_pending_sentence
+from scheduler.services.arrays import JobArrayCancelled
 
 
 class FlavorSerializer(serializers.ModelSerializer):

@@ -24,7 +24,7 @@ from scheduler.api.spec_schema import JOB_SPEC_EXAMPLE, JobSpec
 from scheduler.filtersets import DeviceFilterSet, JobFilterSet
 from scheduler.fleet.services.nodes import flavor_create
 from scheduler.models import Job
-from scheduler.services.arrays import array_state, array_task, job_array_cancel
+from scheduler.services.arrays import array_task, job_array_cancel
 from scheduler.services.jobs import job_cancel
 from scheduler.services.scaling import inference_load_report, job_scale
 
@@ -191,7 +191,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     )
     def array_detail(self, request: Request, array_id: str) -> Response:
         array = selectors.job_array_record_visible(user=request.user, array_id=array_id)
-        return Response(s.JobArraySerializer(array_state(array), context={"request": request}).data)
+        return Response(s.JobArraySerializer(selectors.array_state(array), context={"request": request}).data)
 
     @extend_schema(
         summary="Task <index> of an array as a job (made a job now if it was still waiting)",

@@ -14,13 +14,10 @@ rows.
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count
 from django.utils import timezone
 
 from audit.services import audit_record
@@ -28,7 +25,8 @@ from kernel.api import DomainError, NotFoundError, PermissionDeniedError
 from scheduler import messages as scheduler_messages
 from scheduler.core import sentences
 from scheduler.jobspec import JobSpecError, validate_job_spec
-from scheduler.models import FINAL_JOB_STATES, Job, JobArray, JobState
+from scheduler.models import FINAL_JOB_STATES, Job, JobArray
+from scheduler.selectors import ArrayState
 from scheduler.services.cycle import request_cycle
 from scheduler.services.jobs import admission_for, job_cancel, new_job_from_spec, submit_resolve
 from scheduler.transitions import (
@@ -45,22 +43,6 @@ from scheduler.transitions import (
     ranges_text,
 )
 from tenants.permissions import can_manage_job
-
-
-@dataclass(frozen=True)
-class ArrayState:
-    """An array as its owner sees it: every task counted by state, rows or not (the answer to a submit, and
-    ``array_state``)."""
-
-    array_id: uuid.UUID
-    tenant_slug: str
-    name: str
-    count: int
-    first_job_id: int
-    states: dict[str, int]
-    waiting_ranges: str  # the indices that are not rows yet, Slurm's notation ("64-9999")
-    submitted_at: datetime
-    state: str = JobState.QUEUED  # the state every task entered at submit
 
 
 @transaction.atomic
@@ -131,29 +113,6 @@ def job_array_submit(
 
 
 # --- reading an array, a task by index -------------------------------------------------------------------
-
-
-def array_state(array: JobArray) -> ArrayState:
-    """``array``'s tasks by state: the rows' states, plus its waiting tasks as queued and the tasks cancelled
-    before they were rows as cancelled."""
-    states: dict[str, int] = defaultdict(int)
-    for state, n in Job.objects.filter(array_id=array.array_id).order_by().values_list("state").annotate(n=Count("pk")):
-        states[state] += n
-    if array.waiting:
-        states[JobState.QUEUED] += array.waiting
-    if array.cancelled_unmaterialized:
-        states[JobState.CANCELLED] += array.cancelled_unmaterialized
-    head = Job.objects.select_related("tenant").get(pk=array.head_id)
-    return ArrayState(
-        array_id=array.array_id,
-        tenant_slug=head.tenant.slug,
-        name=head.name,
-        count=array.count,
-        first_job_id=head.pk,
-        states=dict(sorted(states.items())),
-        waiting_ranges=ranges_text(array.unmaterialized),
-        submitted_at=array.created_at,
-    )
 
 
 @transaction.atomic
