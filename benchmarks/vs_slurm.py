@@ -128,6 +128,7 @@ class Gpupool:
         conn_max_age: int,
         pool_max_size: int,
         agent_sandbox: str,
+        group_commit: bool = True,
     ) -> None:
         self.admin_url = database_url
         self.redis_url = redis_url
@@ -138,6 +139,7 @@ class Gpupool:
         self.conn_max_age = conn_max_age
         self.pool_max_size = pool_max_size
         self.agent_sandbox = agent_sandbox
+        self.group_commit = group_commit
         base = urlsplit(database_url).path.lstrip("/") or "gpupool"
         self.db_name = f"{base}_vs_slurm"
         self.cluster: ServedCluster | None = None
@@ -148,7 +150,7 @@ class Gpupool:
         return (
             f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --server "
             f"{self.web_server} --workers {workers} (GPUPOOL_DB_POOL_MAX_SIZE={self.pool_max_size}, "
-            f"GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}), "
+            f"GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}, GPUPOOL_GROUP_COMMIT={int(self.group_commit)}), "
             f"celery worker (solo) + beat, {AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards "
             f"--sandbox {self.agent_sandbox}"
         )
@@ -188,6 +190,7 @@ class Gpupool:
             web_settings={
                 "GPUPOOL_DB_CONN_MAX_AGE": str(self.conn_max_age),
                 "GPUPOOL_DB_POOL_MAX_SIZE": str(self.pool_max_size),
+                "GPUPOOL_GROUP_COMMIT": "1" if self.group_commit else "0",
             },
         )
         self.cluster.seed(slug="vs-slurm", cards=GPUS)
@@ -962,6 +965,13 @@ def main() -> int:
         "per request; under ASGI a longer age leaves one idle connection per finished request's thread)",
     )
     parser.add_argument(
+        "--group-commit",
+        choices=["on", "off"],
+        default="on",
+        help="GPUPOOL_GROUP_COMMIT of the web processes (on, the shipped setting: concurrent submits share a "
+        "transaction; off: a transaction per submit)",
+    )
+    parser.add_argument(
         "--db-pool-max-size",
         type=int,
         default=10,
@@ -1021,6 +1031,7 @@ def main() -> int:
                 web_server=args.web_server,
                 conn_max_age=args.db_conn_max_age,
                 pool_max_size=args.db_pool_max_size,
+                group_commit=args.group_commit == "on",
                 agent_sandbox=args.agent_sandbox,
             )
             try:

@@ -399,6 +399,8 @@ GPUPOOL_ETA_CHANGE_JOBS = env_int("GPUPOOL_ETA_CHANGE_JOBS", 10)
 #: Job arrays are one record; before each cycle an array's waiting tasks become job rows, as many as the free
 #: cards could take and at least this many (scheduler/services/arrays.py).
 GPUPOOL_ARRAY_WINDOW = env_int("GPUPOOL_ARRAY_WINDOW", 64)
+#: Concurrent single submits of a web process share one transaction (kernel/db/group_commit.py); 0 turns it off.
+GPUPOOL_GROUP_COMMIT = env_bool("GPUPOOL_GROUP_COMMIT", True)
 GPUPOOL_ETA_HISTORY_JOBS = env_int("GPUPOOL_ETA_HISTORY_JOBS", 20)
 GPUPOOL_ETA_HISTORY_DAYS = env_int("GPUPOOL_ETA_HISTORY_DAYS", 30)
 GPUPOOL_ETA_DEFAULT_RUNTIME_S = env_int("GPUPOOL_ETA_DEFAULT_RUNTIME_S", 3600)

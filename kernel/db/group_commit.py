@@ -16,7 +16,7 @@ nothing is done twice (the group's transaction never committed). Writes should d
 With a connection pool (``GPUPOOL_DB_POOL_MAX_SIZE``) a waiting request hands its connection back first, so the
 committer always finds one. Where grouping cannot work the write runs inline, in the caller's thread and
 transaction: inside an open transaction (a test case's, or a caller's ``atomic``), and on a database that is not
-PostgreSQL (the embedded SQLite demo has one writer at a time anyway).
+PostgreSQL (the embedded SQLite demo has one writer at a time anyway), and with ``GPUPOOL_GROUP_COMMIT=0``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ class GroupCommit:
     def run(self, write: Callable[[], T]) -> T:
         """Run ``write`` in a transaction shared with the writes other threads hand in meanwhile; return its value
         once that transaction committed (its ``on_commit`` callbacks ran), or raise what it raised."""
-        if connection.in_atomic_block or connection.vendor != "postgresql":
+        grouping = getattr(settings, "GPUPOOL_GROUP_COMMIT", True)
+        if not grouping or connection.in_atomic_block or connection.vendor != "postgresql":
             with transaction.atomic():
                 return write()
         item: _Write[T] = _Write(write)
