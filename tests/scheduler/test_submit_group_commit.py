@@ -8,6 +8,7 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+from audit.models import AuditRecord
 from audit.trail_verifier import verify_trail
 from kernel.db.group_commit import GroupCommit
 from scheduler.models import Job, JobEvent
@@ -56,8 +57,6 @@ def test_concurrent_submits_share_transactions_and_each_job_gets_its_own_audit_r
     assert JobEvent.objects.count() == 400
     assert group.stats.writes == 200 and group.stats.largest > 1  # they did share transactions
     assert group.stats.groups < 200
-    from audit.models import AuditRecord
-
     records = list(AuditRecord.objects.filter(action="job.submit").order_by("stream", "seq"))
     assert sorted(int(r.target.split(":")[1]) for r in records) == sorted(made)  # one per job, none twice
     assert verify_trail(record_result=False).ok
