@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import hashlib
 import pstats
 import random
 import statistics
@@ -172,6 +173,13 @@ def build_snapshot(n_nodes: int, n_jobs: int, *, seed: int = 1, busy: float = 0.
     )
 
 
+def plan_digest(result) -> str:
+    """A short hash of everything a plan decides (places, preemptions, each pending job's reason and message, holds),
+    so two engines can be compared on the same seeded snapshot: the same digest is the same plan."""
+    decided = (result.places, result.preemptions, result.explanations, result.holds)
+    return hashlib.sha256(repr(decided).encode()).hexdigest()[:12]
+
+
 def measure(n_nodes: int, n_jobs: int, runs: int, *, profile: bool = False) -> None:
     snapshot = build_snapshot(n_nodes, n_jobs)
     policy = Policy()
@@ -198,7 +206,8 @@ def measure(n_nodes: int, n_jobs: int, runs: int, *, profile: bool = False) -> N
         f"{n_nodes:>6} nodes x 8 | {n_jobs:>6} pending | {len(snapshot.allocations):>6} running allocs | "
         f"cycle {median * 1000:7.1f} ms wall, {cpu * 1000:7.1f} ms cpu (median of {runs}) | "
         f"{decisions / cpu:>9.0f} decisions/s (cpu) | peak {peak / 2**20:6.1f} MiB | "
-        f"placed {len(result.places)}, preempt {len(result.preemptions)}, pending {len(result.explanations)}",
+        f"placed {len(result.places)}, preempt {len(result.preemptions)}, pending {len(result.explanations)} | "
+        f"plan {plan_digest(result)}",
         flush=True,
     )
     if profile:

@@ -46,6 +46,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .candidates import Candidates, Listed, Streamed, Tier
 from .capacity import Cluster
 from .placement import Placer, Take, rollback
 from .quota import QuotaBook
@@ -207,6 +208,8 @@ class Preemptor:
         self.relocate = relocate
         self._movable: dict[str, list[Victim]] = {}  # per flavor: jobs relocation may ever move, cheapest first
         self._held: dict[str, dict[str, int]] = {}  # per flavor: ``_preemptible_held``
+        self._by_node: dict[str, dict[int, list[Victim]]] = {}  # per flavor: ``_node_index``
+        self._movable_by_node: dict[str, dict[int, list[Victim]]] = {}  # per flavor: ``_movable`` per node
         self._spare = 0  # during a relocation search: the excess that relocated jobs may reclaim for themselves
         # Per (quota node, flavor): millis that will leave it soon — victims stopping, and chosen this cycle —
         # so a node's excess over its guarantee is not reclaimed twice.
@@ -285,25 +288,39 @@ class Preemptor:
         def eligible(v: Victim) -> PreemptReason | None:
             return self.rule(v, job, flavor, accounted_to, borrowing)
 
-        cands = self._candidates(flavor, job, accounted_to, borrowing, eligible)
+        def judge(v: Victim) -> PreemptReason | None:
+            return eligible(v) if self._listed(v, flavor, int(job.priority), accounted_to, borrowing) else None
+
+        # The list ``_candidates`` would give, produced lazily (``candidates.py``): the same victims in the same
+        # order, judged only as far as the search reads them.
+        index = self._node_index(flavor)
+        cands = Streamed(
+            [
+                Tier(
+                    lambda: heapq.merge(*self._candidate_lists(flavor, job, accounted_to, borrowing), key=Victim.cost),
+                    lambda n: index.get(n, ()),
+                    judge,
+                )
+            ]
+        )
         if not cands:
             return None
         max_nodes = MAX_NODES if borrowing else MAX_RECLAIM_NODES
         choice = self._search_sets(job, flavor, count, cands, max_nodes)
         if choice is not None or borrowing or not (self.relocate and self.by_usage):
             return choice
-        movable = self._relocatable(job, flavor, accounted_to, {v.job_id for v, _ in cands})
-        if not movable:
+        movable = self._relocatable(job, flavor, accounted_to, judge)
+        if not Streamed([movable]):
             return None
         self._spare = self._total_excess(flavor, accounted_to)
         try:
             # Relocations last: the cheapest reclaim set is always tried first.
-            return self._search_sets(job, flavor, count, cands + movable, max_nodes)
+            return self._search_sets(job, flavor, count, cands.then(movable), max_nodes)
         finally:
             self._spare = 0
 
     def _search_sets(
-        self, job: PendingJob, flavor: str, count: int, cands: list[tuple[Victim, PreemptReason]], max_nodes: int
+        self, job: PendingJob, flavor: str, count: int, cands: Candidates, max_nodes: int
     ) -> VictimChoice | None:
         """The cheapest victim set among ``cands``: on one node, or replica by replica for a gang across nodes."""
         if count == 1 or job.topology == Topology.SAME_NODE:
@@ -318,9 +335,10 @@ class Preemptor:
             self.book.charge(node=account, flavor=flavor, millis=-sign * v.millis, jobs=-sign)
 
     def _relocatable(
-        self, job: PendingJob, flavor: str, accounted_to: str, listed: set[str]
-    ) -> list[tuple[Victim, PreemptReason]]:
-        """Small jobs of other quota nodes, within their guarantee, that a relocation may move (cheapest first)."""
+        self, job: PendingJob, flavor: str, accounted_to: str, listed: Callable[[Victim], PreemptReason | None]
+    ) -> Tier:
+        """Small jobs of other quota nodes, within their guarantee, that a relocation may move (cheapest first),
+        less those ``listed`` already gives a reason."""
         movable = self._movable.get(flavor)
         if movable is None:
             movable = sorted(
@@ -337,17 +355,25 @@ class Preemptor:
                 key=Victim.cost,
             )
             self._movable[flavor] = movable
+            by_node: dict[int, list[Victim]] = {}
+            for v in movable:
+                by_node.setdefault(v.nodes[0], []).append(v)
+            self._movable_by_node[flavor] = by_node
+        by_node = self._movable_by_node[flavor]
         priority = int(job.priority)
-        return [
-            (v, PreemptReason.RELOCATE)
-            for v in movable
-            if v.priority <= priority
-            and v.job_id not in listed
-            and v.job_id not in self.taken
-            and v.job_id not in job.preempted_by
-            and (account := self._victim_account(v)) is not None
-            and not self.book.in_subtree(account, accounted_to)
-        ]
+
+        def judge(v: Victim) -> PreemptReason | None:
+            may_move = (
+                v.priority <= priority
+                and v.job_id not in self.taken
+                and v.job_id not in job.preempted_by
+                and (account := self._victim_account(v)) is not None
+                and not self.book.in_subtree(account, accounted_to)
+                and listed(v) is None
+            )
+            return PreemptReason.RELOCATE if may_move else None
+
+        return Tier(lambda: movable, lambda n: by_node.get(n, ()), judge)
 
     def _total_excess(self, flavor: str, accounted_to: str) -> int:
         """Millis that quota nodes other than the preemptor's hold above their guarantees on ``flavor``, are not
@@ -451,7 +477,7 @@ class Preemptor:
                 self.leaving[key] = self.leaving.get(key, 0) + v.millis
             given = self._free(victims)
             try:
-                more = self._search_sets(job, flavor, count, rest, MAX_RECLAIM_NODES) if rest else None
+                more = self._search_sets(job, flavor, count, Listed(rest), MAX_RECLAIM_NODES) if rest else None
             finally:
                 self._unfree(given)
                 for v in victims:
@@ -579,7 +605,7 @@ class Preemptor:
         try:
             if not admitted():
                 return None  # even all of them would not make room in the guarantee
-            choice = self._search_sets(job, flavor, count, pairs, MAX_RECLAIM_NODES)
+            choice = self._search_sets(job, flavor, count, Listed(pairs), MAX_RECLAIM_NODES)
         finally:
             self._uncharge(cands, flavor, -1)
         if choice is None:
@@ -673,10 +699,9 @@ class Preemptor:
             self._priorities[id(victims)] = priorities
         return victims[: bisect.bisect_left(priorities, priority)]
 
-    def _candidates(
-        self, flavor: str, job: PendingJob, accounted_to: str, borrowing: bool, eligible
-    ) -> list[tuple[Victim, PreemptReason]]:
-        """Eligible victims on ``flavor``, cheapest first."""
+    def _candidate_lists(self, flavor: str, job: PendingJob, accounted_to: str, borrowing: bool) -> list[list[Victim]]:
+        """The lists (each sorted by cost) that hold a search's candidates on ``flavor``; ``_listed`` says the
+        same of one victim."""
         priority = int(job.priority)
         lists = [
             self._prefix(victims, priority)
@@ -695,8 +720,47 @@ class Preemptor:
                 and not self.book.in_subtree(account, accounted_to)
                 and self.excess(account, flavor) > 0
             )
+        return lists
+
+    def _listed(self, v: Victim, flavor: str, priority: int, accounted_to: str, borrowing: bool) -> bool:
+        """``v`` is in one of ``_candidate_lists`` (the preemptible victims past their minimum runtime, as
+        ``__init__`` sorted them into borrowers and per quota node)."""
+        if v.flavor != flavor or not v.preemptible or v.job_id in self.stopping:
+            return False
+        if self.now - v.started_at < self.min_runtime_s:
+            return False
+        if v.borrowed_millis > 0:
+            return not borrowing or v.priority < priority
+        account = self._victim_account(v)
+        if account is None:
+            return False
+        if self.book.in_subtree(account, accounted_to):
+            return v.priority < priority
+        return self.by_usage and not borrowing and self.excess(account, flavor) > 0
+
+    def _node_index(self, flavor: str) -> dict[int, list[Victim]]:
+        """Per node, the victims of ``_candidate_lists``' sources on ``flavor`` that hold a card there, cheapest
+        first: built once per cycle and flavor, so a search reads a node's candidates without a walk of all."""
+        index = self._by_node.get(flavor)
+        if index is None:
+            victims = list(self.borrowers.get(flavor, []))
+            for account, listed in self.by_account.get(flavor, {}).items():
+                if account is not None:
+                    victims += listed
+            victims.sort(key=Victim.cost)
+            index = {}
+            for v in victims:
+                for n in v.nodes:
+                    index.setdefault(n, []).append(v)
+            self._by_node[flavor] = index
+        return index
+
+    def _candidates(
+        self, flavor: str, job: PendingJob, accounted_to: str, borrowing: bool, eligible
+    ) -> list[tuple[Victim, PreemptReason]]:
+        """Eligible victims on ``flavor``, cheapest first."""
         out = []
-        for v in heapq.merge(*lists, key=Victim.cost):
+        for v in heapq.merge(*self._candidate_lists(flavor, job, accounted_to, borrowing), key=Victim.cost):
             r = eligible(v)
             if r is not None:
                 out.append((v, r))
@@ -720,28 +784,16 @@ class Preemptor:
         job: PendingJob,
         flavor: str,
         count: int,
-        cands: list[tuple[Victim, PreemptReason]],
+        cands: Candidates,
         max_nodes: int = MAX_NODES,
         prior: list[tuple[Victim, PreemptReason]] | None = None,
     ) -> VictimChoice | None:
         need_here = job.request.millis * count  # ``_fits`` puts all ``count`` replicas on the one node
-        per_node: dict[int, list[tuple[Victim, PreemptReason]]] = {}
-        for v, r in cands:  # cheapest first, so each node's list is sorted (relocations after the rest)
-            for n in v.nodes:
-                per_node.setdefault(n, []).append((v, r))
-        # The ``max_nodes`` nodes whose cheapest victim is cheapest (``nsmallest`` is ``sorted(...)[:max_nodes]``
-        # without sorting every node that holds a candidate: at 10,000 nodes that sort was most of a search).
-        nodes = heapq.nsmallest(
-            max_nodes,
-            (
-                (cands[0][0].cost(), n, cands)
-                for n, cands in per_node.items()
-                if self.placer.node_matches(n, job.node_selector)
-            ),
-            key=lambda item: item[:2],
-        )
+        # The ``max_nodes`` nodes whose cheapest candidate is cheapest (``candidates.py``: without judging or
+        # grouping every candidate, which at 10,000 nodes was most of a search).
+        nodes = cands.cheapest_nodes(max_nodes, lambda n: self.placer.node_matches(n, job.node_selector))
         best: tuple[tuple, list[tuple[Victim, PreemptReason]], list[int]] | None = None
-        for first, n, cands in nodes:
+        for first, n in nodes:
             if best is not None and len(best[1]) == 1 and first >= best[1][0][0].cost():
                 # Every set on this and later nodes holds a victim at least as costly as the single victim
                 # found, so none is cheaper (``set_cost`` is monotone in its members): stop looking.
@@ -759,7 +811,7 @@ class Preemptor:
             # The full what-if (``check``) is the costly part; it is only tried once the node's free millis
             # plus what the chosen victims free on it could hold the job at all (a necessary condition).
             free_here = self._free_millis(n, flavor)
-            for v, r in cands:
+            for v, r in cands.on_node(n):
                 if not self._within_excess(v, r, (prior or []) + chosen):
                     continue
                 if r == PreemptReason.RELOCATE and not self._may_relocate(v, (prior or []) + chosen, need_here):
@@ -786,7 +838,7 @@ class Preemptor:
         job: PendingJob,
         flavor: str,
         count: int,
-        cands: list[tuple[Victim, PreemptReason]],
+        cands: Candidates,
         max_nodes: int = MAX_NODES,
     ) -> VictimChoice | None:
         """Replica by replica: place it on free capacity if it fits, else on the node whose victims are
@@ -803,8 +855,7 @@ class Preemptor:
                     flavor, req.millis, req.memory_mib, replica, job.topology, job.node_selector, log, None, host
                 ):
                     continue
-                picked = {v.job_id for v, _ in chosen}
-                rest = [(v, r) for v, r in cands if v.job_id not in picked]
+                rest = cands.without({v.job_id for v, _ in chosen})
                 choice = self._search_per_node(job, flavor, 1, rest, max_nodes, prior=chosen)
                 if choice is None:
                     return None
