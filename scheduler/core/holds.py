@@ -50,6 +50,12 @@ class Holds:
             v for held in self.by_job.values() for _, hold in held for v in hold.victims if v in self.running
         )
         self.out: list[Hold] = []
+        # Per device, the jobs that hold it in ``out`` (not a scan of ``out`` per new hold: quadratic at scale).
+        self._out_jobs: dict[str, set[str]] = {}
+
+    def _carry(self, hold: Hold) -> None:
+        self.out.append(hold)
+        self._out_jobs.setdefault(hold.device_uuid, set()).add(hold.job_id)
 
     def _on_reservation(self, job_id: str, device_uuid: str) -> bool:
         return (job_id, device_uuid) in self.reserved
@@ -71,15 +77,16 @@ class Holds:
         for d, hold in held:
             if not self._on_reservation(job_id, hold.device_uuid):
                 self.c.hold(d, job_id)
-            self.out.append(Hold(job_id, hold.device_uuid, victims, hold.since))
+            self._carry(Hold(job_id, hold.device_uuid, victims, hold.since))
 
     def add(self, job_id: str, devices: Iterable[int], victims: Iterable[str]) -> None:
         """New holds for a preemption planned now (the caller has already taken the devices out of the pool)."""
         names = tuple(sorted(set(victims)))
-        taken = {h.device_uuid for h in self.out if h.job_id != job_id}
         for d in sorted(set(devices)):
-            if self.c.dev_uuid[d] not in taken:  # one preemptor per device (a shared card: the first)
-                self.out.append(Hold(job_id, self.c.dev_uuid[d], names, self.now))
+            uuid = self.c.dev_uuid[d]
+            owners = self._out_jobs.get(uuid, ())
+            if not any(owner != job_id for owner in owners):  # one preemptor per device (a shared card: the first)
+                self._carry(Hold(job_id, uuid, names, self.now))
 
     def result(self) -> tuple[Hold, ...]:
         """Holds for the next snapshot: those made or kept this cycle, and those of jobs not looked at."""
