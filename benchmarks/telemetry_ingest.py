@@ -1,5 +1,6 @@
-"""Telemetry ingest and fan-out over real sockets: N simulated agents (8 cards each, 1 Hz) → a real daphne
-server (Redis channel layer) → 20 browser subscribers. Loopback only; bounded duration.
+"""Telemetry ingest and fan-out over real sockets: N simulated agents (8 cards each, 1 Hz) → a real web process
+(``manage.py serve``: uvicorn, as production runs it; ``--server daphne`` for daphne; Redis channel layer) → 20
+browser subscribers. Loopback only; bounded duration.
 
     GPUPOOL_REDIS_URL=redis://127.0.0.1:6379/14 .venv/bin/python benchmarks/telemetry_ingest.py \\
         --sizes 100,500,1000 --seconds 20
@@ -9,7 +10,7 @@ at the end), agent-to-browser latency p50/p99, frames delivered/coalesced/droppe
 CPU each process used over the measured window (servers, agents, Redis) and the servers' CPU per frame, so
 you can see where the time goes.
 
-``--servers N`` runs N daphne processes (web replicas, as production runs them behind a load balancer); the
+``--servers N`` runs N web processes (web replicas, as production runs them behind a load balancer); the
 agents and the browsers are spread over them round robin, and frames cross between them through Redis.
 
 ``--watch one`` (default): each subscriber watches one node (a node's detail page). ``--watch all``: the 20
@@ -52,6 +53,37 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     ticks = os.sysconf("SC_CLK_TCK")
     return sum(int(value) for value in fields[11:15]) / ticks
+
+
+def server_command(server: str, port: int) -> list[str]:
+    """One web process on ``port``: ``manage.py serve`` as production starts it (uvicorn, one worker), or
+    daphne with a connect timeout long enough for the benchmark's hello storm."""
+    if server == "uvicorn":
+        return [
+            "manage.py",
+            "serve",
+            "--server",
+            "uvicorn",
+            "--workers",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+    return [
+        "-m",
+        "daphne",
+        "-v",
+        "0",
+        "--websocket_connect_timeout",
+        "60",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "portal.asgi:application",
+    ]
 
 
 # --- setup (in this process, with the server's environment) ---------------------------------------------------
@@ -348,7 +380,13 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=20)
     parser.add_argument("--watch", choices=["one", "all"], default="one")
     parser.add_argument("--agent-processes", type=int, default=2)
-    parser.add_argument("--servers", type=int, default=1, help="daphne processes (web replicas)")
+    parser.add_argument("--servers", type=int, default=1, help="web processes (replicas), each on its own port")
+    parser.add_argument(
+        "--server",
+        choices=["uvicorn", "daphne"],
+        default="uvicorn",
+        help="the ASGI server: uvicorn through manage.py serve (what production runs), or daphne",
+    )
     parser.add_argument("--settle", type=float, default=10.0, help="seconds between the hello storm and measuring")
     parser.add_argument("--ramp", type=float, default=100.0, help="agents connecting per second at the start")
     parser.add_argument("--redis-url", default=os.environ.get("GPUPOOL_REDIS_URL", "redis://127.0.0.1:6379/14"))
@@ -386,17 +424,7 @@ def main() -> None:
             [
                 sys.executable,
                 *(["-m", "cProfile", "-o", f"{args.profile}.{index}"] if args.profile else []),
-                "-m",
-                "daphne",
-                "-v",
-                "0",
-                "--websocket_connect_timeout",
-                "60",
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "portal.asgi:application",
+                *server_command(args.server, port),
             ],
             cwd=ROOT,
             env=full_env,
@@ -413,7 +441,7 @@ def main() -> None:
                 except OSError:
                     time.sleep(0.2)
         print(
-            f"daphne on 127.0.0.1:{','.join(map(str, ports))}, {args.subscribers} subscribers watching "
+            f"{args.server} on 127.0.0.1:{','.join(map(str, ports))}, {args.subscribers} subscribers watching "
             f"{args.watch}, {CARDS} cards/node at 1 Hz, {args.seconds:.0f} s per size, {os.cpu_count()} CPUs"
         )
         header = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -203,6 +204,36 @@ def test_invalid_field_error_names_the_field_path() -> None:
     )
     with pytest.raises(ProtocolError, match=r"workload\.start\.devices\[0\]\.millis"):
         protocol.decode(text)
+
+
+@pytest.mark.parametrize(
+    ("samples", "path"),
+    [
+        (
+            '[{"uuid":"GPU-1"},{"uuid":"GPU-2","utilization_pct":"high"}]',
+            r"^telemetry\.samples\[1\]\.utilization_pct must",
+        ),
+        (
+            '[{"uuid":"GPU-1","processes":[{"used_memory_mib":1}]}]',
+            r"^telemetry\.samples\[0\]\.processes\[0\]\.pid is required$",
+        ),
+        ("[{}]", r"^telemetry\.samples\[0\]\.uuid is required$"),
+        ('{"uuid":"GPU-1"}', r"^telemetry\.samples must be a list"),
+    ],
+)
+def test_a_nested_field_error_writes_out_its_whole_path(samples: str, path: str) -> None:
+    # The path is kept as pairs while checking and written out only for the error (decode's hot loop).
+    text = f'{{"v":1,"type":"telemetry","id":"x","sent_at":"2026-12-07T00:00:00+00:00","samples":{samples}}}'
+    with pytest.raises(ProtocolError) as caught:
+        protocol.decode(text)
+    assert re.search(path, caught.value.detail), caught.value.detail
+
+
+def test_a_bad_timestamp_names_its_field() -> None:
+    text = '{"v":1,"type":"telemetry","id":"x","sent_at":"yesterday","samples":[]}'
+    with pytest.raises(ProtocolError) as caught:
+        protocol.decode(text)
+    assert caught.value.detail.startswith("telemetry.sent_at: 'yesterday' is not"), caught.value.detail
 
 
 def test_oversized_frame_is_rejected_on_decode_and_encode() -> None:
