@@ -8,37 +8,16 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from portal.server import WS_MAX_MESSAGE_BYTES
-from tests.conftest import skip_or_fail
-
-ROOT = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 90
-
-
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    auth = quote(db.get("USER") or "")
-    if db.get("PASSWORD"):
-        auth += ":" + quote(db["PASSWORD"])
-    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from tests.portal.web_processes import get, web_processes
 
 
 def _children(pid: int) -> set[int]:
@@ -85,75 +64,11 @@ def _owner(pids: set[int], inode: str) -> int | None:
     return None
 
 
-def _get(connection: socket.socket, path: str) -> int:
-    """One keep-alive HTTP/1.1 GET on ``connection``; returns the status (the body is read and dropped)."""
-    connection.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = connection.recv(65536)
-        assert chunk, "the server closed the connection before answering"
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
-    )
-    while len(body) < length:
-        chunk = connection.recv(65536)
-        assert chunk, "the server closed the connection mid-body"
-        body += chunk
-    return int(head.split()[1])
-
-
 @pytest.fixture
 def served(transactional_db, tmp_path):
     """``gpupool serve --workers 2`` on the test database and the test Redis (own channel prefix)."""
-    if not (settings.IS_POSTGRES and settings.REDIS_URL):
-        skip_or_fail("gpupool serve --workers 2 needs PostgreSQL and Redis (GPUPOOL_DATABASE_URL, GPUPOOL_REDIS_URL)")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "GPUPOOL_DATABASE_URL": _database_url(),
-        "GPUPOOL_REDIS_URL": settings.REDIS_URL,
-        "GPUPOOL_CHANNELS_PREFIX": f"test-serve-{uuid.uuid4().hex[:6]}",
-        "GPUPOOL_DATA_DIR": str(tmp_path),
-        "GPUPOOL_AUDIT_WITNESS_PATH": str(tmp_path / "witness.jsonl"),
-        "GPUPOOL_LOG_LEVEL": "WARNING",
-        "GPUPOOL_ALLOWED_HOSTS": "127.0.0.1",
-    }
-    log = open(tmp_path / "serve.log", "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "portal.cli", "serve", "--workers", "2", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        _wait_listening(process, port, tmp_path / "serve.log")
-        yield process, port, tmp_path / "serve.log"
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
-        log.close()
-
-
-def _wait_listening(process: subprocess.Popen, port: int, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"gpupool serve exited with {process.returncode}:\n{log_path.read_text(errors='replace')}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as probe:
-                if _get(probe, "/accounts/login/") == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"gpupool serve did not answer within {START_TIMEOUT_S} s:\n{log_path.read_text(errors='replace')}")
+    with web_processes(tmp_path, count=1, workers=2) as [(process, port, log_path)]:
+        yield process, port, log_path
 
 
 async def _agent_socket(port: int, credential: str) -> tuple[dict, int | None]:
@@ -192,7 +107,7 @@ def test_serve_with_two_workers_answers_from_two_processes_and_stops_cleanly(ser
         while len(set(answered_by.values())) < 2 and time.monotonic() < deadline and len(connections) < 300:
             connection = socket.create_connection(("127.0.0.1", port), timeout=20)
             connections.append(connection)
-            assert _get(connection, "/accounts/login/") == 200
+            assert get(connection, "/accounts/login/") == 200
             inode = _server_socket_inode(port, connection.getsockname()[1])
             owner = _owner(workers, inode) if inode else None
             if owner is not None:
