@@ -80,27 +80,35 @@ class Tier:
     """One tier of a search's candidates: ``walk()`` yields them cheapest first and ``on_node(n)`` gives those
     on node ``n`` in the same order. Both apply the same ``judge`` (the reason the job may be stopped, None when
     it may not), once per job and search, so they always agree; a walk goes on from where the last one stopped
-    (a gang's replicas and the relocation pass walk the same tier again)."""
+    (a gang's replicas and the relocation pass walk the same tier again). ``listed``: whether a job of
+    ``by_node`` is one the walk would come to at all (the walk's sources hold some of a node's jobs only)."""
 
     def __init__(
         self,
         walk: Callable[[], Iterable[Victim]],
         by_node: Callable[[int], Iterable[Victim]],
         judge: Callable[[Victim], PreemptReason | None],
+        listed: Callable[[Victim], bool] = lambda _v: True,
     ) -> None:
         self._source: Iterator[Victim] | None = None
         self._start = walk
         self._by_node = by_node
         self._judge = judge
+        self._listed = listed
         self._judged: dict[str, PreemptReason | None] = {}
         self._walked: list[Pair] = []
         self._nodes: dict[int, list[Pair]] = {}
 
     def judge(self, v: Victim) -> PreemptReason | None:
+        """The reason for a job the walk comes to (it is ``listed``)."""
         if v.job_id in self._judged:
             return self._judged[v.job_id]
         reason = self._judged[v.job_id] = self._judge(v)
         return reason
+
+    def judge_listed(self, v: Victim) -> PreemptReason | None:
+        """The reason for any job: None for one the walk never comes to."""
+        return self.judge(v) if self._listed(v) else None
 
     def walk(self) -> Iterator[Pair]:
         yield from self._walked
@@ -122,7 +130,8 @@ class Tier:
     def on_node(self, node: int) -> list[Pair]:
         pairs = self._nodes.get(node)
         if pairs is None:
-            pairs = [(v, r) for v in self._by_node(node) if (r := self.judge(v)) is not None]
+            listed = self._listed
+            pairs = [(v, r) for v in self._by_node(node) if listed(v) and (r := self.judge(v)) is not None]
             self._nodes[node] = pairs
         return pairs
 
@@ -141,8 +150,10 @@ class Streamed:
 
     def _walk(self) -> Iterator[tuple[tuple, int, Pair]]:
         walks = [_costed(tier.walk(), index) for index, tier in enumerate(self.tiers)]
-        for item in heapq.merge(*walks, key=lambda item: item[0]):
-            if item[2][0].job_id not in self.picked:
+        merged = walks[0] if len(walks) == 1 else heapq.merge(*walks, key=lambda item: item[0])
+        picked = self.picked
+        for item in merged:
+            if not picked or item[2][0].job_id not in picked:
                 yield item
 
     def __bool__(self) -> bool:

@@ -89,15 +89,19 @@ class Victim:
     rows: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     nodes: list[int] = field(default_factory=list)
     millis: int = 0  # the sum over ``rows``, set once they are known (read in every search's inner loops)
+    key: tuple = ()  # ``cost()``, made on first use (its fields are final once ``build_victims`` returns)
 
     def cost(self) -> tuple:
-        return (
-            self.priority,
-            0 if self.borrowed_millis > 0 else 1,
-            self.preemptions,
-            self.lost_gpu_s,
-            self.job_id,
-        )
+        key = self.key
+        if not key:
+            key = self.key = (
+                self.priority,
+                0 if self.borrowed_millis > 0 else 1,
+                self.preemptions,
+                self.lost_gpu_s,
+                self.job_id,
+            )
+        return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,20 +292,12 @@ class Preemptor:
         def eligible(v: Victim) -> PreemptReason | None:
             return self.rule(v, job, flavor, accounted_to, borrowing)
 
-        def judge(v: Victim) -> PreemptReason | None:
-            return eligible(v) if self._listed(v, flavor, int(job.priority), accounted_to, borrowing) else None
-
         # The list ``_candidates`` would give, produced lazily (``candidates.py``): the same victims in the same
         # order, judged only as far as the search reads them.
+        lists, listed = self._candidate_sources(flavor, job, accounted_to, borrowing)
         index = self._node_index(flavor)
         cands = Streamed(
-            [
-                Tier(
-                    lambda: heapq.merge(*self._candidate_lists(flavor, job, accounted_to, borrowing), key=Victim.cost),
-                    lambda n: index.get(n, ()),
-                    judge,
-                )
-            ]
+            [Tier(lambda: heapq.merge(*lists, key=Victim.cost), lambda n: index.get(n, ()), eligible, listed)]
         )
         if not cands:
             return None
@@ -309,7 +305,7 @@ class Preemptor:
         choice = self._search_sets(job, flavor, count, cands, max_nodes)
         if choice is not None or borrowing or not (self.relocate and self.by_usage):
             return choice
-        movable = self._relocatable(job, flavor, accounted_to, judge)
+        movable = self._relocatable(job, flavor, accounted_to, cands.tiers[0].judge_listed)
         if not Streamed([movable]):
             return None
         self._spare = self._total_excess(flavor, accounted_to)
@@ -699,47 +695,44 @@ class Preemptor:
             self._priorities[id(victims)] = priorities
         return victims[: bisect.bisect_left(priorities, priority)]
 
-    def _candidate_lists(self, flavor: str, job: PendingJob, accounted_to: str, borrowing: bool) -> list[list[Victim]]:
-        """The lists (each sorted by cost) that hold a search's candidates on ``flavor``; ``_listed`` says the
-        same of one victim."""
+    def _candidate_sources(
+        self, flavor: str, job: PendingJob, accounted_to: str, borrowing: bool
+    ) -> tuple[list[list[Victim]], Callable[[Victim], bool]]:
+        """The lists (each sorted by cost) that hold a search's candidates on ``flavor``, and whether a victim
+        of the node index (``_node_index``) is in one of them: a job's own quota subtree below its priority,
+        borrowers (at any priority for a job within its guarantee), and with reclaim by usage every job of
+        another quota node over its guarantee."""
         priority = int(job.priority)
-        lists = [
-            self._prefix(victims, priority)
-            for account, victims in self.by_account.get(flavor, {}).items()
-            if account is not None and self.book.in_subtree(account, accounted_to)
-        ]
+        lists = []
+        whole: dict[str, bool] = {}  # quota node → its whole list is in (else only below the job's priority)
+        for account, victims in self.by_account.get(flavor, {}).items():
+            if account is not None and self.book.in_subtree(account, accounted_to):
+                lists.append(self._prefix(victims, priority))
+                whole[account] = False
         borrowers = self.borrowers.get(flavor, [])
         # Borrowers at any priority may be reclaimed by a job within its guarantee; otherwise only lower ones.
         lists.append(borrowers if not borrowing else self._prefix(borrowers, priority))
         if self.by_usage and not borrowing:
             # Reclaim by usage: every job of another quota node that holds more than its guarantee.
-            lists.extend(
-                victims
-                for account, victims in self.by_account.get(flavor, {}).items()
-                if account is not None
-                and not self.book.in_subtree(account, accounted_to)
-                and self.excess(account, flavor) > 0
-            )
-        return lists
+            for account, victims in self.by_account.get(flavor, {}).items():
+                if (
+                    account is not None
+                    and not self.book.in_subtree(account, accounted_to)
+                    and self.excess(account, flavor) > 0
+                ):
+                    lists.append(victims)
+                    whole[account] = True
 
-    def _listed(self, v: Victim, flavor: str, priority: int, accounted_to: str, borrowing: bool) -> bool:
-        """``v`` is in one of ``_candidate_lists`` (the preemptible victims past their minimum runtime, as
-        ``__init__`` sorted them into borrowers and per quota node)."""
-        if v.flavor != flavor or not v.preemptible or v.job_id in self.stopping:
-            return False
-        if self.now - v.started_at < self.min_runtime_s:
-            return False
-        if v.borrowed_millis > 0:
-            return not borrowing or v.priority < priority
-        account = self._victim_account(v)
-        if account is None:
-            return False
-        if self.book.in_subtree(account, accounted_to):
-            return v.priority < priority
-        return self.by_usage and not borrowing and self.excess(account, flavor) > 0
+        def listed(v: Victim) -> bool:
+            if v.borrowed_millis > 0:
+                return not borrowing or v.priority < priority
+            everyone = whole.get(self._victim_account(v))  # type: ignore[arg-type]
+            return everyone is not None and (everyone or v.priority < priority)
+
+        return lists, listed
 
     def _node_index(self, flavor: str) -> dict[int, list[Victim]]:
-        """Per node, the victims of ``_candidate_lists``' sources on ``flavor`` that hold a card there, cheapest
+        """Per node, the victims of ``_candidate_sources``' lists on ``flavor`` that hold a card there, cheapest
         first: built once per cycle and flavor, so a search reads a node's candidates without a walk of all."""
         index = self._by_node.get(flavor)
         if index is None:
@@ -760,7 +753,7 @@ class Preemptor:
     ) -> list[tuple[Victim, PreemptReason]]:
         """Eligible victims on ``flavor``, cheapest first."""
         out = []
-        for v in heapq.merge(*self._candidate_lists(flavor, job, accounted_to, borrowing), key=Victim.cost):
+        for v in heapq.merge(*self._candidate_sources(flavor, job, accounted_to, borrowing)[0], key=Victim.cost):
             r = eligible(v)
             if r is not None:
                 out.append((v, r))
