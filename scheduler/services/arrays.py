@@ -37,9 +37,9 @@ from scheduler.transitions import (
     jobs_transition,
     ranges_contains,
     ranges_count,
-    ranges_indices,
-    ranges_minus,
     ranges_parse,
+    ranges_q,
+    ranges_subtract,
     ranges_text,
 )
 from tenants.permissions import can_manage_job
@@ -185,12 +185,11 @@ def job_array_cancel(
             ) from None
     rows = jobs_query.filter(array_id=array_id)
     if chosen is not None:
-        wanted = ranges_indices(chosen)
-        rows = rows.filter(array_index__in=wanted)
+        rows = rows.filter(ranges_q("array_index", chosen))
     jobs = list(rows.order_by("pk"))
     cancelled_waiting = 0
     if record is not None and record.waiting:
-        left = record.unmaterialized if chosen is None else ranges_minus(record.unmaterialized, wanted)
+        left = record.unmaterialized if chosen is None else ranges_subtract(record.unmaterialized, chosen)
         cancelled_waiting = record.waiting - ranges_count(left) if chosen is not None else record.waiting
         if chosen is None:
             left = []
