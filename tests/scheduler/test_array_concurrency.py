@@ -4,23 +4,19 @@ them — no deadlock, no server error, no task made a job twice or lost, every t
 
 from __future__ import annotations
 
+import functools
 import random
-import threading
 import time
 from collections import Counter
 
 import pytest
-from django.db import connection
 from django.test import Client
 
-from scheduler.fleet.models import Node
-from scheduler.fleet.services.workload_reports import workload_status_report
 from scheduler.models import Allocation, Job, JobArray, JobState
-from scheduler.services.cycle import run_cycle
-from tests.factories import ApiTokenFactory, bearer
+from tests.factories import bearer
 from tests.patching import patch_request_cycle
-from tests.scheduler.factories import FlavorFactory, MembershipFactory, TenantFactory, UserFactory, node_with_devices
-from tests.scheduler.test_job_path_concurrency import FINAL, _deadlocks
+from tests.scheduler.concurrency import FINAL, Race, deadlocks, member_tokens
+from tests.scheduler.factories import FlavorFactory, TenantFactory, node_with_devices
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -46,112 +42,59 @@ def test_concurrent_array_submits_cancels_and_task_reads_with_cycles_lose_no_tas
     patch_request_cycle(monkeypatch, lambda: None)  # cycles run in their own thread here
     FlavorFactory()
     tenants = [TenantFactory(slug="team-a"), TenantFactory(slug="team-b")]
-    tokens = []
-    for index in range(CLIENTS):
-        user = UserFactory(username=f"client-{index}")
-        MembershipFactory(user=user, tenant=tenants[index % 2], role="member")
-        tokens.append((ApiTokenFactory(user=user), tenants[index % 2].slug))
+    tokens = member_tokens(CLIENTS, tenants)
     node_ids = [node_with_devices(2, name=f"busy-{n}").pk for n in range(2)]
-    deadlocks_before = _deadlocks()
+    deadlocks_before = deadlocks()
 
     statuses: list[tuple[str, int]] = []
-    failures: list[BaseException] = []
-    stop = threading.Event()
+    race = Race()
 
     def client(index: int) -> None:
         token, slug = tokens[index]
         http = Client(raise_request_exception=False)
         rng = random.Random(index)
         mine: list[tuple[str, int]] = []
-        try:
-            for n in range(OPERATIONS_PER_CLIENT):
-                roll = rng.random()
-                if not mine or roll < 0.4:
-                    count = rng.randint(2, 40)
-                    answer = http.post(
-                        "/api/v1/jobs/", _spec(slug, n, count), content_type="application/json", headers=bearer(token)
-                    )
-                    statuses.append(("submit", answer.status_code))
-                    if answer.status_code == 201:
-                        mine.append((answer.json()["array_id"], count))
-                    continue
-                array_id, count = rng.choice(mine)
-                if roll < 0.65:
-                    start = rng.randrange(count)
-                    indices = f"{start}-{min(count - 1, start + rng.randint(0, 5))}"
-                    answer = http.post(
-                        f"/api/v1/jobs/arrays/{array_id}/cancel/",
-                        {"indices": indices},
-                        content_type="application/json",
-                        headers=bearer(token),
-                    )
-                    statuses.append(("cancel_indices", answer.status_code))
-                elif roll < 0.9:
-                    answer = http.get(
-                        f"/api/v1/jobs/arrays/{array_id}/tasks/{rng.randrange(count)}/", headers=bearer(token)
-                    )
-                    statuses.append(("task", answer.status_code))
-                else:
-                    answer = http.post(
-                        f"/api/v1/jobs/arrays/{array_id}/cancel/",
-                        {},
-                        content_type="application/json",
-                        headers=bearer(token),
-                    )
-                    statuses.append(("cancel_all", answer.status_code))
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            connection.close()
-
-    def agent(node_pk: int) -> None:
-        node = Node.objects.get(pk=node_pk)
-        try:
-            while not stop.is_set():
-                held = set(
-                    Allocation.objects.active().filter(node_id=node_pk).values_list("job_id", "replica").distinct()
+        for n in range(OPERATIONS_PER_CLIENT):
+            roll = rng.random()
+            if not mine or roll < 0.4:
+                count = rng.randint(2, 40)
+                answer = http.post(
+                    "/api/v1/jobs/", _spec(slug, n, count), content_type="application/json", headers=bearer(token)
                 )
-                for job_id, replica in sorted(held):
-                    workload_status_report(
-                        node=node,
-                        job_id=job_id,
-                        replica=replica,
-                        state="succeeded",
-                        exit_code=0,
-                        last_checkpoint_at=None,
-                    )
-                time.sleep(0.01)
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            connection.close()
+                statuses.append(("submit", answer.status_code))
+                if answer.status_code == 201:
+                    mine.append((answer.json()["array_id"], count))
+                continue
+            array_id, count = rng.choice(mine)
+            if roll < 0.65:
+                start = rng.randrange(count)
+                indices = f"{start}-{min(count - 1, start + rng.randint(0, 5))}"
+                answer = http.post(
+                    f"/api/v1/jobs/arrays/{array_id}/cancel/",
+                    {"indices": indices},
+                    content_type="application/json",
+                    headers=bearer(token),
+                )
+                statuses.append(("cancel_indices", answer.status_code))
+            elif roll < 0.9:
+                task = f"/api/v1/jobs/arrays/{array_id}/tasks/{rng.randrange(count)}/"
+                answer = http.get(task, headers=bearer(token))
+                statuses.append(("task", answer.status_code))
+            else:
+                cancel = f"/api/v1/jobs/arrays/{array_id}/cancel/"
+                answer = http.post(cancel, {}, content_type="application/json", headers=bearer(token))
+                statuses.append(("cancel_all", answer.status_code))
 
-    def cycles() -> None:
-        try:
-            while not stop.is_set():
-                run_cycle()
-                time.sleep(0.01)
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            connection.close()
+    race.run(
+        [functools.partial(client, index) for index in range(CLIENTS)],
+        [race.agent(pk, report_running=False) for pk in node_ids] + [race.cycles(0.01)],
+        settled=lambda: (
+            not Job.objects.exclude(state__in=FINAL).exists() and not JobArray.objects.filter(waiting__gt=0).exists()
+        ),
+        timeout_s=240,
+    )
 
-    workers = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-    workers += [threading.Thread(target=agent, args=(pk,)) for pk in node_ids]
-    workers.append(threading.Thread(target=cycles))
-    for thread in workers:
-        thread.start()
-    for thread in workers[:CLIENTS]:
-        thread.join()
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not failures:
-        if not Job.objects.exclude(state__in=FINAL).exists() and not JobArray.objects.filter(waiting__gt=0).exists():
-            break
-        time.sleep(0.2)
-    stop.set()
-    for thread in workers[CLIENTS:]:
-        thread.join()
-
+    failures = race.failures
     assert not failures, failures
     assert not [entry for entry in statuses if entry[1] >= 500], statuses
     assert len(statuses) == CLIENTS * OPERATIONS_PER_CLIENT
@@ -170,4 +113,4 @@ def test_concurrent_array_submits_cancels_and_task_reads_with_cycles_lose_no_tas
     assert Job.objects.filter(state=JobState.SUCCEEDED).exists()
     assert not Allocation.objects.active().exists()
     time.sleep(1.1)  # PostgreSQL flushes a backend's statistics at most once a second
-    assert _deadlocks() == deadlocks_before
+    assert deadlocks() == deadlocks_before
