@@ -7,6 +7,7 @@ configured (a quick local run) and fail instead under ``GPUPOOL_REQUIRE_SERVICES
 from __future__ import annotations
 
 import os
+from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -33,6 +34,15 @@ def skip_or_fail(reason: str) -> None:
     if services_required():
         pytest.fail(f"{reason} (GPUPOOL_REQUIRE_SERVICES=1, so this is a failure, not a skip)")
     pytest.skip(reason)
+
+
+def database_url() -> str:
+    """The test database as a ``postgres://`` URL, for the real processes a test starts (web, worker)."""
+    db = settings.DATABASES["default"]
+    auth = quote(db.get("USER") or "postgres")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"])
+    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
 @pytest.fixture

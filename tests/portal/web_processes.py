@@ -14,23 +14,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
 
-from tests.conftest import skip_or_fail
+from tests.conftest import database_url, skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 90
-
-
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    auth = quote(db.get("USER") or "")
-    if db.get("PASSWORD"):
-        auth += ":" + quote(db["PASSWORD"])
-    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
 def free_port() -> int:
@@ -71,7 +62,7 @@ def web_processes(tmp_path: Path, *, count: int, workers: int = 1) -> Iterator[l
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "GPUPOOL_DATABASE_URL": _database_url(),
+        "GPUPOOL_DATABASE_URL": database_url(),
         "GPUPOOL_REDIS_URL": settings.REDIS_URL,
         "GPUPOOL_CHANNELS_PREFIX": f"test-serve-{uuid.uuid4().hex[:6]}",
         "GPUPOOL_DATA_DIR": str(tmp_path),

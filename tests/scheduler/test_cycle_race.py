@@ -9,7 +9,6 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -22,6 +21,7 @@ from scheduler.models import Allocation, Job, JobState
 from scheduler.persist import persist_plan
 from scheduler.services.jobs import job_submit
 from tenants.models import Quota
+from tests.conftest import database_url
 from tests.scheduler.factories import FlavorFactory, node_with_devices
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,19 +103,11 @@ def test_two_threads_persisting_conflicting_plans_book_each_card_once(postgres, 
     assert_no_device_double_booked()
 
 
-def _database_url() -> str:
-    db = connection.settings_dict
-    auth = quote(db["USER"] or "postgres")
-    if db.get("PASSWORD"):
-        auth += ":" + quote(db["PASSWORD"])
-    return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-
-
 @pytest.fixture
 def two_workers(transactional_db, redis_url):
     """Two real ``celery worker`` processes on the test database, each on a queue private to this test."""
     queues = [f"test-sched-{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    env = {**os.environ, "GPUPOOL_REDIS_URL": redis_url, "GPUPOOL_DATABASE_URL": _database_url()}
+    env = {**os.environ, "GPUPOOL_REDIS_URL": redis_url, "GPUPOOL_DATABASE_URL": database_url()}
     processes = [
         subprocess.Popen(
             [

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import uuid
-from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -20,18 +19,10 @@ from benchmarks import load
 from benchmarks._agents import hello_frame
 from nodeagent import protocol
 from scheduler.fleet.models import Device, Node
-from tests.conftest import skip_or_fail
+from tests.conftest import database_url, skip_or_fail
 from tests.security.conftest import assert_unchanged, state_fingerprint
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-
-def _database_url() -> str:
-    db = settings.DATABASES["default"]
-    auth = quote(db.get("USER") or "")
-    if db.get("PASSWORD"):
-        auth += ":" + quote(db["PASSWORD"])
-    return f"postgres://{auth}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
 @pytest.fixture
@@ -46,7 +37,7 @@ def daphne(tmp_path_factory):
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "GPUPOOL_DATABASE_URL": _database_url(),
+        "GPUPOOL_DATABASE_URL": database_url(),
         "GPUPOOL_REDIS_URL": settings.REDIS_URL,
         "GPUPOOL_CHANNELS_PREFIX": f"test-load-{uuid.uuid4().hex[:6]}",
         "GPUPOOL_DATA_DIR": str(data_dir),
