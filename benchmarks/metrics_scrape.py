@@ -5,7 +5,8 @@ Redis (``scheduler.fleet.selectors.metrics_snapshot``), then writes dcgm-exporte
 pool, tenant, queue and audit series (``scheduler.fleet.metrics.render_metrics``). This builds a fleet of
 ``--nodes`` x 8 cards with latest values for every card (in a scratch database and a Redis database of its own),
 and prints per size the median of ``--runs`` scrapes: wall time and this process's CPU for the read and for the
-text, the answer's size and its number of series.
+text, the answer's size and its number of series; then the same without the per-card series
+(``GPUPOOL_METRICS_PER_CARD=0``).
 
     createdb -h 127.0.0.1 -U postgres gpupool_metrics_bench
     GPUPOOL_REDIS_URL=redis://127.0.0.1:6379/13 .venv/bin/python benchmarks/metrics_scrape.py \\
@@ -107,6 +108,7 @@ def main() -> None:
         parser.error("set GPUPOOL_REDIS_URL to a Redis database this benchmark may flush (the latest values)")
     setup_django(args.database_url, tempfile.mkdtemp(prefix="gpupool-metrics-"))
     import redis
+    from django.conf import settings
 
     redis.Redis.from_url(os.environ["GPUPOOL_REDIS_URL"]).flushdb()
     print(f"/metrics scrape: nodes x {CARDS} cards with latest values, median of {args.runs} scrapes, this process")
@@ -117,6 +119,12 @@ def main() -> None:
         text = f"text {figures['text_wall'] * 1000:6.0f} ms wall / {figures['text_cpu'] * 1000:6.0f} ms cpu"
         size_text = f"{figures['bytes'] / 2**20:6.1f} MiB, {figures['series']:,} series"
         print(f"  {size:>6} nodes: {read} | {text} | {size_text}", flush=True)
+        settings.GPUPOOL_METRICS_PER_CARD = False  # what a fleet that scrapes dcgm-exporter on the nodes turns off
+        figures = scrape(args.runs)
+        settings.GPUPOOL_METRICS_PER_CARD = True
+        cpu = (figures["read_cpu"] + figures["text_cpu"]) * 1000
+        size_text = f"{figures['bytes'] / 2**10:,.0f} KiB, {figures['series']:,} series"
+        print(f"  {'':>6}  without per-card series (GPUPOOL_METRICS_PER_CARD=0): {cpu:.0f} ms cpu | {size_text}")
 
 
 if __name__ == "__main__":

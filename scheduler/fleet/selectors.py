@@ -8,6 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Avg, Count, DurationField, ExpressionWrapper, F, Min, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
@@ -246,16 +247,24 @@ def active_credential_count(*, node: Node) -> int:
 def metrics_snapshot() -> dict[str, Any]:
     """Everything /metrics prints, read in a handful of queries plus one Redis pipeline."""
     nodes = list(Node.objects.order_by("name").values("pk", "name", "status"))
-    devices = list(
-        Device.objects.select_related("flavor", "node").values(
-            "uuid", "index", "model", "node_id", "node__name", "flavor__name", "memory_mib"
-        )
-    )
-    latest = latest_store().get_nodes([node["pk"] for node in nodes])
-    device_tenant: dict[str, list[str]] = defaultdict(list)
     allocations = _active_allocations()
-    for uuid, slug in allocations.order_by().values_list("device__uuid", "tenant__slug").distinct():
-        device_tenant[uuid].append(slug)
+    # Per card: its latest values (one Redis read per node), its tenants and what it holds. Without them
+    # (GPUPOOL_METRICS_PER_CARD off) a scrape reads and writes a few lines per node, not per card.
+    per_card = settings.GPUPOOL_METRICS_PER_CARD
+    devices = (
+        list(
+            Device.objects.select_related("flavor", "node").values(
+                "uuid", "index", "model", "node_id", "node__name", "flavor__name", "memory_mib"
+            )
+        )
+        if per_card
+        else []
+    )
+    latest = latest_store().get_nodes([node["pk"] for node in nodes]) if per_card else {}
+    device_tenant: dict[str, list[str]] = defaultdict(list)
+    if per_card:
+        for uuid, slug in allocations.order_by().values_list("device__uuid", "tenant__slug").distinct():
+            device_tenant[uuid].append(slug)
     # order_by(): the models' default ordering would otherwise join the GROUP BY.
     allocated_by_flavor = {
         row["flavor__name"]: row["millis"]
@@ -279,7 +288,9 @@ def metrics_snapshot() -> dict[str, Any]:
         "device_allocated": {
             row["device__uuid"]: row["millis"]
             for row in allocations.order_by().values("device__uuid").annotate(millis=Sum("millis"))
-        },
+        }
+        if per_card
+        else {},
         **_tenant_usage(allocations),
         "queue_wait_jobs": queue_wait_jobs,
         "queue_wait_quantiles": queue_wait_quantiles,

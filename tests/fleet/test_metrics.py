@@ -161,6 +161,24 @@ def test_pool_capacity_per_card_allocation_and_tenant_usage_against_its_quota(fl
     assert metric_value(admin_scrape(), "gpupool_capacity_millis", flavor=flavor) is None  # nothing placeable
 
 
+def test_without_per_card_series_a_scrape_keeps_the_pool_and_reads_no_latest_value(fleet, settings, monkeypatch):
+    """GPUPOOL_METRICS_PER_CARD off: a fleet whose Prometheus scrapes dcgm-exporter on the nodes gets the pool,
+    tenant, queue and node series from gpupool, and no per-card line (nor the Redis read behind them)."""
+    flavor = Device.objects.get(uuid="GPU-gpu-01-0").flavor.name
+    with_cards = admin_scrape()
+    assert "DCGM_FI_DEV_GPU_UTIL{" in with_cards and "gpupool_device_allocated_millis{" in with_cards
+
+    settings.GPUPOOL_METRICS_PER_CARD = False
+    store = latest_store()
+    monkeypatch.setattr(store, "get_nodes", lambda _ids: pytest.fail("per-card values read"))
+    text = admin_scrape()
+    assert not [line for line in text.splitlines() if line.startswith("DCGM_") or "UUID=" in line]
+    assert 'gpupool_node_ready{node="gpu-01",status="ready"} 1' in text
+    assert metric_value(text, "gpupool_capacity_millis", flavor=flavor) == 2000
+    assert metric_value(text, "gpupool_tenant_allocated_millis", tenant="vision", flavor=flavor) == 500
+    assert len(text) < len(with_cards)
+
+
 def test_queue_wait_quantiles_cover_the_jobs_admitted_in_the_last_15_minutes(fleet):
     tenant = TenantFactory()
     now = timezone.now()
