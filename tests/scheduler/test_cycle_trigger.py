@@ -20,8 +20,9 @@ from scheduler.models import Job, JobState
 from scheduler.services import cycle as cycle_services
 from scheduler.services.jobs import job_submit
 from tenants.models import Quota
+from tests.conftest import database_url
 from tests.scheduler.factories import FlavorFactory, node_with_devices
-from tests.scheduler.test_cycle_race import ROOT, _database_url
+from tests.scheduler.test_cycle_race import ROOT
 
 SPEC = {"name": "now", "tenant": "team-a", "resources": {"flavors": ["sim-80g"], "gpus": 1}, "command": ["true"]}
 KEYS = (cycle_services.CYCLE_DIRTY_KEY, cycle_services.CYCLE_CLAIM_KEY, cycle_services.CYCLE_STARTED_KEY)
@@ -164,7 +165,7 @@ def test_a_requested_cycle_waits_for_the_lock_instead_of_giving_up(member, node,
 def cycle_worker(transactional_db, redis_url, monkeypatch, clean_cycle_keys):
     """A real ``celery worker`` process on the test database, taking requested cycles from a private queue."""
     queue = f"test-cycle-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "GPUPOOL_REDIS_URL": redis_url, "GPUPOOL_DATABASE_URL": _database_url()}
+    env = {**os.environ, "GPUPOOL_REDIS_URL": redis_url, "GPUPOOL_DATABASE_URL": database_url()}
     command = [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "solo", "-Q", queue]
     command += ["--hostname", f"{queue}@%h", "--without-mingle", "--without-gossip", "--loglevel", "WARNING"]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
