@@ -448,21 +448,13 @@ def ranges_first(ranges: Iterable[Sequence[int]], limit: int) -> list[int]:
 
 def ranges_minus(ranges: Iterable[Sequence[int]], indices: Iterable[int]) -> list[list[int]]:
     """``ranges`` without ``indices`` (those not in it are ignored), still sorted, disjoint and merged."""
-    remove = sorted(set(indices))
-    result: list[list[int]] = []
-    position = 0
-    for start, end in ranges:
-        while position < len(remove) and remove[position] < start:
-            position += 1
-        cursor = start
-        while position < len(remove) and remove[position] < end:
-            if remove[position] > cursor:
-                result.append([cursor, remove[position]])
-            cursor = remove[position] + 1
-            position += 1
-        if cursor < end:
-            result.append([cursor, end])
-    return result
+    removed: list[list[int]] = []
+    for index in sorted(set(indices)):
+        if removed and removed[-1][1] == index:
+            removed[-1][1] = index + 1
+        else:
+            removed.append([index, index + 1])
+    return ranges_subtract(ranges, removed)
 
 
 def ranges_subtract(ranges: Iterable[Sequence[int]], removed: Iterable[Sequence[int]]) -> list[list[int]]:

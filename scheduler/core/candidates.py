@@ -111,12 +111,11 @@ class Tier:
         return self.judge(v) if self._listed(v) else None
 
     def walk(self) -> Iterator[Pair]:
-        yield from self._walked
         if self._source is None:
             self._source = iter(self._start())
-        index = len(self._walked)
+        index = 0
         while True:
-            if index < len(self._walked):  # another walk of this tier went further meanwhile
+            if index < len(self._walked):  # judged already, by this walk or an earlier one
                 yield self._walked[index]
                 index += 1
                 continue
@@ -159,7 +158,7 @@ class Streamed:
     def __bool__(self) -> bool:
         return next(self._walk(), None) is not None
 
-    def first_tier_empty_on(self, node: int, tier: int) -> bool:
+    def _earlier_tiers_empty_on(self, node: int, tier: int) -> bool:
         return all(not self._kept(self.tiers[earlier].on_node(node)) for earlier in range(tier))
 
     def _kept(self, pairs: list[Pair]) -> list[Pair]:
@@ -174,7 +173,7 @@ class Streamed:
                 break  # every node not seen yet has a dearer cheapest candidate than all of these
             for n in v.nodes:
                 # A node is ranked by its first candidate: one in an earlier tier, where it has one.
-                if n not in first and matches(n) and (tier == 0 or self.first_tier_empty_on(n, tier)):
+                if n not in first and matches(n) and (tier == 0 or self._earlier_tiers_empty_on(n, tier)):
                     first[n] = cost
         return heapq.nsmallest(max_nodes, ((cost, n) for n, cost in first.items()))
 

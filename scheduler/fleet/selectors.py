@@ -250,21 +250,23 @@ def metrics_snapshot() -> dict[str, Any]:
     allocations = _active_allocations()
     # Per card: its latest values (one Redis read per node), its tenants and what it holds. Without them
     # (GPUPOOL_METRICS_PER_CARD off) a scrape reads and writes a few lines per node, not per card.
-    per_card = settings.GPUPOOL_METRICS_PER_CARD
-    devices = (
-        list(
+    devices: list[dict[str, Any]] = []
+    latest: dict[int, dict[str, dict]] = {}
+    device_tenant: dict[str, list[str]] = defaultdict(list)
+    device_allocated: dict[str, int] = {}
+    if settings.GPUPOOL_METRICS_PER_CARD:
+        devices = list(
             Device.objects.select_related("flavor", "node").values(
                 "uuid", "index", "model", "node_id", "node__name", "flavor__name", "memory_mib"
             )
         )
-        if per_card
-        else []
-    )
-    latest = latest_store().get_nodes([node["pk"] for node in nodes]) if per_card else {}
-    device_tenant: dict[str, list[str]] = defaultdict(list)
-    if per_card:
+        latest = latest_store().get_nodes([node["pk"] for node in nodes])
         for uuid, slug in allocations.order_by().values_list("device__uuid", "tenant__slug").distinct():
             device_tenant[uuid].append(slug)
+        device_allocated = {
+            row["device__uuid"]: row["millis"]
+            for row in allocations.order_by().values("device__uuid").annotate(millis=Sum("millis"))
+        }
     # order_by(): the models' default ordering would otherwise join the GROUP BY.
     allocated_by_flavor = {
         row["flavor__name"]: row["millis"]
@@ -285,12 +287,7 @@ def metrics_snapshot() -> dict[str, Any]:
         "allocated_by_flavor": allocated_by_flavor,
         "jobs_by_state": jobs_by_state,
         "capacity_by_flavor": _capacity_millis_by_flavor(),
-        "device_allocated": {
-            row["device__uuid"]: row["millis"]
-            for row in allocations.order_by().values("device__uuid").annotate(millis=Sum("millis"))
-        }
-        if per_card
-        else {},
+        "device_allocated": device_allocated,
         **_tenant_usage(allocations),
         "queue_wait_jobs": queue_wait_jobs,
         "queue_wait_quantiles": queue_wait_quantiles,
