@@ -38,7 +38,7 @@ import uuid
 from _django import ROOT, setup_django  # benchmarks/ is on sys.path when a script runs
 
 
-def _populate(nodes: int, jobs: int) -> None:
+def populate(nodes: int, jobs: int) -> None:
     from catalog.models import ResourceFlavor, Vendor
     from scheduler.fleet.models import Device, Node, NodeStatus
     from scheduler.models import Job, JobState
@@ -249,7 +249,7 @@ def main() -> None:
         f"median of {args.repeat}, CPU count: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}"
     )
     print("command: " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]))
-    _populate(args.nodes, args.jobs)
+    populate(args.nodes, args.jobs)
     for label in ("empty pool", "busy pool", "unchanged"):
         t = _median_cycle(args.repeat)
         total = t["snapshot_s"] + t["plan_s"] + t["persist_s"] + t["commit_s"]

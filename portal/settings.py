@@ -394,6 +394,11 @@ GPUPOOL_DEMO_AGENTS = env_int("GPUPOOL_DEMO_AGENTS", 3)  # one per node of nodea
 # Runtimes are predicted from each user's last HISTORY_JOBS finished jobs of the same name (or command) finished
 # in the last HISTORY_DAYS, else the job's runtime estimate, else the tenant's or the pool's recent jobs, else
 # DEFAULT_RUNTIME_S. The forecast looks HORIZON_S ahead in at most MAX_CYCLES engine cycles and MAX_SECONDS.
+# The cycle keeps the pool's state between cycles and reads only what changed (scheduler/live_snapshot.py,
+# PostgreSQL): 0 reads it in full every cycle. Every CHECK_S the kept state is compared with a full read.
+GPUPOOL_SNAPSHOT_INCREMENTAL = env_bool("GPUPOOL_SNAPSHOT_INCREMENTAL", True)
+GPUPOOL_SNAPSHOT_CHECK_S = env_float("GPUPOOL_SNAPSHOT_CHECK_S", 300.0)
+
 GPUPOOL_ETA_INTERVAL_S = env_int("GPUPOOL_ETA_INTERVAL_S", 30)
 GPUPOOL_ETA_CHANGE_JOBS = env_int("GPUPOOL_ETA_CHANGE_JOBS", 10)
 #: Job arrays are one record; before each cycle an array's waiting tasks become job rows, as many as the free

@@ -421,3 +421,28 @@ class CapacityHold(models.Model):
 
     def __str__(self) -> str:
         return f"device {self.device_id} held for job {self.job_id}"
+
+
+class SnapshotChange(models.Model):
+    """A row the scheduling snapshot reads that changed: written by PostgreSQL triggers on the tables it reads
+    (migration 0014), one row per changed row and statement, stamped with the writing transaction's id
+    (``pg_current_xact_id()``). The incremental snapshot (``scheduler.live_snapshot``) reads those at or after
+    the oldest transaction that was still running when it last read, so a transaction that commits late is
+    never missed, and prunes what every reader has seen."""
+
+    xid = models.BigIntegerField(db_index=True)
+    source = models.CharField(max_length=16)
+    row_id = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.row_id} (xid {self.xid})"
+
+
+class SnapshotChangeHorizon(models.Model):
+    """One row: changes of transactions below ``pruned_below`` were deleted; a reader whose last read is older
+    rebuilds its state in full."""
+
+    pruned_below = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"snapshot changes pruned below xid {self.pruned_below}"

@@ -11,13 +11,14 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from catalog.models import ResourceFlavor
+from kernel.db.bulk import AnyOf
 from scheduler.core import decay_usage, plan
 from scheduler.core import types as core
 from scheduler.fleet.models import Device, DeviceHealth, Node, NodeStatus
@@ -165,6 +166,15 @@ _DEVICE_ROWS = CompiledQuery(
 )
 
 
+class NameMaps(Protocol):
+    """Ids → the names the snapshot uses, as ``_Names`` and the incremental snapshot keep them."""
+
+    tenants: dict[int, str]
+    flavors: dict[int, str]
+    node_names: dict[int, str]
+    device_uuids: dict[int, str]
+
+
 class _Names:
     """Ids → the names the snapshot uses (node name, device uuid, tenant slug, flavor name), each table read
     once with ``values_list`` (tens of thousands of model instances cost more than the whole plan)."""
@@ -188,76 +198,78 @@ def _group(explicit: str, lookup: dict[str, str], node: str, uuid: str, index: i
     return f"{node}:{found}" if found else None
 
 
+def node_build(row: tuple, device_rows: Iterable[tuple], flavors: dict[int, str]) -> core.Node:
+    """One node as the engine sees it, from its ``_NODE_ROWS`` row and its ``_DEVICE_ROWS`` rows (in index
+    order)."""
+    _pk, name, status, labels, topology, cpu_cores, host_memory_mib = row
+    topology = topology or {}
+    nvlink = _topology_lookup(topology, "nvlink_domains")
+    pcie = _topology_lookup(topology, "pcie_switches")
+    healthy = DeviceHealth.HEALTHY
+    devices = tuple(
+        core.Device(
+            uuid=uuid,
+            node=name,
+            index=index,
+            flavor=flavors[flavor_id],
+            memory_mib=memory_mib,
+            healthy=health == healthy,
+            nvlink_domain=_group(nvlink_domain, nvlink, name, uuid, index),
+            pcie_switch=_group(pcie_switch, pcie, name, uuid, index),
+            numa_node=numa_node,
+        )
+        for _pk, _node, uuid, index, flavor_id, memory_mib, health, nvlink_domain, pcie_switch, numa_node in device_rows
+        if flavor_id is not None  # a device no flavor describes cannot be asked for
+    )
+    return core.Node(
+        name=name,
+        devices=devices,
+        schedulable=status == NodeStatus.READY,
+        labels={str(k): str(v) for k, v in (labels or {}).items()},
+        # 0 means the agent has not reported it: not limited (the engine's None).
+        cpu_millicores=cpu_cores * 1000 if cpu_cores else None,
+        host_memory_mib=host_memory_mib or None,
+    )
+
+
 def _nodes(names: _Names) -> tuple[core.Node, ...]:
     by_node: dict[int, list[tuple]] = defaultdict(list)
     for row in names.devices:
         by_node[row[1]].append(row)
-    healthy = DeviceHealth.HEALTHY
-    nodes = []
-    for pk, name, status, labels, topology, cpu_cores, host_memory_mib in names.nodes:
-        topology = topology or {}
-        nvlink = _topology_lookup(topology, "nvlink_domains")
-        pcie = _topology_lookup(topology, "pcie_switches")
-
-        devices = tuple(
-            core.Device(
-                uuid=uuid,
-                node=name,
-                index=index,
-                flavor=names.flavors[flavor_id],
-                memory_mib=memory_mib,
-                healthy=health == healthy,
-                nvlink_domain=_group(nvlink_domain, nvlink, name, uuid, index),
-                pcie_switch=_group(pcie_switch, pcie, name, uuid, index),
-                numa_node=numa_node,
-            )
-            for _pk, _node, uuid, index, flavor_id, memory_mib, health, nvlink_domain, pcie_switch, numa_node in (
-                by_node[pk]
-            )
-            if flavor_id is not None  # a device no flavor describes cannot be asked for
-        )
-        nodes.append(
-            core.Node(
-                name=name,
-                devices=devices,
-                schedulable=status == NodeStatus.READY,
-                labels={str(k): str(v) for k, v in (labels or {}).items()},
-                # 0 means the agent has not reported it: not limited (the engine's None).
-                cpu_millicores=cpu_cores * 1000 if cpu_cores else None,
-                host_memory_mib=host_memory_mib or None,
-            )
-        )
-    return tuple(nodes)
+    # Sorted here, not by the database's collation: the incremental snapshot (``live_snapshot``) sorts the same.
+    return tuple(node_build(row, by_node[row[0]], names.flavors) for row in sorted(names.nodes, key=_by_name))
 
 
+def _by_name(row: tuple) -> str:
+    return row[1]
+
+
+#: What the engine needs of an active allocation and of its job (``allocation_build``).
+ALLOCATION_COLUMNS = (
+    "job_id",
+    "replica",
+    "device_id",
+    "node_id",
+    "tenant_id",
+    "flavor_id",
+    "millis",
+    "memory_mib",
+    "borrowed_millis",
+    "started_at",
+    "reservation_of_id",
+    "job__priority_class",
+    "job__preemptible",
+    "job__state",
+    "job__last_checkpoint_at",
+    "job__kind",
+    "job__max_runtime_s",
+    "job__runtime_estimate_s",
+    "job__cpu_millicores_per_replica",
+    "job__host_memory_mib_per_replica",
+    "job__preemption_count",
+)
 _ALLOCATION_ROWS = CompiledQuery(
-    lambda: (
-        Allocation.objects.active()
-        .order_by("job_id", "replica", "device_id")
-        .values_list(
-            "job_id",
-            "replica",
-            "device_id",
-            "node_id",
-            "tenant_id",
-            "flavor_id",
-            "millis",
-            "memory_mib",
-            "borrowed_millis",
-            "started_at",
-            "reservation_of_id",
-            "job__priority_class",
-            "job__preemptible",
-            "job__state",
-            "job__last_checkpoint_at",
-            "job__kind",
-            "job__max_runtime_s",
-            "job__runtime_estimate_s",
-            "job__cpu_millicores_per_replica",
-            "job__host_memory_mib_per_replica",
-            "job__preemption_count",
-        )
-    )
+    lambda: Allocation.objects.active().order_by("job_id", "replica", "device_id").values_list(*ALLOCATION_COLUMNS)
 )
 
 
@@ -268,9 +280,21 @@ def _allocation_rows() -> list[tuple]:
 
 def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...]:
     result = []
-    kinds = {kind.value: kind for kind in core.JobKind}
-    stopping = (JobState.PREEMPTING, JobState.CANCELLED)
-    for (
+    for row in rows:
+        # A replica's host CPU and memory go on its first row (rows come in job, replica order).
+        first_of_replica = not result or result[-1].job_id != str(row[0]) or result[-1].replica != row[1]
+        result.append(allocation_build(row, names, first_of_replica=first_of_replica))
+    return tuple(result)
+
+
+_ALLOCATION_KINDS = {kind.value: kind for kind in core.JobKind}
+_STOPPING = (JobState.PREEMPTING, JobState.CANCELLED)
+
+
+def allocation_build(row: tuple, names: NameMaps, *, first_of_replica: bool) -> core.Allocation:
+    """One allocation (an ``ALLOCATION_COLUMNS`` row); ``first_of_replica`` carries its replica's host CPU and
+    memory."""
+    (
         job_id,
         replica,
         device_id,
@@ -292,41 +316,36 @@ def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...
         cpu_millicores,
         host_memory_mib,
         preemption_count,
-    ) in rows:
-        # A replica's host CPU and memory go on its first row (rows come in job, replica order).
-        first_of_replica = not result or result[-1].job_id != str(job_id) or result[-1].replica != replica
-        started = _epoch(started_at) or 0.0
-        expected_end = None
-        if max_runtime_s:
-            expected_end = started + max_runtime_s
-        elif runtime_estimate_s:
-            expected_end = started + runtime_estimate_s
-        result.append(
-            core.Allocation(
-                job_id=str(job_id),
-                replica=replica,
-                device_uuid=names.device_uuids[device_id],
-                node=names.node_names[node_id],
-                tenant=names.tenants[tenant_id],
-                flavor=names.flavors[flavor_id],
-                millis=millis,
-                memory_mib=memory_mib,
-                priority=priority,
-                # A job already stopping (preempted, or cancelled and waiting for its process to end) is not
-                # stopped again.
-                preemptible=preemptible and state not in stopping,
-                borrowed_millis=borrowed_millis,
-                started_at=started,
-                last_checkpoint_at=_epoch(last_checkpoint_at),
-                kind=kinds[kind],
-                reservation_of=str(reservation_of_id) if reservation_of_id else None,
-                expected_end_at=expected_end,
-                cpu_millicores=cpu_millicores if first_of_replica else 0,
-                host_memory_mib=host_memory_mib if first_of_replica else 0,
-                preemptions=preemption_count,
-            )
-        )
-    return tuple(result)
+    ) = row
+    started = _epoch(started_at) or 0.0
+    expected_end = None
+    if max_runtime_s:
+        expected_end = started + max_runtime_s
+    elif runtime_estimate_s:
+        expected_end = started + runtime_estimate_s
+    return core.Allocation(
+        job_id=str(job_id),
+        replica=replica,
+        device_uuid=names.device_uuids[device_id],
+        node=names.node_names[node_id],
+        tenant=names.tenants[tenant_id],
+        flavor=names.flavors[flavor_id],
+        millis=millis,
+        memory_mib=memory_mib,
+        priority=priority,
+        # A job already stopping (preempted, or cancelled and waiting for its process to end) is not
+        # stopped again.
+        preemptible=preemptible and state not in _STOPPING,
+        borrowed_millis=borrowed_millis,
+        started_at=started,
+        last_checkpoint_at=_epoch(last_checkpoint_at),
+        kind=_ALLOCATION_KINDS[kind],
+        reservation_of=str(reservation_of_id) if reservation_of_id else None,
+        expected_end_at=expected_end,
+        cpu_millicores=cpu_millicores if first_of_replica else 0,
+        host_memory_mib=host_memory_mib if first_of_replica else 0,
+        preemptions=preemption_count,
+    )
 
 
 _RESERVATION_ROWS = CompiledQuery(
@@ -343,7 +362,7 @@ def _reservation_rows() -> list[tuple]:
     return _RESERVATION_ROWS.rows()
 
 
-def _reservations(rows: list[tuple], names: _Names) -> tuple[core.Reservation, ...]:
+def reservations_build(rows: Iterable[tuple], names: NameMaps) -> tuple[core.Reservation, ...]:
     return tuple(
         core.Reservation(
             job_id=str(job_id),
@@ -365,7 +384,7 @@ _HOLD_ROWS = CompiledQuery(
 )
 
 
-def _holds(names: _Names) -> tuple[core.Hold, ...]:
+def holds_build(rows: Iterable[tuple], names: NameMaps) -> tuple[core.Hold, ...]:
     return tuple(
         core.Hold(
             job_id=str(job_id),
@@ -373,18 +392,18 @@ def _holds(names: _Names) -> tuple[core.Hold, ...]:
             victims=tuple(sorted(str(v) for v in victim_ids or ())),
             since=since.timestamp(),
         )
-        for job_id, device_id, victim_ids, since in _HOLD_ROWS.rows()
+        for job_id, device_id, victim_ids, since in rows
     )
 
 
-def _tenants(names: _Names) -> tuple[core.Tenant, ...]:
+def tenants_build(rows: Iterable[tuple], tenants: dict[int, str]) -> tuple[core.Tenant, ...]:
+    """The tenant tree from ``_TENANT_ROWS`` rows, by slug (sorted here: the incremental snapshot does the same)."""
     return tuple(
-        core.Tenant(name=slug, parent=names.tenants[parent] if parent is not None else None)
-        for _pk, slug, parent in names.tenant_rows
+        core.Tenant(name=slug, parent=tenants[parent] if parent is not None else None)
+        for _pk, slug, parent in sorted(rows, key=_by_name)
     )
 
 
-# In the model's order (tenant slug, flavor name), as the rows with their tenant and flavor were read before.
 _QUOTA_ROWS = CompiledQuery(
     lambda: Quota.objects.values_list(
         "tenant__slug",
@@ -397,7 +416,9 @@ _QUOTA_ROWS = CompiledQuery(
 )
 
 
-def _quotas() -> tuple[core.Quota, ...]:
+def quotas_build(rows: Iterable[tuple]) -> tuple[core.Quota, ...]:
+    """Quotas from ``(tenant slug, flavor name, ...)`` rows, in the model's order (tenant slug, flavor name),
+    sorted here as the incremental snapshot sorts them."""
     return tuple(
         core.Quota(
             tenant=tenant,
@@ -407,10 +428,14 @@ def _quotas() -> tuple[core.Quota, ...]:
             lending_limit_millis=lending_limit_millis,
             max_running_jobs=max_running_jobs or None,
         )
-        for tenant, flavor, guaranteed_millis, limit_millis, lending_limit_millis, max_running_jobs in (
-            _QUOTA_ROWS.rows()
+        for tenant, flavor, guaranteed_millis, limit_millis, lending_limit_millis, max_running_jobs in sorted(
+            rows, key=_tenant_and_flavor
         )
     )
+
+
+def _tenant_and_flavor(row: tuple) -> tuple[str, str]:
+    return row[0], row[1]
 
 
 USAGE_CACHE_KEY = "scheduler:fairshare-usage:v1"
@@ -456,7 +481,7 @@ def decayed_usage(
     return result
 
 
-#: The Job columns a pending job is built from (``_pending_job``), then its stored explanation.
+#: The Job columns a pending job is built from (``pending_job``), then its stored explanation.
 PENDING_COLUMNS = (
     "pk",
     "tenant_id",
@@ -484,7 +509,7 @@ PENDING_COLUMNS = (
 EXPLANATION_COLUMNS = ("pending_reason_code", "pending_message", "position_in_tenant", "position_overall")
 
 
-def _pending_job(row: tuple, tenants: dict[int, str]) -> core.PendingJob:
+def pending_job(row: tuple, tenants: dict[int, str]) -> core.PendingJob:
     (
         pk,
         tenant_id,
@@ -564,20 +589,20 @@ def _pending(
     pending = []
     width = len(PENDING_COLUMNS)
     for row in rows:
-        pending.append(_pending_job(row, names.tenants))
+        pending.append(pending_job(row, names.tenants))
         if stored_explanations is not None:
             stored_explanations[row[0]] = row[width:]
-    return _with_last_preemption(pending) + _scale_ups(allocations, names)
+    return with_last_preemption(pending) + scale_ups(allocations, _SERVICE_ROWS.rows(), names.tenants)
 
 
-def _with_last_preemption(pending: list[core.PendingJob]) -> tuple[core.PendingJob, ...]:
+def with_last_preemption(pending: list[core.PendingJob]) -> tuple[core.PendingJob, ...]:
     """``last_preempted_at`` of the jobs preempted before (the engine's borrowing back-off): the time of each
     one's latest transition to PREEMPTING, one query for all of them."""
     preempted = [int(j.job_id) for j in pending if j.preemptions > 0]
     if not preempted:
         return tuple(pending)
     latest = dict(
-        JobEvent.objects.filter(job_id__in=preempted, to_state=JobState.PREEMPTING)
+        JobEvent.objects.filter(AnyOf("job_id", preempted), to_state=JobState.PREEMPTING)
         .values("job_id")
         .annotate(at=Max("created_at"))
         .values_list("job_id", "at")
@@ -587,21 +612,23 @@ def _with_last_preemption(pending: list[core.PendingJob]) -> tuple[core.PendingJ
     )
 
 
-def _scale_ups(allocations: tuple[core.Allocation, ...], names: _Names) -> tuple[core.PendingJob, ...]:
+def scale_ups(
+    allocations: tuple[core.Allocation, ...], service_rows: Iterable[tuple], tenants: dict[int, str]
+) -> tuple[core.PendingJob, ...]:
     """Running inference services that want more replicas than run: their missing replicas, as pending work
     under the service's own id (so they go onto its reservation first), each replica on its own."""
     replicas: dict[str, set[int]] = defaultdict(set)
     for allocation in allocations:
         replicas[allocation.job_id].add(allocation.replica)
     out = []
-    for row in _SERVICE_ROWS.rows():
+    for row in service_rows:
         running = replicas.get(str(row[0]), set())
         missing = row[PENDING_COLUMNS.index("replicas")] - len(running)
         if missing <= 0 or not running:
             continue
         out.append(
             replace(
-                _pending_job(row, names.tenants),
+                pending_job(row, tenants),
                 replicas=missing,
                 min_replicas=1,
                 first_replica=max(running) + 1,
@@ -641,12 +668,12 @@ def build_snapshot(
         now=now_s,
         nodes=_nodes(names),
         allocations=allocations,
-        tenants=_tenants(names),
-        quotas=_quotas(),
+        tenants=tenants_build(names.tenant_rows, names.tenants),
+        quotas=quotas_build(_QUOTA_ROWS.rows()),
         usage=usage,
         pending=_pending(allocations, names, stored_explanations),
-        reservations=_reservations(reservation_rows, names),
-        holds=_holds(names),
+        reservations=reservations_build(reservation_rows, names),
+        holds=holds_build(_HOLD_ROWS.rows(), names),
     )
 
 

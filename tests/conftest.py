@@ -61,6 +61,13 @@ def postgres() -> None:
 
 
 @pytest.fixture(autouse=True)
+def live_snapshot_per_test(monkeypatch):
+    """Every test's cycles start from a fresh kept state (``scheduler.live_snapshot``), as a new worker would: a
+    test's transaction is rolled back at its end, which no change log can tell a state kept past it."""
+    monkeypatch.setattr("scheduler.services.cycle._live", None)
+
+
+@pytest.fixture(autouse=True)
 def audit_witness_per_test(settings, tmp_path_factory, monkeypatch):
     """Every test gets its own audit witness file, also for the processes it starts (workers inherit the
     environment): a real worker seals the chain heads to the witness when it shuts down, and a witness shared

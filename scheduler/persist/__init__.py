@@ -73,12 +73,15 @@ def persist_plan(
     now: datetime | None = None,
     stored_explanations: Mapping[int, StoredExplanation] | None = None,
     holds_stored: bool = True,
+    explanations_known: bool = False,
 ) -> PersistOutcome:
     """Write ``plan``: allocations and ``workload.start`` for each place that still fits, ``workload.stop`` for
     each preemption, pending reasons for the rest (only those that changed; ``stored_explanations`` is what
     the snapshot read, so they need not be read again). ``holds_stored=False`` says the snapshot found no
     stored hold (read under the cycle lock, which every writer of holds holds): a plan without holds then
-    writes none. Runs in one transaction (the caller's, or its own)."""
+    writes none. ``explanations_known``: the caller keeps the explanations it is told of (``outcome.explanations``;
+    the live snapshot), so their write is not sent through the snapshot's change log. Runs in one transaction
+    (the caller's, or its own)."""
     now = now or timezone.now()
     outcome = PersistOutcome()
     # No savepoint inside the cycle's transaction: a failure here fails the whole cycle anyway.
@@ -124,5 +127,6 @@ def persist_plan(
             transaction.on_commit(serving.serving_sync)  # new replicas join their endpoints once ready
         if holds_stored or plan.holds:
             holds_replace(plan.holds, now=now)
-        outcome.explained = explanations_write(explained)
+        outcome.explained = explanations_write(explained, known=explanations_known)
+        outcome.explanations = explained
     return outcome

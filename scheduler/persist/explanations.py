@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from django.db import connection
+
 from kernel.db.bulk import AnyOf, update_rows
 from scheduler.core import types as core
 from scheduler.fleet.models import Device
@@ -42,8 +44,26 @@ def changed_explanations(
     return changed
 
 
-def explanations_write(rows: list[tuple[int, str, str, int | None, int | None]]) -> int:
-    """The changed explanations in one UPDATE; a job that stopped pending meanwhile keeps its fields."""
+def explanations_write(rows: list[tuple[int, str, str, int | None, int | None]], *, known: bool = False) -> int:
+    """The changed explanations in one UPDATE; a job that stopped pending meanwhile keeps its fields.
+
+    ``known``: the caller keeps them (the live snapshot): the UPDATE says so to the change log's trigger
+    (``gpupool.explanations_known``, migration 0014), which then does not log these jobs as changed — else
+    every waiting job would be read again each time the queue moves."""
+    if not rows:
+        return 0
+    if known and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('gpupool.explanations_known', 'on', true)")
+        try:
+            return _explanations_update(rows)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT set_config('gpupool.explanations_known', '', true)")
+    return _explanations_update(rows)
+
+
+def _explanations_update(rows: list[tuple[int, str, str, int | None, int | None]]) -> int:
     return update_rows(
         Job,
         columns=(

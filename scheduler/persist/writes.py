@@ -45,6 +45,8 @@ class PersistOutcome:
     preempted: list[int] = field(default_factory=list)
     explained: int = 0
     skipped: list[dict] = field(default_factory=list)
+    # The pending explanations written, ``(pk, code, message, in tenant, overall)`` (the live snapshot's copy).
+    explanations: list[tuple] = field(default_factory=list)
 
 
 def _write(writes: Sequence[PlaceWrite], *, now: datetime) -> None:

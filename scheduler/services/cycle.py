@@ -15,7 +15,7 @@ from django.core.cache import cache
 from django.db import transaction
 
 from kernel.task_queue import task_queue
-from scheduler import eta, locks, persist, snapshot
+from scheduler import eta, live_snapshot, locks, persist, snapshot
 from scheduler.services.array_rows import array_tasks_top_up
 from scheduler.services.never_fits import never_fits_notify
 
@@ -38,6 +38,19 @@ CYCLE_LOCK_WAIT_S = 10.0
 CYCLE_STARTED_KEY = "scheduler:cycle:started-at"
 # The Celery queue requested cycles are sent to (None: the default queue); tests point it at their worker.
 CYCLE_QUEUE: str | None = None
+
+
+# This worker process's kept state of the pool (``scheduler.live_snapshot``), made on its first cycle.
+_live: live_snapshot.LiveSnapshot | None = None
+
+
+def _live_snapshot() -> live_snapshot.LiveSnapshot | None:
+    global _live
+    if not settings.GPUPOOL_SNAPSHOT_INCREMENTAL:
+        return None
+    if _live is None or _live.full_every_s != settings.GPUPOOL_SNAPSHOT_CHECK_S:
+        _live = live_snapshot.LiveSnapshot(full_every_s=settings.GPUPOOL_SNAPSHOT_CHECK_S)
+    return _live
 
 
 # --- the cycle ----------------------------------------------------------------------------------------
@@ -167,13 +180,21 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
         # Arrays are one record each: the tasks this cycle may place become rows first (none: one indexed read).
         topped_up = array_tasks_top_up()
         stored: dict[int, tuple] = {}
-        snap = snapshot.build_snapshot(
-            now=now, previous_usage=cache.get(snapshot.USAGE_CACHE_KEY), stored_explanations=stored
-        )
+        live = _live_snapshot()
+        build = live.build if live is not None else snapshot.build_snapshot
+        snap = build(now=now, previous_usage=cache.get(snapshot.USAGE_CACHE_KEY), stored_explanations=stored)
         planning = perf_counter()
         plan = snapshot.plan_for(snap)
         persisting = perf_counter()
-        outcome = persist.persist_plan(plan, now=now, stored_explanations=stored, holds_stored=bool(snap.holds))
+        outcome = persist.persist_plan(
+            plan,
+            now=now,
+            stored_explanations=stored,
+            holds_stored=bool(snap.holds),
+            explanations_known=live is not None and live_snapshot.supported(),
+        )
+        if live is not None:
+            live.explanations_written(outcome.explanations)
         never_fits_notify(explanations=plan.explanations, stored=stored)
         done = perf_counter()
         # Kept for the next cycle's decay; losing it (cache flush) only restarts the average.
@@ -194,6 +215,8 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
                 **plan.stats,
                 "array_rows_made": topped_up.rows_made,
                 "snapshot_s": round(planning - started, 4),
+                "snapshot_read": live.last.mode if live is not None else "full",
+                "snapshot_changed_rows": live.last.changed_rows if live is not None else None,
                 "plan_s": round(persisting - planning, 4),
                 "persist_s": round(done - persisting, 4),
             },

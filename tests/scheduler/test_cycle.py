@@ -75,7 +75,7 @@ def test_a_lender_reclaims_borrowed_capacity_through_preemption_then_runs(member
         core.Quota(tenant="team-a", flavor="sim-80g", guaranteed_millis=2000),
         core.Quota(tenant="team-b", flavor="sim-80g", guaranteed_millis=0, limit_millis=2000),
     )
-    monkeypatch.setattr("scheduler.snapshot._quotas", lambda: quotas)
+    monkeypatch.setattr("scheduler.snapshot.quotas_build", lambda _rows: quotas)
     settings.GPUPOOL_SCHEDULER_POLICY = {"min_runtime_before_preempt_s": 0}
     low = [job_submit(actor=borrower, spec={**SPEC, "tenant": "team-b"}) for _ in range(2)]
     assert sorted(run_cycle().placed) == sorted(j.pk for j in low)

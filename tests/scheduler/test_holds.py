@@ -28,7 +28,7 @@ def lender_and_borrower(member, node, monkeypatch, settings):
         core.Quota(tenant="team-a", flavor="sim-80g", guaranteed_millis=2000),
         core.Quota(tenant="team-b", flavor="sim-80g", guaranteed_millis=0, limit_millis=2000),
     )
-    monkeypatch.setattr("scheduler.snapshot._quotas", lambda: quotas)
+    monkeypatch.setattr("scheduler.snapshot.quotas_build", lambda _rows: quotas)
     # No borrowing back-off: these tests follow the hold; the back-off has its own test below.
     settings.GPUPOOL_SCHEDULER_POLICY = {
         "min_runtime_before_preempt_s": 0,

@@ -45,7 +45,7 @@ def service(member, node, monkeypatch):
     """A running service with one replica on node-a's first free card and the other card reserved."""
     # Non-preemptible work needs a guarantee: team-a's covers the service, its reservation and training.
     quotas = (core.Quota(tenant="team-a", flavor="sim-80g", guaranteed_millis=4000),)
-    monkeypatch.setattr("scheduler.snapshot._quotas", lambda: quotas)
+    monkeypatch.setattr("scheduler.snapshot.quotas_build", lambda _rows: quotas)
     job = job_submit(actor=member, spec=SERVICE)
     assert run_cycle().placed == [job.pk]
     _report(job, 0, "running")
