@@ -8,7 +8,9 @@ then, each the median of ``--repeat`` runs:
 - ``live: first build``: the live snapshot's own full read (once per worker, and at each check);
 - ``live: nothing changed``: a build with no row changed since the last;
 - ``live: N finishes`` / ``N submits`` / ``N node events``: N jobs finish (allocations end), N jobs are
-  submitted, N nodes change state, committed, then one build; and what one changed row costs.
+  submitted, N nodes change state, committed, then one build; and what one changed row costs;
+- ``cycle``: whole cycles (``run_cycle``: snapshot, plan, persist, commit) on the pool as it is then, first with
+  the snapshot read in full (``GPUPOOL_SNAPSHOT_INCREMENTAL=0``), then with the live snapshot.
 
 After each build it compares the live snapshot with a full read and prints whether they are the same. The
 benchmark changes the database it is given: use one of its own.
@@ -172,6 +174,31 @@ def main() -> None:
                 f"{statistics.median(rows):6.0f} rows changed, {per_row:6.1f} µs each beyond an idle build | "
                 f"same as a full read: {_same(live, built)}"
             )
+    _cycles(args.repeat)
+
+
+def _cycles(repeat: int) -> None:
+    from django.conf import settings
+
+    from scheduler.services import cycle
+
+    # As scheduler_db_cycle.py plans: the bench tenants have no quota rows.
+    settings.GPUPOOL_SCHEDULER_POLICY = {**getattr(settings, "GPUPOOL_SCHEDULER_POLICY", {}), "require_quota": False}
+    for label, incremental in (("full read", False), ("live snapshot", True)):
+        settings.GPUPOOL_SNAPSHOT_INCREMENTAL = incremental
+        cycle.run_cycle()  # the live snapshot's first build (a full read) is not measured
+        runs = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            stats = cycle.run_cycle().stats
+            runs.append((time.perf_counter() - started, stats))
+        total = statistics.median(run[0] for run in runs)
+        steps = {key: statistics.median(run[1][key] for run in runs) for key in ("snapshot_s", "plan_s", "persist_s")}
+        print(
+            f"{'cycle, ' + label:>24}: {total * 1000:8.1f} ms | snapshot {steps['snapshot_s'] * 1000:7.1f} ms | "
+            f"plan {steps['plan_s'] * 1000:7.1f} ms | persist {steps['persist_s'] * 1000:7.1f} ms | "
+            f"read: {runs[-1][1]['snapshot_read']}"
+        )
 
 
 if __name__ == "__main__":

@@ -78,6 +78,37 @@ def supported() -> bool:
     return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
 
 
+def log_prune(below: int | None = None) -> None:
+    """Delete the change log below transaction id ``below`` (None: below the oldest running transaction, all
+    that any reader could have read) and raise the horizon so that a reader that had not read it reads in
+    full. Housekeeping: a failure is logged, and the next call tries again."""
+    if not supported():
+        return
+    try:
+        with transaction.atomic(), connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            if below is None:
+                cursor.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+                (below,) = cursor.fetchone()
+            updated = SnapshotChangeHorizon.objects.filter(pruned_below__lt=below).update(pruned_below=below)
+            if not updated and not SnapshotChangeHorizon.objects.exists():
+                SnapshotChangeHorizon.objects.create(pruned_below=below)
+            cursor.execute("DELETE FROM scheduler_snapshotchange WHERE xid < %s", [below])
+    except Exception:
+        logger.warning("could not prune the snapshot change log", exc_info=True)
+
+
+_unread_pruned_at = 0.0
+
+
+def log_prune_unread() -> None:
+    """With the incremental snapshot off (``GPUPOOL_SNAPSHOT_INCREMENTAL=0``) the triggers still write the log:
+    the cycle calls this to delete it, at most every ``PRUNE_EVERY_S``."""
+    global _unread_pruned_at
+    if monotonic() - _unread_pruned_at >= PRUNE_EVERY_S:
+        _unread_pruned_at = monotonic()
+        log_prune()
+
+
 def _by(queryset: Any, field_name: str, ids: Iterable[int]) -> Any:
     ids = list(ids)
     queryset = queryset.order_by()
@@ -360,14 +391,7 @@ class LiveSnapshot:
             horizon = self._watermarks.popleft()[1]
         if horizon is None:
             return
-        try:
-            with transaction.atomic(), connections[DEFAULT_DB_ALIAS].cursor() as cursor:
-                updated = SnapshotChangeHorizon.objects.filter(pruned_below__lt=horizon).update(pruned_below=horizon)
-                if not updated and not SnapshotChangeHorizon.objects.exists():
-                    SnapshotChangeHorizon.objects.create(pruned_below=horizon)
-                cursor.execute("DELETE FROM scheduler_snapshotchange WHERE xid < %s", [horizon])
-        except Exception:  # pruning is housekeeping: the next commit tries again
-            logger.warning("could not prune the snapshot change log", exc_info=True)
+        log_prune(horizon)
 
     # --- the snapshot -------------------------------------------------------------------------------------
 

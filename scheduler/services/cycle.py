@@ -195,6 +195,8 @@ def run_cycle(*, hold_lock: bool = True, now: datetime | None = None, lock_wait_
         )
         if live is not None:
             live.explanations_written(outcome.explanations)
+        else:
+            transaction.on_commit(live_snapshot.log_prune_unread)
         never_fits_notify(explanations=plan.explanations, stored=stored)
         done = perf_counter()
         # Kept for the next cycle's decay; losing it (cache flush) only restarts the average.

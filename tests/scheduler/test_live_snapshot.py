@@ -357,3 +357,16 @@ def test_a_cycle_reads_increments_and_says_so(tenant):
     second = run_cycle()
     assert second.stats["snapshot_read"] == "incremental" and len(second.placed) == 1
     assert second.stats["snapshot_changed_rows"] >= 1
+
+
+def test_with_the_live_snapshot_off_a_cycle_reads_in_full_and_the_log_does_not_grow(tenant, settings, monkeypatch):
+    settings.GPUPOOL_SNAPSHOT_INCREMENTAL = False
+    monkeypatch.setattr(live_snapshot, "_unread_pruned_at", 0.0)
+    node_with_devices(1, name="node-a")
+    JobFactory(tenant=tenant)
+    assert SnapshotChange.objects.exists()
+    result = run_cycle()
+    assert result.stats["snapshot_read"] == "full" and len(result.placed) == 1
+    # What that cycle itself wrote is at or above the oldest transaction running when it pruned (its own).
+    assert not SnapshotChange.objects.filter(source="node").exists()
+    assert SnapshotChangeHorizon.objects.get().pruned_below > 0
