@@ -284,15 +284,17 @@ class LiveSnapshot:
             pk for job in jobs for pk in state.job_allocations.get(job, ())
         }
         if allocation_ids or jobs:
-            query = Allocation.objects.active().order_by()
-            condition = None
-            if allocation_ids:
-                condition = AnyOf("pk", allocation_ids)
-            if jobs:
-                by_job = AnyOf("job_id", jobs)
-                condition = by_job if condition is None else condition | by_job
-            rows = list(query.filter(condition).values_list("pk", *full.ALLOCATION_COLUMNS))
-            _apply_allocations(state, rows, removed=allocation_ids - {row[0] for row in rows})
+            # Each read by one indexed key only, the rest filtered here: with a second condition the planner may
+            # scan all active allocations and test each against the whole list (it did on a freshly filled pool).
+            found: dict[int, tuple] = {}
+            for field_name, ids in (("pk", allocation_ids), ("job_id", jobs)):
+                for pk, ended_at, *columns in _by(Allocation.objects, field_name, ids).values_list(
+                    "pk", "ended_at", *full.ALLOCATION_COLUMNS
+                ):
+                    if ended_at is None:
+                        found[pk] = (pk, *columns)
+            rows = list(found.values())
+            _apply_allocations(state, rows, removed=allocation_ids - set(found))
         if ids := changed.get("reservation"):
             rows = list(_by(InferenceReservation.objects, "pk", ids).values_list("pk", *_RESERVATION_COLUMNS))
             _apply_plain(state.reservations, rows, ids)
@@ -322,12 +324,17 @@ class LiveSnapshot:
             rows = list(_by(Quota.objects, "pk", ids).values_list("pk", *_QUOTA_COLUMNS))
             _apply_plain(state.quotas, rows, ids)
         if jobs:
-            rows = list(
-                _by(_pending_queryset(), "pk", jobs).values_list(*full.PENDING_COLUMNS, *full.EXPLANATION_COLUMNS)
-            )
-            _apply_pending(state, rows, removed=jobs - {row[0] for row in rows})
-            rows = list(_by(_service_queryset(), "pk", jobs).values_list(*full.PENDING_COLUMNS))
-            _apply_plain(state.services, [(row[0], row) for row in rows], jobs, whole=True)
+            # By primary key only (see the allocations above); pending and services are told apart here.
+            pending, services = [], []
+            for state_value, kind, *row in _by(Job.objects, "pk", jobs).values_list(
+                "state", "kind", *full.PENDING_COLUMNS, *full.EXPLANATION_COLUMNS
+            ):
+                if state_value in _PENDING_STATES:
+                    pending.append(tuple(row))
+                elif kind == JobKind.INFERENCE and state_value in _SERVICE_STATES:
+                    services.append((row[0], tuple(row[:_WIDTH])))
+            _apply_pending(state, pending, removed=jobs - {row[0] for row in pending})
+            _apply_plain(state.services, services, jobs, whole=True)
         self._watermark = watermark
         self._watermarks.append((monotonic(), watermark))
         return Refresh(mode="incremental", changed_rows=sum(len(ids) for ids in changed.values()))
