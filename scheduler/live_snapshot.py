@@ -434,19 +434,8 @@ class LiveSnapshot:
 # --- columns (the full read's, with the primary key first where it has none) -----------------------------
 
 _TENANT_COLUMNS = ("pk", "slug", "parent_id")
-_NODE_COLUMNS = ("pk", "name", "status", "labels", "topology", "cpu_cores", "memory_mib")
-_DEVICE_COLUMNS = (
-    "pk",
-    "node_id",
-    "uuid",
-    "index",
-    "flavor_id",
-    "memory_mib",
-    "health",
-    "nvlink_domain",
-    "pcie_switch",
-    "numa_node",
-)
+_NODE_COLUMNS = full.NODE_COLUMNS
+_DEVICE_COLUMNS = full.DEVICE_COLUMNS
 _RESERVATION_COLUMNS = ("job_id", "tenant_id", "node_id", "device_id", "flavor_id", "millis", "memory_mib", "replica")
 _HOLD_COLUMNS = ("job_id", "device_id", "victim_ids", "since")
 _QUOTA_COLUMNS = (

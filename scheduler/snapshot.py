@@ -145,25 +145,22 @@ def _topology_lookup(topology: dict, key: str) -> dict[str, str]:
 # Every tenant, by slug: its pk (to name rows) and its parent's (the tree), in one read.
 _TENANT_ROWS = CompiledQuery(lambda: Tenant.objects.order_by("slug").values_list("pk", "slug", "parent_id"))
 _FLAVOR_NAMES = CompiledQuery(lambda: ResourceFlavor.objects.values_list("pk", "name"))
-_NODE_ROWS = CompiledQuery(
-    lambda: Node.objects.order_by("name").values_list(
-        "pk", "name", "status", "labels", "topology", "cpu_cores", "memory_mib"
-    )
+#: A node's and a card's columns (``node_build``), read by this module and by the incremental snapshot.
+NODE_COLUMNS = ("pk", "name", "status", "labels", "topology", "cpu_cores", "memory_mib")
+DEVICE_COLUMNS = (
+    "pk",
+    "node_id",
+    "uuid",
+    "index",
+    "flavor_id",
+    "memory_mib",
+    "health",
+    "nvlink_domain",
+    "pcie_switch",
+    "numa_node",
 )
-_DEVICE_ROWS = CompiledQuery(
-    lambda: Device.objects.order_by("node_id", "index").values_list(
-        "pk",
-        "node_id",
-        "uuid",
-        "index",
-        "flavor_id",
-        "memory_mib",
-        "health",
-        "nvlink_domain",
-        "pcie_switch",
-        "numa_node",
-    )
-)
+_NODE_ROWS = CompiledQuery(lambda: Node.objects.order_by("name").values_list(*NODE_COLUMNS))
+_DEVICE_ROWS = CompiledQuery(lambda: Device.objects.order_by("node_id", "index").values_list(*DEVICE_COLUMNS))
 
 
 class NameMaps(Protocol):
