@@ -223,7 +223,8 @@ class LiveSnapshot:
 
     def explanations_written(self, rows: Iterable[tuple]) -> None:
         """The cycle wrote these pending explanations (``(pk, code, message, in tenant, overall)``): they are
-        what the jobs show now (a write the change log does not carry, see ``explanations_known``)."""
+        what the jobs show now (a write the change log does not carry: ``persist.explanations.explanations_write``
+        with ``known=True``)."""
         if self._state is None:
             return
         explanations = self._state.explanations
