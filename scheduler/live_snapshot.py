@@ -47,10 +47,8 @@ from scheduler.models import (
     InferenceReservation,
     Job,
     JobKind,
-    JobState,
     SnapshotChangeHorizon,
 )
-from scheduler.scheduling_policy import policy_from_settings
 from tenants.models import Quota, Tenant
 
 logger = logging.getLogger(__name__)
@@ -62,8 +60,6 @@ PRUNE_LAG_S = 300.0
 #: The change log's source for a TRUNCATE of any table the snapshot reads.
 TRUNCATED = "*"
 PRUNE_EVERY_S = 60.0
-_PENDING_STATES = (JobState.QUEUED, JobState.PENDING_APPROVAL)
-_SERVICE_STATES = (JobState.ADMITTED, JobState.RUNNING)
 _WIDTH = len(full.PENDING_COLUMNS)
 
 _WATERMARK_SQL = (
@@ -143,20 +139,12 @@ class _State:
     node_names: dict[int, str] = field(default_factory=dict)
     device_uuids: dict[int, str] = field(default_factory=dict)
 
-    @property
-    def flavors(self) -> dict[int, str]:
-        return self.flavor_rows
-
-    @property
-    def tenant_slugs(self) -> dict[int, str]:
-        return {pk: row[1] for pk, row in self.tenants.items()}
-
 
 class _Names:
     """The ``snapshot.NameMaps`` of a state (tenant slugs computed once per assembly)."""
 
     def __init__(self, state: _State) -> None:
-        self.tenants = state.tenant_slugs
+        self.tenants = {pk: row[1] for pk, row in state.tenants.items()}
         self.flavors = state.flavor_rows
         self.node_names = state.node_names
         self.device_uuids = state.device_uuids
@@ -253,8 +241,8 @@ class LiveSnapshot:
         reservation_rows = InferenceReservation.objects.order_by().values_list("pk", *_RESERVATION_COLUMNS)
         _apply_allocations(state, list(allocation_rows), removed=())
         state.reservations = {row[0]: row[1:] for row in reservation_rows}
-        _apply_tenants(state, Tenant.objects.order_by().values_list(*_TENANT_COLUMNS), removed=())
-        _apply_flavors(state, ResourceFlavor.objects.order_by().values_list("pk", "name"), removed=())
+        _apply_plain(state.tenants, _keyed(Tenant.objects.order_by().values_list(*_TENANT_COLUMNS)), set(), pairs=True)
+        _apply_plain(state.flavor_rows, ResourceFlavor.objects.order_by().values_list("pk", "name"), set(), pairs=True)
         _apply_nodes(state, Node.objects.order_by().values_list(*_NODE_COLUMNS), removed=())
         _apply_devices(state, Device.objects.order_by().values_list(*_DEVICE_COLUMNS), removed=())
         state.holds = {row[0]: row[1:] for row in CapacityHold.objects.order_by().values_list("pk", *_HOLD_COLUMNS)}
@@ -280,10 +268,7 @@ class LiveSnapshot:
         if TRUNCATED in changed:  # a table was emptied at once (no row triggers fire for that): read anew
             return None
         jobs = changed.get("job", set())
-        # Allocations carry their job's columns: a changed job re-reads its allocations.
-        allocation_ids = changed.get("allocation", set()) | {
-            pk for job in jobs for pk in state.job_allocations.get(job, ())
-        }
+        allocation_ids = changed.get("allocation", set())
         if allocation_ids or jobs:
             # Each read by one indexed key only, the rest filtered here: with a second condition the planner may
             # scan all active allocations and test each against the whole list (it did on a freshly filled pool).
@@ -294,18 +279,23 @@ class LiveSnapshot:
                 ):
                     if ended_at is None:
                         found[pk] = (pk, *columns)
-            rows = list(found.values())
-            _apply_allocations(state, rows, removed=allocation_ids - set(found))
+            # Allocations carry their job's columns: a changed job's are read again, by its id; whichever of
+            # them is no longer active is gone.
+            held = {pk for job in jobs for pk in state.job_allocations.get(job, ())}
+            _apply_allocations(state, list(found.values()), removed=(allocation_ids | held) - set(found))
         if ids := changed.get("reservation"):
             rows = list(_by(InferenceReservation.objects, "pk", ids).values_list("pk", *_RESERVATION_COLUMNS))
             _apply_plain(state.reservations, rows, ids)
         names_before = self._names(changed)
         if ids := changed.get("tenant"):
-            rows = list(_by(Tenant.objects, "pk", ids).values_list(*_TENANT_COLUMNS))
-            _apply_tenants(state, rows, removed=ids - {row[0] for row in rows})
+            _apply_plain(
+                state.tenants, _keyed(_by(Tenant.objects, "pk", ids).values_list(*_TENANT_COLUMNS)), ids, pairs=True
+            )
         if ids := changed.get("flavor"):
-            rows = list(_by(ResourceFlavor.objects, "pk", ids).values_list("pk", "name"))
-            _apply_flavors(state, rows, removed=ids - {row[0] for row in rows})
+            _apply_plain(
+                state.flavor_rows, _by(ResourceFlavor.objects, "pk", ids).values_list("pk", "name"), ids, pairs=True
+            )
+            state.node_objects.clear()  # a node's devices carry their flavor's name
         if ids := changed.get("node"):
             rows = list(_by(Node.objects, "pk", ids).values_list(*_NODE_COLUMNS))
             _apply_nodes(state, rows, removed=ids - {row[0] for row in rows})
@@ -330,12 +320,12 @@ class LiveSnapshot:
             for state_value, kind, *row in _by(Job.objects, "pk", jobs).values_list(
                 "state", "kind", *full.PENDING_COLUMNS, *full.EXPLANATION_COLUMNS
             ):
-                if state_value in _PENDING_STATES:
+                if state_value in full.PENDING_STATES:
                     pending.append(tuple(row))
-                elif kind == JobKind.INFERENCE and state_value in _SERVICE_STATES:
+                elif kind == JobKind.INFERENCE and state_value in full.SERVICE_STATES:
                     services.append((row[0], tuple(row[:_WIDTH])))
             _apply_pending(state, pending, removed=jobs - {row[0] for row in pending})
-            _apply_plain(state.services, services, jobs, whole=True)
+            _apply_plain(state.services, services, jobs, pairs=True)
         self._watermark = watermark
         self._watermarks.append((monotonic(), watermark))
         return Refresh(mode="incremental", changed_rows=sum(len(ids) for ids in changed.values()))
@@ -408,12 +398,7 @@ class LiveSnapshot:
         names = _Names(state)
         allocations = _allocations(state, names)
         now_s = (now or timezone.now()).timestamp()
-        usage = full.decayed_usage(
-            full.held_millis(allocations),
-            now_s=now_s,
-            half_life_s=policy_from_settings().usage_half_life_s,
-            previous=previous_usage,
-        )
+        usage = full.usage_now(allocations, now_s=now_s, previous_usage=previous_usage)
         return core.Snapshot(
             now=now_s,
             nodes=_nodes(state),
@@ -450,11 +435,16 @@ _QUOTA_COLUMNS = (
 
 
 def _pending_queryset() -> Any:
-    return Job.objects.filter(state__in=_PENDING_STATES).order_by()
+    return Job.objects.filter(state__in=full.PENDING_STATES).order_by()
 
 
 def _service_queryset() -> Any:
-    return Job.objects.filter(kind=JobKind.INFERENCE, state__in=_SERVICE_STATES).order_by()
+    return Job.objects.filter(kind=JobKind.INFERENCE, state__in=full.SERVICE_STATES).order_by()
+
+
+def _keyed(rows: Iterable[tuple]) -> list[tuple[int, tuple]]:
+    """``(pk, row)`` pairs, for a table that keeps whole rows (tenants: the shape ``tenants_build`` takes)."""
+    return [(row[0], row) for row in rows]
 
 
 def _submitted(row: tuple) -> tuple:
@@ -472,12 +462,13 @@ def _job_device(row: tuple) -> tuple:
 # --- applying rows ----------------------------------------------------------------------------------------
 
 
-def _apply_plain(table: dict[int, tuple], rows: Iterable[tuple], ids: set[int], *, whole: bool = False) -> None:
-    """Rows read by ``ids``: those found replace, the others are gone."""
+def _apply_plain(table: dict[int, Any], rows: Iterable[tuple], ids: set[int], *, pairs: bool = False) -> None:
+    """Rows read by ``ids``: those found replace, the others are gone. A row is ``(pk, *columns)``, kept as
+    its columns; with ``pairs``, ``(pk, value)``, kept as the value."""
     found = set()
     for row in rows:
         found.add(row[0])
-        table[row[0]] = row[1] if whole else row[1:]
+        table[row[0]] = row[1] if pairs else row[1:]
     for pk in ids - found:
         table.pop(pk, None)
 
@@ -505,21 +496,6 @@ def _allocation_remove(state: _State, pk: int) -> None:
         if not held:
             del state.job_allocations[row[0]]
     # The replica's first row may now be another one: its neighbours are rebuilt as they are assembled.
-
-
-def _apply_tenants(state: _State, rows: Iterable[tuple], *, removed: Iterable[int]) -> None:
-    for pk in removed:
-        state.tenants.pop(pk, None)
-    for row in rows:
-        state.tenants[row[0]] = row
-
-
-def _apply_flavors(state: _State, rows: Iterable[tuple], *, removed: Iterable[int]) -> None:
-    for pk in removed:
-        state.flavor_rows.pop(pk, None)
-    for pk, name in rows:
-        state.flavor_rows[pk] = name
-    state.node_objects.clear()  # a node's devices carry their flavor's name
 
 
 def _apply_nodes(state: _State, rows: Iterable[tuple], *, removed: Iterable[int]) -> None:

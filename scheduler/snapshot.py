@@ -285,6 +285,9 @@ def _allocations(rows: list[tuple], names: _Names) -> tuple[core.Allocation, ...
 
 
 _ALLOCATION_KINDS = {kind.value: kind for kind in core.JobKind}
+#: A pending job's states; a running service's (whose missing replicas are pending work, ``scale_ups``).
+PENDING_STATES = (JobState.QUEUED, JobState.PENDING_APPROVAL)
+SERVICE_STATES = (JobState.ADMITTED, JobState.RUNNING)
 _STOPPING = (JobState.PREEMPTING, JobState.CANCELLED)
 
 
@@ -478,6 +481,19 @@ def decayed_usage(
     return result
 
 
+def usage_now(
+    allocations: tuple[core.Allocation, ...], *, now_s: float, previous_usage: dict | None
+) -> dict[str, dict[str, float]]:
+    """The fair-share usage a snapshot carries: what ``allocations`` hold, decayed from the last cycle's
+    (``decayed_usage``) with the policy's half-life."""
+    return decayed_usage(
+        held_millis(allocations),
+        now_s=now_s,
+        half_life_s=policy_from_settings().usage_half_life_s,
+        previous=previous_usage,
+    )
+
+
 #: The Job columns a pending job is built from (``pending_job``), then its stored explanation.
 PENDING_COLUMNS = (
     "pk",
@@ -565,14 +581,14 @@ _TOPOLOGIES = {topology.value: topology for topology in core.Topology}
 
 _PENDING_ROWS = CompiledQuery(
     lambda: (
-        Job.objects.filter(state__in=[JobState.QUEUED, JobState.PENDING_APPROVAL])
+        Job.objects.filter(state__in=PENDING_STATES)
         .order_by("submitted_at", "id")
         .values_list(*PENDING_COLUMNS, *EXPLANATION_COLUMNS)
     )
 )
 _SERVICE_ROWS = CompiledQuery(
     lambda: (
-        Job.objects.filter(kind=JobKind.INFERENCE, state__in=[JobState.ADMITTED, JobState.RUNNING])
+        Job.objects.filter(kind=JobKind.INFERENCE, state__in=SERVICE_STATES)
         .order_by("submitted_at", "id")
         .values_list(*PENDING_COLUMNS)
     )
@@ -655,12 +671,7 @@ def build_snapshot(
     names = _Names()  # after the rows above: every node, device, tenant and flavor they name exists by now
     allocations = _allocations(allocation_rows, names)
     now_s = (now or timezone.now()).timestamp()
-    usage = decayed_usage(
-        held_millis(allocations),
-        now_s=now_s,
-        half_life_s=policy_from_settings().usage_half_life_s,
-        previous=previous_usage,
-    )
+    usage = usage_now(allocations, now_s=now_s, previous_usage=previous_usage)
     return core.Snapshot(
         now=now_s,
         nodes=_nodes(names),
