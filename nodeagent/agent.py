@@ -676,14 +676,33 @@ class Agent:
             self.runner.close(stop_workloads=self.settings.stop_workloads_on_exit)
 
     async def _wait(self, delay: float, stop: asyncio.Event) -> None:
+        """Sleep ``delay`` seconds, or less: until a frame arrives, a workload ends (``runner.exit_fds``), or
+        ``stop`` is set."""
+        loop = asyncio.get_running_loop()
         waiters = [asyncio.ensure_future(stop.wait())]
         if self.connected:
             waiters.append(asyncio.ensure_future(self.connection.wait(delay)))
+        ended = loop.create_future()
+        watched = []
+        for fd in self.runner.exit_fds():
+            try:
+                loop.add_reader(fd, _settle_once, ended)
+            except (OSError, ValueError):
+                continue
+            watched.append(fd)
+        waiters.append(ended)
         try:
             await asyncio.wait(waiters, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            for fd in watched:
+                loop.remove_reader(fd)
             for waiter in waiters:
                 waiter.cancel()
+
+
+def _settle_once(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _describe(exc: BaseException) -> str:

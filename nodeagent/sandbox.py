@@ -273,6 +273,11 @@ class Sandbox:
             self._server_retry_at = time.monotonic() + SERVER_RETRY_S
             return None
 
+    def exit_fd(self) -> int | None:
+        """A descriptor that turns readable when a workload the init server started ends (its answer socket);
+        None without a server. What it holds is read by the next poll of the workload's process."""
+        return self._server.fileno() if self._server is not None else None
+
     def close(self) -> None:
         """Stop the init server (running workloads go on; a later :meth:`spawn` starts a new server)."""
         if self._server is not None:
@@ -381,6 +386,11 @@ class InitServer:
         self._socket = ours
         self._first_live_number = self._next_number
         return ours
+
+    def fileno(self) -> int | None:
+        """The socket the server answers on (readable when a workload it started has ended); None when none
+        runs."""
+        return self._socket.fileno() if self._socket is not None else None
 
     def lost_for(self, number: int) -> bool:
         self._collect()

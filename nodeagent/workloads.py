@@ -142,6 +142,8 @@ class WorkloadRunner:
         self.records: Records = self.journal.records
         #: The processes this agent spawned (a workload adopted after a restart is followed by pid instead).
         self._popen: dict[tuple[int, int], subprocess.Popen | ServedProcess] = {}
+        #: A pidfd of each process in ``_popen`` started without the init server (:meth:`exit_fds`).
+        self._pidfds: dict[tuple[int, int], int] = {}
         self._next_forget_at = float("-inf")
         #: Status reports the portal has not acknowledged yet, kept on disk (``outbox.jsonl``).
         self.outbox = ReportOutbox(self.work_dir / OUTBOX_FILE, clock=clock)
@@ -439,6 +441,42 @@ class WorkloadRunner:
         self._start_deferred()
         self._forget_old(now)
 
+    def exit_fds(self) -> list[int]:
+        """Descriptors that turn readable when a workload this agent started may have ended: the init server's
+        answer socket (while it runs workloads) and a pidfd of each workload started without it. The agent's loop
+        waits on them too, so an end is reported at once, not at its next step (up to a second later, the job's
+        cards held all that while). A workload adopted after a restart is followed by the step alone."""
+        fds: list[int] = []
+        served = False
+        for key, process in self._popen.items():
+            record = self.records.get(key)
+            if record is None or not record.active:
+                continue  # only what the step follows: anything else readable would wake the loop for nothing
+            if isinstance(process, ServedProcess):
+                served = True
+                continue
+            if process.returncode is not None:
+                continue
+            fd = self._pidfds.get(key)
+            if fd is None:
+                try:
+                    fd = os.pidfd_open(process.pid)
+                except OSError:  # no pidfd here (Linux < 5.3): the step finds it
+                    continue
+                self._pidfds[key] = fd
+            fds.append(fd)
+        server_fd = self.sandbox.exit_fd() if served and self.sandbox is not None else None
+        if server_fd is not None:
+            fds.append(server_fd)
+        return fds
+
+    def _forget_process(self, key: tuple[int, int]) -> subprocess.Popen | ServedProcess | None:
+        """Drop the handle of a process that ended or is no longer followed by handle (and its pidfd)."""
+        fd = self._pidfds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+        return self._popen.pop(key, None)
+
     def _report_checkpoint(self, record: WorkloadRecord, now: float) -> None:
         """Queue a ``checkpointed`` status when the workload wrote a newer checkpoint than last reported.
 
@@ -469,7 +507,7 @@ class WorkloadRunner:
         process = self._popen.get(record.key)
         if isinstance(process, ServedProcess) and process.orphaned:
             # Its init server is gone: followed like a workload adopted after a restart, by pid and exit file.
-            del self._popen[record.key]
+            self._forget_process(record.key)
             process = None
         if process is not None:
             return process.poll() is None
@@ -477,7 +515,7 @@ class WorkloadRunner:
 
     def _settle(self, record: WorkloadRecord, *, lost_message: str = "") -> None:
         """The process is gone: decide how it ended from its exit code file (or the Popen), else lost."""
-        process = self._popen.pop(record.key, None)
+        process = self._forget_process(record.key)
         exit_code = None
         exit_file = Path(record.exit_file) if record.exit_file else Path(record.job_dir) / EXIT_CODE_FILE
         try:
@@ -686,6 +724,7 @@ class WorkloadRunner:
             while any(self._alive(record) for record in active) and time.monotonic() < deadline:
                 time.sleep(0.01)
             self.poll()
-        self._popen.clear()
+        for key in list(self._popen):
+            self._forget_process(key)
         if self.sandbox is not None:
             self.sandbox.close()

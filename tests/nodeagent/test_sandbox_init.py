@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from nodeagent import protocol, sandbox_init
+from nodeagent.agent import Agent, AgentSettings
+from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.journal import WorkloadRecord
 from nodeagent.sandbox import INIT_SCRIPT, Sandbox, SandboxConfig, ServedProcess, write_spec
 from nodeagent.workloads import WorkloadRunner
@@ -213,3 +216,69 @@ def test_an_agent_killed_while_recording_a_workloads_end_reports_the_same_end_af
         assert not (again.sandbox.control_dir / record.cgroup).exists()  # the job's spec (its environment) gone
     finally:
         again.close(stop_workloads=True, grace_s=2)
+
+
+# --- the agent wakes when a workload ends ---------------------------------------------------------------------
+
+
+class _IdleConnection:
+    """A connection on which nothing arrives: ``wait`` sleeps its whole timeout, as a quiet WebSocket does."""
+
+    closed = False
+
+    async def wait(self, timeout_s: float) -> None:
+        await asyncio.sleep(timeout_s)
+
+
+def _waits_until_it_ends(runner: WorkloadRunner) -> float:
+    """How long the agent's loop sleeps, asked to sleep a minute, while job 1 (``sleep 0.3``) runs."""
+    agent = Agent(
+        settings=AgentSettings(node_name="wake-00"),
+        backend=SimulatedBackend(node_name="wake-00", cards=1),
+        runner=runner,
+        connector=None,
+    )
+    agent.connection = _IdleConnection()
+
+    async def wait() -> float:
+        started = time.monotonic()
+        await agent._wait(60.0, asyncio.Event())
+        return time.monotonic() - started
+
+    _start(runner, 1, "sleep 0.3")
+    return asyncio.run(wait())
+
+
+@pytest.mark.parametrize(
+    "sandboxed",
+    [
+        pytest.param(
+            {"init_server": True},
+            id="init-server",
+            marks=pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare"),
+        ),
+        pytest.param(
+            {"init_server": False},
+            id="unshare",
+            marks=pytest.mark.skipif(not SANDBOX_AVAILABLE, reason="the sandbox needs root and util-linux unshare"),
+        ),
+        pytest.param(None, id="no-sandbox"),
+    ],
+)
+def test_the_agents_loop_wakes_when_a_workload_ends_not_at_its_next_step(tmp_path: Path, sandboxed) -> None:
+    # Before, an ended workload was noticed at the next step, up to MAX_TICK_DELAY_S later (a second), and its
+    # job's cards stayed held that long: for short jobs, most of the time a card was taken.
+    if sandboxed is None:
+        runner = WorkloadRunner(work_dir=tmp_path / "work")
+    else:
+        runner = _runner(tmp_path, "work", **sandboxed)
+    try:
+        slept = _waits_until_it_ends(runner)
+        runner.poll()
+        record = runner.records[(1, 0)]
+        assert runner.exit_fds() == []  # nothing left to wake for
+    finally:
+        runner.close(stop_workloads=True, grace_s=2)
+
+    assert slept < 30, f"the loop slept {slept:.1f} s of its 60 s although the workload ended after 0.3 s"
+    assert (record.state, record.exit_code) == ("succeeded", 0)
