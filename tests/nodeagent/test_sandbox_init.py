@@ -268,10 +268,7 @@ def _waits_until_it_ends(runner: WorkloadRunner) -> float:
 def test_the_agents_loop_wakes_when_a_workload_ends_not_at_its_next_step(tmp_path: Path, sandboxed) -> None:
     # Before, an ended workload was noticed at the next step, up to MAX_TICK_DELAY_S later (a second), and its
     # job's cards stayed held that long: for short jobs, most of the time a card was taken.
-    if sandboxed is None:
-        runner = WorkloadRunner(work_dir=tmp_path / "work")
-    else:
-        runner = _runner(tmp_path, "work", **sandboxed)
+    runner = WorkloadRunner(work_dir=tmp_path / "work") if sandboxed is None else _runner(tmp_path, "work", **sandboxed)
     try:
         slept = _waits_until_it_ends(runner)
         runner.poll()
