@@ -23,8 +23,12 @@ with network policies) where that matters. ``--sandbox none`` (development) runs
 user: nothing is isolated.
 
 The rules are written with the ``nft`` command (Debian's ``nftables``), the whole table replaced in one
-atomic transaction whenever the set of tenants or peers on the node changes, and deleted when the agent stops
-its last workload. ``python3-nftables`` binds the same library, but only for Debian's interpreter, not the
+atomic transaction whenever the set of tenants or peers on the node changes, and deleted when no workload has
+run here for :data:`RULES_LINGER_S`. A tenant's rules stay that long after its last workload on the node ended:
+they match only sockets of the tenant's uid, and none is left (the sandbox's cleanup killed every process of the
+workload's cgroup), so they restrict nothing — and its next workload, if it has the same peers, starts without
+an ``nft`` run. Before, a node running short jobs ran ``nft`` twice per job (the table made at the start, deleted
+at the end): about 9.5 ms of CPU and 37 ms of the agent's loop each time. ``python3-nftables`` binds the same library, but only for Debian's interpreter, not the
 agent's virtual environment; the JSON it takes is no shorter than the ruleset text.
 """
 
@@ -34,7 +38,8 @@ import ipaddress
 import logging
 import shutil
 import subprocess
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -43,6 +48,8 @@ log = logging.getLogger(__name__)
 DEFAULT_TABLE = "gpupool"
 #: ``ct mark`` of a connection whose answer was refused: its next packet from the client is reset.
 REFUSED_MARK = 1
+#: Seconds a tenant uid's rules are kept after its last workload on the node ended (see the module's text).
+RULES_LINGER_S = 60.0
 
 
 class IsolationMode(StrEnum):
@@ -101,7 +108,11 @@ class NetworkIsolation:
     table: str = DEFAULT_TABLE
     allow_from: tuple[str, ...] = ()
     nft: str = "nft"
+    linger_s: float = RULES_LINGER_S
+    clock: Callable[[], float] = time.monotonic
     _applied: dict[int, frozenset[str]] | None = field(default=None, init=False)
+    #: When each uid in the applied rules that has no workload here any more lost its last one.
+    _idle_since: dict[int, float] = field(default_factory=dict, init=False)
     problem: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -122,7 +133,15 @@ class NetworkIsolation:
         Raises :class:`NetworkPolicyError` when the rules cannot be written."""
         if self.mode == IsolationMode.NONE:
             return
+        now = self.clock()
         wanted = {uid: frozenset(peers) for uid, peers in tenants.items()}
+        for uid, peers in (self._applied or {}).items():
+            if uid in wanted:
+                continue
+            idle_since = self._idle_since.setdefault(uid, now)
+            if now - idle_since < self.linger_s:
+                wanted[uid] = peers  # no workload of this uid left: its rules match nothing; kept for its next one
+        self._idle_since = {uid: since for uid, since in self._idle_since.items() if uid not in tenants}
         if wanted == self._applied:
             return
         if self.problem:
@@ -135,7 +154,13 @@ class NetworkIsolation:
         if result.returncode != 0:
             raise NetworkPolicyError(f"network isolation: nft refused the rules: {result.stderr.strip()[:500]}")
         self._applied = wanted
+        self._idle_since = {uid: since for uid, since in self._idle_since.items() if uid in wanted}
         log.info("netpolicy: table inet %s isolates %d tenant uid(s)", self.table, len(wanted))
+
+    def linger_over(self) -> bool:
+        """Whether the rules of a uid without workloads here have been kept their :attr:`linger_s`: the next
+        :meth:`sync` removes them."""
+        return any(self.clock() - since >= self.linger_s for since in self._idle_since.values())
 
     def clear(self) -> None:
         """Remove the table (no workload left to isolate)."""
@@ -143,3 +168,4 @@ class NetworkIsolation:
             return
         subprocess.run([self.nft, "delete", "table", "inet", self.table], capture_output=True, text=True, check=False)
         self._applied = {}
+        self._idle_since = {}

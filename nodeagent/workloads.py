@@ -440,6 +440,9 @@ class WorkloadRunner:
             self._report_checkpoint(record, now)
         self._start_deferred()
         self._forget_old(now)
+        if self.network is not None and self.network.linger_over():
+            with contextlib.suppress(NetworkPolicyError):  # logged; the next change tries again
+                self._sync_network()
 
     def exit_fds(self) -> list[int]:
         """Descriptors that turn readable when a workload this agent started may have ended: the init server's
