@@ -28,8 +28,9 @@ run here for :data:`RULES_LINGER_S`. A tenant's rules stay that long after its l
 they match only sockets of the tenant's uid, and none is left (the sandbox's cleanup killed every process of the
 workload's cgroup), so they restrict nothing — and its next workload, if it has the same peers, starts without
 an ``nft`` run. Before, a node running short jobs ran ``nft`` twice per job (the table made at the start, deleted
-at the end): about 9.5 ms of CPU and 37 ms of the agent's loop each time. ``python3-nftables`` binds the same library, but only for Debian's interpreter, not the
-agent's virtual environment; the JSON it takes is no shorter than the ruleset text.
+at the end): about 9.5 ms of CPU and 37 ms of the agent's loop each time. ``python3-nftables`` binds the same
+library, but only for Debian's interpreter, not the agent's virtual environment; the JSON it takes is no shorter
+than the ruleset text.
 """
 
 from __future__ import annotations
