@@ -41,6 +41,7 @@ from nodeagent import protocol  # noqa: E402
 from nodeagent.agent import Agent, AgentSettings  # noqa: E402
 from nodeagent.backends.simulated import SimulatedBackend  # noqa: E402
 from nodeagent.journal import FINISHED_FILE  # noqa: E402
+from nodeagent.netpolicy import IsolationMode, NetworkIsolation  # noqa: E402
 from nodeagent.sandbox import Sandbox, SandboxConfig, SandboxMode  # noqa: E402
 from nodeagent.workloads import WorkloadRunner  # noqa: E402
 
@@ -67,7 +68,13 @@ def make_runner(work: Path, args: argparse.Namespace, backend: SimulatedBackend 
     if sandbox.mode == SandboxMode.NAMESPACES and sandbox.problem:
         raise SystemExit(f"the sandbox cannot work here: {sandbox.problem}")
     indices = {device.uuid: device.index for device in backend.inventory()} if backend else {}
-    return WorkloadRunner(work_dir=work / "work", sandbox=sandbox, device_indices=indices)
+    network = None
+    if args.network == "nftables":
+        linger = {} if args.network_linger is None else {"linger_s": args.network_linger}
+        network = NetworkIsolation(mode=IsolationMode.NFTABLES, table="gpupool_job_cpu", **linger)
+        if network.problem:
+            raise SystemExit(f"network isolation cannot work here: {network.problem}")
+    return WorkloadRunner(work_dir=work / "work", sandbox=sandbox, device_indices=indices, network=network)
 
 
 def start_frame(job_id: int, uuid: str | None) -> protocol.WorkloadStart:
@@ -213,6 +220,12 @@ def main() -> None:
     parser.add_argument("--no-init-server", action="store_true", help="start each job with unshare + interpreter")
     parser.add_argument("--profile", action="store_true", help="print where the agent's own time goes")
     parser.add_argument(
+        "--network", choices=["none", "nftables"], default="none", help="the agent's network isolation (as root)"
+    )
+    parser.add_argument(
+        "--network-linger", type=float, default=None, help="seconds a tenant's rules stay (default: the agent's)"
+    )
+    parser.add_argument(
         "--finished", type=int, default=0, help="workloads that ended earlier today, kept by the agent at the start"
     )
     args = parser.parse_args()
@@ -243,7 +256,9 @@ def main() -> None:
     if jobs:
         print(f"jobs: {dict(ended)}")
         print(
-            f"{args.what}: {jobs} jobs `true`, sandbox {args.sandbox} ({server}), {args.finished} finished before, "
+            f"{args.what}: {jobs} jobs `true`, sandbox {args.sandbox} ({server}), network {args.network}"
+            f"{'' if args.network_linger is None else f' (rules linger {args.network_linger:g} s)'}, "
+            f"{args.finished} finished before, "
             f"{wall_s:.1f} s wall. CPU ms per job: "
             f"agent {own_ms / jobs:.1f} + children {children_ms / jobs:.1f} = {(own_ms + children_ms) / jobs:.1f}"
         )
