@@ -289,7 +289,35 @@ class Gpupool:
             values = [(row[b] - row[a]).total_seconds() for row in rows if row[a] and row[b]]
             if values:
                 parts.append(f"{label} p50 {ms(statistics.median(values))} p99 {ms(percentile(values, 0.99))}")
+        reaction = self.scheduler_reaction(ids)
+        if reaction:
+            parts.append(
+                f"card free and job waiting→admitted p50 {ms(statistics.median(reaction))} "
+                f"p99 {ms(percentile(reaction, 0.99))}"
+            )
         return "; ".join(parts) or "no finished job with timestamps"
+
+    def scheduler_reaction(self, ids: list) -> list[float]:
+        """For each allocation of the phase's jobs: from the moment both its card was free (the card's previous
+        allocation ended) and its job was there (submitted) until the allocation was made — the scheduler's own
+        delay, apart from the time a job queued behind the others for a card (submitted→admitted counts both).
+        A cycle stamps its allocations with the moment it began, so a card freed while the cycle read the pool
+        counts 0, and the cycle's own length (the cycles line) comes on top of these figures."""
+        from django.db import connection
+
+        from scheduler.models import Allocation, Job
+
+        sql = f"""
+            SELECT EXTRACT(EPOCH FROM a.started_at - GREATEST(j.submitted_at, a.previous_end))
+            FROM (SELECT job_id, started_at,
+                         LAG(ended_at) OVER (PARTITION BY device_id ORDER BY started_at) AS previous_end
+                  FROM {Allocation._meta.db_table}) a
+            JOIN {Job._meta.db_table} j ON j.id = a.job_id
+            WHERE a.job_id = ANY(%s)
+        """
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [list(ids)])
+            return [max(0.0, float(value)) for (value,) in cursor.fetchall() if value is not None]
 
     def server_errors(self, limit: int = 5) -> list[str]:
         """The exceptions behind the web tier's 5xx answers (last line of each traceback in its log), counted."""
