@@ -6,6 +6,7 @@
     sudo .venv/bin/python benchmarks/agent_job_cpu.py idle --seconds 10          # the agent with nothing to run
     ... --finished 2000                     # the agent already keeps 2,000 workloads that ended earlier today
     ... --profile                                                               # cProfile of the agent's own time
+    ... --network nftables [--network-linger 0]      # with the agent's network isolation (0: rules go at each end)
 
 ``agent`` runs the real :class:`nodeagent.agent.Agent` (simulated backend, 8 cards, 1 s telemetry) against an
 in-process fake portal that keeps ``--concurrency`` jobs ``command: ["true"]`` running, acknowledges every report
