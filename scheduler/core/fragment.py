@@ -115,6 +115,10 @@ class Fragmentation:
         self.c = cluster
         self._snapshot = snapshot
         self._shapes: list[tuple[Shape, float]] | None = None
+        #: ``pick``'s figures by what they depend on alone (the node's free millis per card, its free CPU; the
+        #: card's free millis and the request), computed once a cycle: many nodes are in the same state.
+        self._before: dict[tuple, tuple[list[int], float]] = {}
+        self._after: dict[tuple, float] = {}
 
     @property
     def shapes(self) -> list[tuple[Shape, float]]:
@@ -171,21 +175,26 @@ class Fragmentation:
         for n, devs in by_node.items():
             frees, total, full = self.node_terms(n, flavor)
             cpu0 = c.node_free_cpu[n]
-            # A candidate changes one card, so each shape's slots after it are the node's less that card's
-            # old slots plus its new ones (not a rescan of the node).
-            slots = fraction_slots(shapes, frees)
-            before = _unusable(shapes, slots, total, full, cpu0)
-            index = [d for d in c.node_devs[n].get(flavor, ()) if c.indexed(d)]
+            state = (tuple(frees), cpu0)  # total and full follow from frees
+            known = self._before.get(state)
+            if known is None:
+                slots = fraction_slots(shapes, frees)
+                known = self._before[state] = (slots, _unusable(shapes, slots, total, full, cpu0))
+            slots, before = known
             for d in devs:
-                free = frees[index.index(d)]
+                free = c.dev_free_millis[d]  # the card's entry in frees (a candidate is an indexed card)
                 left = free - millis
-                after_slots = [
-                    x if whole else x - free // m + left // m
-                    for ((m, whole, _), _), x in zip(shapes, slots, strict=True)
-                ]
-                after = _unusable(
-                    shapes, after_slots, total - millis, full - (1 if free >= MILLIS_PER_DEVICE else 0), cpu0 - cpu
-                )
+                after = self._after.get((state, free, millis, cpu))
+                if after is None:
+                    # A candidate changes one card, so each shape's slots after it are the node's less that
+                    # card's old slots plus its new ones (not a rescan of the node).
+                    after_slots = [
+                        x if whole else x - free // m + left // m
+                        for ((m, whole, _), _), x in zip(shapes, slots, strict=True)
+                    ]
+                    after = self._after[(state, free, millis, cpu)] = _unusable(
+                        shapes, after_slots, total - millis, full - (1 if free >= MILLIS_PER_DEVICE else 0), cpu0 - cpu
+                    )
                 key = (round(after - before, 6), left, d)
                 if best is None or key < best[0]:
                     best = (key, d)
