@@ -129,6 +129,7 @@ class Gpupool:
         pool_max_size: int,
         agent_sandbox: str,
         group_commit: bool = True,
+        agent_db_threads: int = 4,
     ) -> None:
         self.admin_url = database_url
         self.redis_url = redis_url
@@ -140,6 +141,7 @@ class Gpupool:
         self.pool_max_size = pool_max_size
         self.agent_sandbox = agent_sandbox
         self.group_commit = group_commit
+        self.agent_db_threads = agent_db_threads
         base = urlsplit(database_url).path.lstrip("/") or "gpupool"
         self.db_name = f"{base}_vs_slurm"
         self.cluster: ServedCluster | None = None
@@ -150,7 +152,8 @@ class Gpupool:
         return (
             f"gpupool: PostgreSQL (scratch db {self.db_name}), Redis {self.redis_url}, gpupool serve --server "
             f"{self.web_server} --workers {workers} (GPUPOOL_DB_POOL_MAX_SIZE={self.pool_max_size}, "
-            f"GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}, GPUPOOL_GROUP_COMMIT={int(self.group_commit)}), "
+            f"GPUPOOL_DB_CONN_MAX_AGE={self.conn_max_age}, GPUPOOL_GROUP_COMMIT={int(self.group_commit)}, "
+            f"GPUPOOL_AGENT_DB_THREADS={self.agent_db_threads}), "
             f"celery worker (solo) + beat, {AGENTS} gpupool-agent --backend simulated x {CARDS_PER_AGENT} cards "
             f"--sandbox {self.agent_sandbox}"
         )
@@ -191,6 +194,7 @@ class Gpupool:
                 "GPUPOOL_DB_CONN_MAX_AGE": str(self.conn_max_age),
                 "GPUPOOL_DB_POOL_MAX_SIZE": str(self.pool_max_size),
                 "GPUPOOL_GROUP_COMMIT": "1" if self.group_commit else "0",
+                "GPUPOOL_AGENT_DB_THREADS": str(self.agent_db_threads),
             },
         )
         self.cluster.seed(slug="vs-slurm", cards=GPUS)
@@ -1000,6 +1004,13 @@ def main() -> int:
         "transaction; off: a transaction per submit)",
     )
     parser.add_argument(
+        "--agent-db-threads",
+        type=int,
+        default=4,
+        help="GPUPOOL_AGENT_DB_THREADS of the web processes (default 4, the shipped setting: the agent sockets' "
+        "database work on 4 threads per process, a node always on the same one; 0: all on one thread)",
+    )
+    parser.add_argument(
         "--db-pool-max-size",
         type=int,
         default=10,
@@ -1060,6 +1071,7 @@ def main() -> int:
                 conn_max_age=args.db_conn_max_age,
                 pool_max_size=args.db_pool_max_size,
                 group_commit=args.group_commit == "on",
+                agent_db_threads=args.agent_db_threads,
                 agent_sandbox=args.agent_sandbox,
             )
             try:

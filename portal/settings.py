@@ -423,6 +423,9 @@ GPUPOOL_NODE_LOST_GRACE_S = env_int("GPUPOOL_NODE_LOST_GRACE_S", 45)
 GPUPOOL_FENCING = env_bool("GPUPOOL_FENCING", True)
 GPUPOOL_FENCE_GRACE_S = env_int("GPUPOOL_FENCE_GRACE_S", 10)
 GPUPOOL_TELEMETRY_INTERVAL_S = env_int("GPUPOOL_TELEMETRY_INTERVAL_S", 1)
+# AGENT_DB_THREADS: threads of a web process that run the agent sockets' database work, a node always on the same
+# one (scheduler.fleet.batching.socket_executor); each keeps a pooled connection. 0: all on one thread.
+GPUPOOL_AGENT_DB_THREADS = env_int("GPUPOOL_AGENT_DB_THREADS", 4)
 GPUPOOL_BOOTSTRAP_TOKEN_TTL_S = env_int("GPUPOOL_BOOTSTRAP_TOKEN_TTL_S", 3600)
 GPUPOOL_METRICS_TOKEN = env_str("GPUPOOL_METRICS_TOKEN", "")
 # METRICS_PER_CARD: /metrics includes the per-card series (dcgm-exporter's names, gpupool_device_allocated_millis).

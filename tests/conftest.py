@@ -68,6 +68,17 @@ def live_snapshot_per_test(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def agent_db_threads_closed():
+    """After each test, the agent sockets' database threads (``scheduler.fleet.batching.socket_executor``) give
+    their connections back, as a request does when it ends: else they hold the test database open past the
+    session, and it cannot be dropped."""
+    yield
+    from scheduler.fleet.batching import socket_threads_close
+
+    socket_threads_close()
+
+
+@pytest.fixture(autouse=True)
 def audit_witness_per_test(settings, tmp_path_factory, monkeypatch):
     """Every test gets its own audit witness file, also for the processes it starts (workers inherit the
     environment): a real worker seals the chain heads to the witness when it shuts down, and a witness shared

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -17,8 +19,9 @@ from django.db import DatabaseError, close_old_connections
 T = TypeVar("T")
 
 
-def db(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` run on the database thread, keeping its connection between calls."""
+def db(func: Callable[..., Any], *, executor: ThreadPoolExecutor | None = None) -> Callable[..., Any]:
+    """``func`` run on the database thread (``executor``'s one thread, else the process's thread-sensitive
+    one), keeping its connection between calls."""
 
     @functools.wraps(func)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -28,7 +31,45 @@ def db(func: Callable[..., Any]) -> Callable[..., Any]:
             close_old_connections()  # a broken or obsolete connection is replaced on the next call
             raise
 
-    return sync_to_async(call, thread_sensitive=True)
+    if executor is None:
+        return sync_to_async(call, thread_sensitive=True)
+    return sync_to_async(call, thread_sensitive=False, executor=executor)
+
+
+_socket_executors: list[ThreadPoolExecutor] = []
+_socket_executors_lock = threading.Lock()
+
+
+def socket_executor(key: int) -> ThreadPoolExecutor | None:
+    """The database thread of the agent socket of node ``key``: one of ``GPUPOOL_AGENT_DB_THREADS`` threads of
+    this process, the same one for a node every time (a socket's calls run one after the other anyway, each
+    awaited by its handler). None when the setting is 0: the process's one thread-sensitive thread.
+
+    Every socket's reads and reports used to run on that one thread, one round trip after another: in a burst
+    of short jobs a report waited behind the other sockets' (about 23 statements per job for its start's
+    delivery, its ack and its two reports), and each job held its cards that much longer. Each thread keeps one
+    pooled connection (``GPUPOOL_DB_POOL_MAX_SIZE`` counts them)."""
+    from django.conf import settings
+
+    count = int(getattr(settings, "GPUPOOL_AGENT_DB_THREADS", 0))
+    if count <= 0:
+        return None
+    with _socket_executors_lock:
+        while len(_socket_executors) < count:
+            _socket_executors.append(
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"agent-db-{len(_socket_executors)}")
+            )
+    return _socket_executors[key % count]
+
+
+def socket_threads_close() -> None:
+    """Close the connection each socket thread keeps (tests, before their database goes; a process's shutdown)."""
+    from django.db import connections
+
+    with _socket_executors_lock:
+        executors = list(_socket_executors)
+    for executor in executors:
+        executor.submit(connections.close_all).result(timeout=30)
 
 
 class GroupWrite(Generic[T]):

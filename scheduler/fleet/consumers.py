@@ -24,7 +24,7 @@ from kernel.api import DomainError
 from nodeagent import protocol
 from scheduler import logs
 from scheduler.fleet import selectors
-from scheduler.fleet.batching import db
+from scheduler.fleet.batching import db, socket_executor
 from scheduler.fleet.fencing import lease_timing
 from scheduler.fleet.runtime import fleet_process
 from scheduler.fleet.services.agent_commands import (
@@ -125,6 +125,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         self.replaced = False
         self.device_ids: dict[str, int] = {}
         self.aggregator = MinuteAggregator()
+        self.db_executor = None
         credential = await db(credential_authenticate)(credential=bearer_token(self.scope), peer=_peer(self.scope))
         # Accept before closing so the agent sees the 4401 code (a refused handshake is only an HTTP 403).
         await self.accept()
@@ -132,12 +133,14 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
         node_id = credential.node_id
+        # From here on the socket's database work runs on its node's thread (``socket_executor``).
+        self.db_executor = socket_executor(node_id)
         await self.channel_layer.group_send(
             agent_group(node_id), {"type": "agent.replaced", "channel": self.channel_name}
         )
         await self.channel_layer.group_add(agent_group(node_id), self.channel_name)
         # A revocation between the check above and joining the group would have been missed: look again.
-        if not await db(selectors.credential_is_active)(credential_id=credential.pk):
+        if not await db(selectors.credential_is_active, executor=self.db_executor)(credential_id=credential.pk):
             await self.channel_layer.group_discard(agent_group(node_id), self.channel_name)
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
@@ -165,7 +168,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             fleet_process().node_disconnected(self.node_id)
         await self.flush_rollups(None, wait=True)
         if not self.replaced:
-            await db(node_disconnected)(node_id=self.node_id, now=self.clock())
+            await db(node_disconnected, executor=self.db_executor)(node_id=self.node_id, now=self.clock())
 
     async def send_message(self, message: protocol.Message) -> None:
         await self.send(text_data=protocol.encode(message))
@@ -212,14 +215,16 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 message.id,
             )
             return
-        self.device_ids = await db(node_hello)(
+        self.device_ids = await db(node_hello, executor=self.db_executor)(
             node_id=self.node_id, hello=dataclasses.asdict(message), now=self.clock()
         )
         await self.reconcile_workloads(message)
         fleet = fleet_process()
         if not self.hello_done:
             fleet.node_connected(self.node_id)
-        fleet.set_tenant_map(self.node_id, await db(selectors.device_tenants_of_node)(node_id=self.node_id))
+        fleet.set_tenant_map(
+            self.node_id, await db(selectors.device_tenants_of_node, executor=self.db_executor)(node_id=self.node_id)
+        )
         self.hello_done = True
         self.heartbeat_acks = message.heartbeat_acks
         await self.send_pending_commands()
@@ -258,7 +263,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         """
         workloads = [dataclasses.asdict(workload) for workload in message.workloads]
         try:
-            result = await db(node_workloads_reconcile)(
+            result = await db(node_workloads_reconcile, executor=self.db_executor)(
                 node_id=self.node_id, workloads=workloads, complete=message.workloads_complete
             )
         except Exception:
@@ -275,10 +280,10 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
     async def on_workload_status(self, message: protocol.WorkloadStatus) -> None:
         status = dataclasses.asdict(message)
         if message.report_id is None:  # an agent from before the outbox: it expects no ack
-            await db(workload_status_forward)(node_id=self.node_id, status=status)
+            await db(workload_status_forward, executor=self.db_executor)(node_id=self.node_id, status=status)
             return
         try:
-            outcome = await db(workload_report_apply)(node_id=self.node_id, status=status)
+            outcome = await db(workload_report_apply, executor=self.db_executor)(node_id=self.node_id, status=status)
         except RETRYABLE_REPORT_ERRORS as exc:
             # Not acked: the agent keeps the report and sends it again (a deadlock or a database restart must
             # not leave a job running for ever, as an unresent "succeeded" once did).
@@ -362,7 +367,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         )
 
     async def on_ack(self, message: protocol.Ack) -> None:
-        known = await db(command_ack)(
+        known = await db(command_ack, executor=self.db_executor)(
             node_id=self.node_id, command_id=message.command_id, ok=message.ok, error=message.error
         )
         if not known:
@@ -406,7 +411,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             fleet_process().write_minutes_soon(finished, self.device_ids)
 
     async def send_pending_commands(self, command_id: int | None = None) -> None:
-        commands = await db(commands_pending)(node_id=self.node_id, command_id=command_id)
+        commands = await db(commands_pending, executor=self.db_executor)(node_id=self.node_id, command_id=command_id)
         for _pk, payload in commands:
             await self.send(text_data=json.dumps(payload, separators=(",", ":")))
 
