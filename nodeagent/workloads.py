@@ -462,8 +462,11 @@ class WorkloadRunner:
                 continue
             fd = self._pidfds.get(key)
             if fd is None:
+                pidfd_open = getattr(os, "pidfd_open", None)  # Linux only: elsewhere the step finds the end
+                if pidfd_open is None:
+                    continue
                 try:
-                    fd = os.pidfd_open(process.pid)
+                    fd = pidfd_open(process.pid)
                 except OSError:  # no pidfd here (Linux < 5.3): the step finds it
                     continue
                 self._pidfds[key] = fd

@@ -63,7 +63,8 @@ def socket_executor(key: int) -> ThreadPoolExecutor | None:
 
 
 def socket_threads_close() -> None:
-    """Close the connection each socket thread keeps (tests, before their database goes; a process's shutdown)."""
+    """Close the connection each socket thread keeps (tests call it after each test, so that their database can
+    be dropped; a web process's threads keep theirs until it exits)."""
     from django.db import connections
 
     with _socket_executors_lock:
