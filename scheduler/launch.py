@@ -44,14 +44,19 @@ PORTS_EXHAUSTED = PendingReason.PORTS_EXHAUSTED
 def port_range(node: Node | None = None) -> range:
     """The job port range of ``node``: what its agent announced (``--job-ports``), else the portal's
     ``GPUPOOL_JOB_PORT_RANGE`` ("first-last", inclusive)."""
-    if node is not None and node.job_port_first and node.job_port_last:
-        return range(node.job_port_first, node.job_port_last + 1)
+    if node is not None:
+        return _announced_range(node.job_port_first, node.job_port_last)
     raw = str(getattr(settings, "GPUPOOL_JOB_PORT_RANGE", "29500-32767"))
     try:
         low, high = protocol.parse_port_range(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"GPUPOOL_JOB_PORT_RANGE={exc}") from None
     return range(low, high + 1)
+
+
+def _announced_range(first: int | None, last: int | None) -> range:
+    """``port_range`` of a node whose agent announced ``first``-``last`` (None: nothing announced)."""
+    return range(first, last + 1) if first and last else port_range()
 
 
 @dataclass(frozen=True)
@@ -214,7 +219,7 @@ def ports_reserve(requests: Iterable[PortRequest], *, now: datetime) -> PortOutc
     ranges: dict[int, range] = {}
     for pk, name, address, first, last in _nodes_read(nodes):
         node_names[pk], addresses[pk] = name, address or name  # Node.reachable_address
-        ranges[pk] = range(first, last + 1) if first and last else port_range()
+        ranges[pk] = _announced_range(first, last)
     taken: dict[int, set[int]] = defaultdict(set)
     for node_id, port in _release_stale_and_read_taken(node_ids=nodes, placing=fresh):
         taken[node_id].add(port)
