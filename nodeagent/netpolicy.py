@@ -130,8 +130,9 @@ class NetworkIsolation:
         return f"nftables table inet {self.table}" + (f" (unavailable: {self.problem})" if self.problem else "")
 
     def sync(self, tenants: Mapping[int, Iterable[str]]) -> None:
-        """Make the rules isolate exactly ``tenants`` (uid → peer node addresses); nothing when unchanged.
-        Raises :class:`NetworkPolicyError` when the rules cannot be written."""
+        """Make the rules isolate ``tenants`` (uid → peer node addresses), and keep those of a uid whose last
+        workload here ended less than :attr:`linger_s` ago; nothing when that is what they do already. Raises
+        :class:`NetworkPolicyError` when the rules cannot be written."""
         if self.mode == IsolationMode.NONE:
             return
         now = self.clock()
