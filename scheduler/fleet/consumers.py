@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
@@ -140,7 +141,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         )
         await self.channel_layer.group_add(agent_group(node_id), self.channel_name)
         # A revocation between the check above and joining the group would have been missed: look again.
-        if not await db(selectors.credential_is_active, executor=self.db_executor)(credential_id=credential.pk):
+        if not await self.on_node_thread(selectors.credential_is_active)(credential_id=credential.pk):
             await self.channel_layer.group_discard(agent_group(node_id), self.channel_name)
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
@@ -168,7 +169,12 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             fleet_process().node_disconnected(self.node_id)
         await self.flush_rollups(None, wait=True)
         if not self.replaced:
-            await db(node_disconnected, executor=self.db_executor)(node_id=self.node_id, now=self.clock())
+            await self.on_node_thread(node_disconnected)(node_id=self.node_id, now=self.clock())
+
+    def on_node_thread(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """``func`` run on this node's database thread (``socket_executor``; the process's one thread before the
+        node is known)."""
+        return db(func, executor=self.db_executor)
 
     async def send_message(self, message: protocol.Message) -> None:
         await self.send(text_data=protocol.encode(message))
@@ -215,7 +221,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
                 message.id,
             )
             return
-        self.device_ids = await db(node_hello, executor=self.db_executor)(
+        self.device_ids = await self.on_node_thread(node_hello)(
             node_id=self.node_id, hello=dataclasses.asdict(message), now=self.clock()
         )
         await self.reconcile_workloads(message)
@@ -223,7 +229,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         if not self.hello_done:
             fleet.node_connected(self.node_id)
         fleet.set_tenant_map(
-            self.node_id, await db(selectors.device_tenants_of_node, executor=self.db_executor)(node_id=self.node_id)
+            self.node_id, await self.on_node_thread(selectors.device_tenants_of_node)(node_id=self.node_id)
         )
         self.hello_done = True
         self.heartbeat_acks = message.heartbeat_acks
@@ -263,7 +269,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         """
         workloads = [dataclasses.asdict(workload) for workload in message.workloads]
         try:
-            result = await db(node_workloads_reconcile, executor=self.db_executor)(
+            result = await self.on_node_thread(node_workloads_reconcile)(
                 node_id=self.node_id, workloads=workloads, complete=message.workloads_complete
             )
         except Exception:
@@ -280,10 +286,10 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
     async def on_workload_status(self, message: protocol.WorkloadStatus) -> None:
         status = dataclasses.asdict(message)
         if message.report_id is None:  # an agent from before the outbox: it expects no ack
-            await db(workload_status_forward, executor=self.db_executor)(node_id=self.node_id, status=status)
+            await self.on_node_thread(workload_status_forward)(node_id=self.node_id, status=status)
             return
         try:
-            outcome = await db(workload_report_apply, executor=self.db_executor)(node_id=self.node_id, status=status)
+            outcome = await self.on_node_thread(workload_report_apply)(node_id=self.node_id, status=status)
         except RETRYABLE_REPORT_ERRORS as exc:
             # Not acked: the agent keeps the report and sends it again (a deadlock or a database restart must
             # not leave a job running for ever, as an unresent "succeeded" once did).
@@ -367,7 +373,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
         )
 
     async def on_ack(self, message: protocol.Ack) -> None:
-        known = await db(command_ack, executor=self.db_executor)(
+        known = await self.on_node_thread(command_ack)(
             node_id=self.node_id, command_id=message.command_id, ok=message.ok, error=message.error
         )
         if not known:
@@ -411,7 +417,7 @@ class AgentConsumer(WithoutConnectionSweep, AsyncWebsocketConsumer):
             fleet_process().write_minutes_soon(finished, self.device_ids)
 
     async def send_pending_commands(self, command_id: int | None = None) -> None:
-        commands = await db(commands_pending, executor=self.db_executor)(node_id=self.node_id, command_id=command_id)
+        commands = await self.on_node_thread(commands_pending)(node_id=self.node_id, command_id=command_id)
         for _pk, payload in commands:
             await self.send(text_data=json.dumps(payload, separators=(",", ":")))
 
