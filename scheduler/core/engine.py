@@ -191,6 +191,7 @@ class _Cycle:
         self.pending: list[Pending] = []
         self.failed_shapes: dict[tuple, Failure] = {}
         self.failed_searches: set[tuple] = set()
+        self.by_submit = sorted(snapshot.pending, key=job_key)  # for the order and the guarantees' claims
         # Per queued job within its tenant's guarantee: (quota node, flavor, millis) of the guarantee owed to it.
         self.claims: dict[str, tuple[str, str, int]] = self._claim_guarantees() if policy.borrowing else {}
         self.searches = 0
@@ -206,7 +207,8 @@ class _Cycle:
 
     def run(self) -> Plan:
         cap = self.p.max_jobs_per_cycle
-        for i, job in enumerate(ordered(self.s, self.p, self.fair, self._within)):
+        queue = ordered(self.s, self.p, self.fair, self._within, by_submit=self.by_submit, version=self.book.version)
+        for i, job in enumerate(queue):
             if cap is not None and i >= cap:
                 self._wait(job, PendingReason.CYCLE_LIMIT, say(sentences.NOT_LOOKED_CYCLE_MOST, cap=cap))
                 continue
@@ -244,7 +246,8 @@ class _Cycle:
         (a borrower of a higher priority class): the room a reclaim frees for a lender, or its idle guarantee,
         stays its own instead of going to fresh work that it would then wait a minimum runtime to reclaim."""
         claims: dict[str, tuple[str, str, int]] = {}
-        queue = sorted(self.s.pending, key=lambda j: (-int(j.priority), job_key(j)))
+        # Priority first, then ``job_key`` (a stable sort of the jobs already in that order).
+        queue = sorted(self.by_submit, key=lambda j: -int(j.priority))
         for job in queue:
             if job.awaiting_approval or validate(job) is not None:
                 continue

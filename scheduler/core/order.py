@@ -86,6 +86,7 @@ class FairShare:
         self.charged: dict[str, dict[str, float]] = {}  # max of the two: what the share counts
         # Per quota-tree node, its share as last computed; ``add`` drops the entries of the nodes it changes.
         self._node_shares: dict[str, float] = {}
+        self.changes = 0  # counts ``add``: a share read at the same count is still the share
         for tenant, per_flavor in sorted(snapshot.usage.items()):
             for flavor, millis in sorted(per_flavor.items()):
                 self._roll_up(self.decayed, tenant, flavor, float(millis))
@@ -127,6 +128,7 @@ class FairShare:
 
     def add(self, tenant: str, flavor: str, millis: float) -> None:
         """``tenant`` holds ``millis`` more of ``flavor`` (a running allocation, or a job placed this cycle)."""
+        self.changes += 1
         for name in self.path(tenant):
             bucket = self.held.setdefault(name, {})
             held = bucket.get(flavor, 0.0) + millis
@@ -146,15 +148,21 @@ def ordered(
     policy: Policy,
     fair: FairShare,
     within: Callable[[PendingJob], bool] | None = None,
+    *,
+    by_submit: list[PendingJob] | None = None,
+    version: Callable[[], object] | None = None,
 ) -> Iterator[PendingJob]:
     """Yield pending jobs in the order the cycle serves them (lazily: fair share moves as jobs are placed).
 
     ``within(job)``: the job would fit in its tenant's unused guarantee now (the engine asks its quota book);
-    None treats every job alike."""
-    jobs = sorted(snapshot.pending, key=job_key)
+    None treats every job alike. ``by_submit``: the pending jobs already sorted by ``job_key`` (the caller
+    sorted them for something else). ``version()``: a value that changes whenever what ``within`` reads
+    changes (fair share is counted here): a job's rank is then not recomputed while neither moved."""
+    jobs = sorted(snapshot.pending, key=job_key) if by_submit is None else by_submit
     if policy.ordering == Ordering.FIFO:
         yield from jobs
         return
+    moved = None if version is None else lambda: (fair.changes, version())
     by_priority: dict[int, list[PendingJob]] = {}
     for job in jobs:
         by_priority.setdefault(int(job.priority), []).append(job)
@@ -168,13 +176,14 @@ def ordered(
         if not policy.fair_share:
             yield from group
             continue
-        yield from _round_robin_by_share(group, fair.share, within)
+        yield from _round_robin_by_share(group, fair.share, within, version=moved)
 
 
 def _round_robin_by_share(
     group: list[PendingJob],
     share: Callable[[str], tuple[float, ...]],
     within: Callable[[PendingJob], bool] | None = None,
+    version: Callable[[], object] | None = None,
 ) -> Iterator[PendingJob]:
     # ``group`` is in submit order (``job_key``), so a job's position in it stands for its key in the heap.
     queues: dict[str, list[PendingJob]] = {}
@@ -188,19 +197,27 @@ def _round_robin_by_share(
         borrows = 0 if within is None or within(job) else 1
         return (borrows, share(job.tenant))
 
-    # heap of ((borrows, share), position of the head in submit order, tenant, index of the tenant's next job)
-    heap = [(rank(q[0]), positions[t][0], t, 0) for t, q in queues.items()]
+    def now() -> object:
+        return None if version is None else version()
+
+    # heap of ((borrows, share), position of the head in submit order, tenant, index of the tenant's next job,
+    # the version its rank was computed at); positions are unique, so the version is never compared.
+    stamp = now()
+    heap = [(rank(q[0]), positions[t][0], t, 0, stamp) for t, q in queues.items()]
     heapq.heapify(heap)
     while heap:
-        stored, key, tenant, i = heapq.heappop(heap)
+        stored, key, tenant, i, at = heapq.heappop(heap)
         queue = queues[tenant]
         # Placing a job raises the shares (and usage) of its tenant's ancestors too, so other tenants' entries
         # go stale; ranks only grow, so re-checking the popped entry (and pushing it back if it grew) is enough.
-        fresh = rank(queue[i])
-        if fresh > stored:
-            heapq.heappush(heap, (fresh, key, tenant, i))
-            continue
+        # Nothing moved since its rank was computed (same version): it is fresh.
+        current = now()
+        if version is None or at != current:
+            fresh = rank(queue[i])
+            if fresh > stored:
+                heapq.heappush(heap, (fresh, key, tenant, i, current))
+                continue
         yield queue[i]  # the consumer may place it, which raises the tenant's share
         i += 1
         if i < len(queue):
-            heapq.heappush(heap, (rank(queue[i]), positions[tenant][i], tenant, i))
+            heapq.heappush(heap, (rank(queue[i]), positions[tenant][i], tenant, i, now()))

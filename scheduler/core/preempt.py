@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .candidates import Candidates, Listed, Streamed, Tier
@@ -687,23 +688,24 @@ class Preemptor:
 
     # -- searches --------------------------------------------------------------------------------------------
 
-    def _prefix(self, victims: list[Victim], priority: int) -> list[Victim]:
-        """The victims (sorted by cost) with a priority below ``priority``."""
+    def _prefix(self, victims: list[Victim], priority: int) -> Iterable[Victim]:
+        """The victims (sorted by cost) with a priority below ``priority``: read lazily, not copied (a search
+        reads the first few hundred of lists that hold every borrower of the flavor)."""
         priorities = self._priorities.get(id(victims))
         if priorities is None:
             priorities = [v.priority for v in victims]
             self._priorities[id(victims)] = priorities
-        return victims[: bisect.bisect_left(priorities, priority)]
+        return itertools.islice(victims, bisect.bisect_left(priorities, priority))
 
     def _candidate_sources(
         self, flavor: str, job: PendingJob, accounted_to: str, borrowing: bool
-    ) -> tuple[list[list[Victim]], Callable[[Victim], bool]]:
+    ) -> tuple[list[Iterable[Victim]], Callable[[Victim], bool]]:
         """The lists (each sorted by cost) that hold a search's candidates on ``flavor``, and whether a victim
         of the node index (``_node_index``) is in one of them: a job's own quota subtree below its priority,
         borrowers (at any priority for a job within its guarantee), and with reclaim by usage every job of
         another quota node over its guarantee."""
         priority = int(job.priority)
-        lists = []
+        lists: list[Iterable[Victim]] = []
         whole: dict[str, bool] = {}  # quota node → its whole list is in (else only below the job's priority)
         for account, victims in self.by_account.get(flavor, {}).items():
             if account is not None and self.book.in_subtree(account, accounted_to):

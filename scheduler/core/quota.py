@@ -63,6 +63,7 @@ class _FlavorTree:
         "sum_child_g",
         "sum_child_lendable",
         "used",
+        "version",
     )
 
     def __init__(self) -> None:
@@ -84,8 +85,11 @@ class _FlavorTree:
         self.claimed: dict[str, int] = {_ROOT: 0}
         self.root_pool = 0
         self._paths: dict[str, list[str]] = {}
+        # Counts the changes to the tables above: an answer computed at the same version is still the answer.
+        self.version = 0
 
     def add(self, name: str, quota: Quota | None) -> None:
+        self.version += 1
         self.children[name] = []
         self.guaranteed[name] = quota.guaranteed_millis if quota else 0
         self.limit[name] = quota.limit_millis if quota else None
@@ -146,6 +150,7 @@ class _FlavorTree:
         return updates, self.root_pool + top_lendable - top_demand
 
     def charge(self, name: str, millis: int, jobs: int, claim: int = 0) -> None:
+        self.version += 1
         updates, _ = self.evaluate(name, millis, claim)
         self.own[name] += millis
         for node, used, demand, lendable in updates:
@@ -168,6 +173,9 @@ class QuotaBook:
         self._ancestors: dict[str, list[str]] = {}
         self._accounts: dict[tuple[str, str], str | None] = {}
         self._subtree: dict[tuple[str, str], bool] = {}
+        # ``admit``'s answers, each with the version of its flavor's tree it was computed at: between two
+        # charges the cycle asks the same question for every job of the same shape and tenant.
+        self._admitted: dict[tuple, tuple[int, Admission]] = {}
         self.trees: dict[str, _FlavorTree] = {}
         rows: dict[str, dict[str, Quota]] = {}
         for q in snapshot.quotas:
@@ -282,6 +290,10 @@ class QuotaBook:
 
     # -- admission -------------------------------------------------------------------------------------------
 
+    def version(self) -> int:
+        """Changes whenever any flavor's usage, claims or tree does (the sum of the trees' versions)."""
+        return sum(tree.version for tree in self.trees.values())
+
     def usage(self, node: str, flavor: str) -> int:
         return self.trees[flavor].used[node]
 
@@ -311,6 +323,25 @@ class QuotaBook:
                 ),
             )
         tree = self.trees[flavor]
+        key = (node, flavor, millis, preemptible, borrowing, new_job, no_borrowing)
+        known = self._admitted.get(key)
+        if known is not None and known[0] == tree.version:
+            return known[1]
+        admission = self._admit(tree, node, flavor, millis, preemptible, borrowing, new_job, no_borrowing)
+        self._admitted[key] = (tree.version, admission)
+        return admission
+
+    def _admit(
+        self,
+        tree: _FlavorTree,
+        node: str,
+        flavor: str,
+        millis: int,
+        preemptible: bool,
+        borrowing: bool,
+        new_job: bool,
+        no_borrowing: str,
+    ) -> Admission:
         for ancestor in tree.path(node):
             limit = tree.limit[ancestor]
             used = tree.used[ancestor]

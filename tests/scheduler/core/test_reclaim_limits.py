@@ -318,3 +318,18 @@ def test_a_job_within_its_guarantee_is_never_blocked_by_borrowed_use_beyond_the_
             f"{job_id} within its guarantee waited {None if started is None else started - submitted} s "
             f"(bound {BOUND_S} s)"
         )
+
+
+def test_an_answer_admission_remembers_is_asked_again_after_a_charge():
+    # ``admit`` keeps its answers per tree version: a charge between two equal questions must change the answer.
+    s = _demo(bob_started_at=OLD)
+    book = QuotaBook(s, {FLAVOR: 8000}, require_quota=True)
+    ask = dict(tenant="acme-nlp", flavor=FLAVOR, millis=500, preemptible=True, borrowing=True)
+    assert book.admit(**ask).ok
+    assert book.admit(**ask).ok  # the same question at the same version: the same answer
+    book.charge(node=book.account("acme-nlp", FLAVOR), flavor=FLAVOR, millis=500)
+    refused = book.admit(**ask)
+    assert not refused.ok
+    assert refused.code == PendingReason.QUOTA_LIMIT
+    book.charge(node=book.account("acme-nlp", FLAVOR), flavor=FLAVOR, millis=-500, jobs=-1)
+    assert book.admit(**ask).ok
