@@ -28,6 +28,7 @@ string: a trace with thousands of jobs submitted in the same second must not be 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -162,7 +163,8 @@ def ordered(
     if policy.ordering == Ordering.FIFO:
         yield from jobs
         return
-    moved = None if version is None else lambda: (fair.changes, version())
+    # Without ``version`` every rank is recomputed: a counter that moves at each read says nothing is fresh.
+    moved = itertools.count().__next__ if version is None else lambda: (fair.changes, version())
     by_priority: dict[int, list[PendingJob]] = {}
     for job in jobs:
         by_priority.setdefault(int(job.priority), []).append(job)
@@ -182,8 +184,8 @@ def ordered(
 def _round_robin_by_share(
     group: list[PendingJob],
     share: Callable[[str], tuple[float, ...]],
-    within: Callable[[PendingJob], bool] | None = None,
-    version: Callable[[], object] | None = None,
+    within: Callable[[PendingJob], bool] | None,
+    version: Callable[[], object],
 ) -> Iterator[PendingJob]:
     # ``group`` is in submit order (``job_key``), so a job's position in it stands for its key in the heap.
     queues: dict[str, list[PendingJob]] = {}
@@ -197,12 +199,9 @@ def _round_robin_by_share(
         borrows = 0 if within is None or within(job) else 1
         return (borrows, share(job.tenant))
 
-    def now() -> object:
-        return None if version is None else version()
-
     # heap of ((borrows, share), position of the head in submit order, tenant, index of the tenant's next job,
     # the version its rank was computed at); positions are unique, so the version is never compared.
-    stamp = now()
+    stamp = version()
     heap = [(rank(q[0]), positions[t][0], t, 0, stamp) for t, q in queues.items()]
     heapq.heapify(heap)
     while heap:
@@ -211,8 +210,8 @@ def _round_robin_by_share(
         # Placing a job raises the shares (and usage) of its tenant's ancestors too, so other tenants' entries
         # go stale; ranks only grow, so re-checking the popped entry (and pushing it back if it grew) is enough.
         # Nothing moved since its rank was computed (same version): it is fresh.
-        current = now()
-        if version is None or at != current:
+        current = version()
+        if at != current:
             fresh = rank(queue[i])
             if fresh > stored:
                 heapq.heappush(heap, (fresh, key, tenant, i, current))
@@ -220,4 +219,4 @@ def _round_robin_by_share(
         yield queue[i]  # the consumer may place it, which raises the tenant's share
         i += 1
         if i < len(queue):
-            heapq.heappush(heap, (rank(queue[i]), positions[tenant][i], tenant, i, now()))
+            heapq.heappush(heap, (rank(queue[i]), positions[tenant][i], tenant, i, version()))
